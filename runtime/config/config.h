@@ -1,0 +1,209 @@
+// The typed training config: DeepSpeed's JSON schema (key names, legacy spellings, defaults) as
+// C++ structs. The member initialisers below ARE the defaults; the schema tables in
+// runtime/config/schema_*.cpp bind JSON keys to these members, and parsing, validation,
+// "did you mean", "auto" resolution and strata-config's printout all come from those tables.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace strata {
+
+using json = nlohmann::json;
+
+// A numeric value that may be written "auto" (Hugging Face's DeepSpeed integration): resolved
+// from what the program passes (AutoValues) or from the rest of the config.
+template <class T>
+struct Autoable {
+  T value{};
+  bool is_auto = false;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  bool auto_cast = false;
+  double loss_scale = 0.0;  // 0 = dynamic
+  int64_t initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+  bool fp16_master_weights_and_grads = false;
+};
+
+struct Bf16Config {
+  bool enabled = false;
+  bool immediate_grad_update = false;
+  bool check_grad_overflow = false;
+};
+
+struct OffloadParamConfig {
+  std::string device = "none";  // none | cpu | nvme
+  std::string nvme_path;
+  int64_t buffer_count = 5;
+  int64_t buffer_size = 100000000;
+  int64_t max_in_cpu = 1000000000;
+  bool pin_memory = false;
+};
+
+struct OffloadOptimizerConfig {
+  std::string device = "none";  // none | cpu | nvme
+  std::string nvme_path;
+  int64_t buffer_count = 4;
+  bool pin_memory = false;
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+  bool fast_init = false;
+  double ratio = 1.0;
+};
+
+struct ZeroConfig {
+  int64_t stage = 0;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  Autoable<int64_t> reduce_bucket_size{500000000};
+  bool allgather_partitions = true;
+  int64_t allgather_bucket_size = 500000000;
+  std::optional<bool> overlap_comm;  // DeepSpeed: unset = true at stage 3, false below
+  bool load_from_fp32_weights = true;
+  bool elastic_checkpoint = false;
+  OffloadParamConfig offload_param;
+  OffloadOptimizerConfig offload_optimizer;
+  int64_t sub_group_size = 1000000000;
+  Autoable<int64_t> stage3_prefetch_bucket_size{50000000};
+  Autoable<int64_t> stage3_param_persistence_threshold{100000};
+  int64_t stage3_model_persistence_threshold = INT64_MAX;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  bool ignore_unused_parameters = true;
+  bool round_robin_gradients = false;
+  int64_t zero_hpz_partition_size = 1;
+  bool zero_quantized_weights = false;
+  bool zero_quantized_nontrainable_weights = false;
+  bool zero_quantized_gradients = false;
+  int64_t mics_shard_size = -1;
+  bool mics_hierarchical_params_gather = false;
+  bool memory_efficient_linear = true;
+  bool log_trace_cache_warnings = false;
+
+  bool overlap_comm_resolved() const { return overlap_comm.value_or(stage == 3); }
+};
+
+struct AioConfig {
+  int64_t block_size = 1048576;
+  int64_t queue_depth = 8;
+  int64_t intra_op_parallelism = 1;  // legacy spelling: thread_count
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+};
+
+// optimizer / scheduler: the type picks an entry in a registry; params are checked against that
+// type's schema (built-in types) and arrive with every default filled in and every "auto"
+// resolved, so a factory reads params.at("lr") without a second copy of the defaults.
+struct OptimizerConfig {
+  bool present = false;
+  std::string type;  // as written; registries compare case-insensitively
+  json params = json::object();
+};
+
+struct SchedulerConfig {
+  bool present = false;
+  std::string type;
+  json params = json::object();
+};
+
+struct MonitorConfig {  // tensorboard, csv_monitor, wandb (observer-only)
+  bool enabled = false;
+  std::string output_path;
+  std::string job_name = "DeepSpeedJobName";
+};
+
+struct MoeConfig {
+  int64_t num_experts = 1;
+  int64_t ep_size = 1;
+  int64_t top_k = 1;
+  double capacity_factor = 1.0;
+  double eval_capacity_factor = 1.0;
+  int64_t min_capacity = 4;
+  bool drop_tokens = true;
+  bool use_rts = true;
+  std::string noisy_gate_policy = "None";  // None | Jitter | RSample
+  double aux_loss_coef = 0.01;
+};
+
+struct Config {
+  std::string source;  // file name, for messages
+
+  Autoable<int64_t> train_batch_size;
+  Autoable<int64_t> train_micro_batch_size_per_gpu;
+  Autoable<int64_t> gradient_accumulation_steps;
+  int64_t steps_per_print = 10;
+  Autoable<double> gradient_clipping{0.0};
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  std::string communication_data_type;  // "" = the precision's default
+  bool wall_clock_breakdown = false;
+  bool memory_breakdown = false;
+  bool zero_allow_untested_optimizer = false;
+  bool zero_force_ds_cpu_optimizer = true;
+  bool dump_state = false;
+
+  Fp16Config fp16;
+  Bf16Config bf16;  // legacy block name: bfloat16
+  ZeroConfig zero_optimization;
+  AioConfig aio;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  MonitorConfig tensorboard;
+  MonitorConfig csv_monitor;
+  MonitorConfig wandb;
+  MoeConfig moe;
+
+  // Messages about keys that only observe (profilers, wandb, ...) or are deprecated.
+  std::vector<std::string> warnings;
+
+  int64_t world_size = 1;  // the data-parallel world the batch triangle was checked against
+};
+
+// Values a program passes for "auto" entries, as Hugging Face's Trainer passes its
+// TrainingArguments. An "auto" with no value to resolve it from is an error naming the key.
+struct AutoValues {
+  std::optional<int64_t> micro_batch_per_gpu;
+  std::optional<int64_t> gradient_accumulation_steps;
+  std::optional<double> lr;
+  std::optional<double> beta1, beta2, eps, weight_decay;
+  std::optional<double> max_grad_norm;
+  std::optional<int64_t> warmup_steps;
+  std::optional<int64_t> total_steps;
+  std::optional<bool> fp16, bf16;
+  std::optional<int64_t> hidden_size;  // for bucket sizes, as HF derives them from the model
+};
+
+struct LoadOptions {
+  int64_t world_size = 1;
+  AutoValues autos;
+  // Names a program registered beyond the built-in optimizers / schedulers: accepted as types,
+  // their params passed through unchecked for their factory to validate.
+  std::vector<std::string> extra_optimizers;
+  std::vector<std::string> extra_schedulers;
+  // strata-config check has no program: leave unresolvable "auto"s (optimizer/scheduler values)
+  // unresolved with a warning instead of an error.
+  bool allow_unresolved_auto = false;
+};
+
+// Every problem found in one pass, each naming the JSON path; what() joins them one per line.
+class ConfigError;
+
+Config parse_config_text(const std::string& text, const std::string& source,
+                         const LoadOptions& options = {});
+Config load_config_file(const std::string& path, const LoadOptions& options = {});
+// The resolved config as JSON, every key with its value (defaults included), DeepSpeed spellings.
+json to_json(const Config& config);
+
+}  // namespace strata
