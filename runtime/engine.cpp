@@ -1,1 +1,180 @@
 #include "runtime/engine.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "runtime/error.h"
+#include "runtime/log.h"
+#include "runtime/optim/registry.h"
+#include "runtime/sched/registry.h"
+
+namespace strata {
+namespace {
+
+int64_t resolve_world_size(const InitOptions& options) {
+  if (options.world_size > 0) return options.world_size;
+  const char* env = std::getenv("WORLD_SIZE");
+  if (env == nullptr || *env == '\0') return 1;
+  char* end = nullptr;
+  const long long value = std::strtoll(env, &end, 10);
+  if (*end != '\0' || value < 1)
+    throw Error(fmt::format("WORLD_SIZE='{}' in the environment is not a positive integer", env));
+  return value;
+}
+
+LoadOptions load_options(const InitOptions& options) {
+  LoadOptions load;
+  load.world_size = resolve_world_size(options);
+  load.autos = options.autos;
+  load.extra_optimizers = optimizer_names();
+  load.extra_schedulers = scheduler_names();
+  return load;
+}
+
+}  // namespace
+
+Config load_engine_config(const std::string& path, const InitOptions& options) {
+  return load_config_file(path, load_options(options));
+}
+
+Config load_engine_config(const json& config, const InitOptions& options) {
+  return parse_config_text(config.dump(), "<json passed to strata::initialize>",
+                           load_options(options));
+}
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOptions options)
+    : module_(std::move(module)),
+      config_(std::move(config)),
+      last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
+  if (!module_) throw Error("strata::initialize: the model is empty (a null module holder)");
+  // Features this config asks for that this build's engine does not run yet: refuse rather
+  // than train something other than what the config says.
+  const auto pending = pending_features(config_);
+  if (!pending.empty()) {
+    std::string list;
+    for (const auto& p : pending) list += "\n  " + p;
+    throw Error(fmt::format("{}: this build of Strata cannot run this config yet:{}",
+                            config_.source, list));
+  }
+  if (config_.world_size > 1)
+    throw Error(fmt::format(
+        "{}: world size {} (from WORLD_SIZE): multi-process data parallelism is not in this "
+        "build yet; run one process",
+        config_.source, config_.world_size));
+
+  for (auto& p : module_->parameters())
+    if (p.requires_grad()) params_.push_back(p);
+  if (params_.empty())
+    throw Error("strata::initialize: the model has no parameter that requires a gradient");
+
+  configure_optimizer(options);
+  configure_lr_scheduler(options);
+  for (const auto& w : config_.warnings) log::info("[strata] warning: {}", w);
+}
+
+void Engine::configure_optimizer(InitOptions& options) {
+  const bool client = options.optimizer || options.optimizer_builder;
+  if (config_.optimizer.present && client)
+    throw Error(fmt::format(
+        "{}: the config names optimizer '{}' and the program also passed an optimizer to "
+        "strata::initialize; keep one (remove the config's \"optimizer\" block or the argument)",
+        config_.source, config_.optimizer.type));
+  if (options.optimizer && options.optimizer_builder)
+    throw Error("strata::initialize: pass either InitOptions::optimizer or optimizer_builder");
+  if (config_.optimizer.present) {
+    optimizer_ = make_optimizer(config_.optimizer, params_);
+  } else if (options.optimizer_builder) {
+    optimizer_ = options.optimizer_builder(params_);
+    if (!optimizer_) throw Error("strata::initialize: optimizer_builder returned null");
+  } else if (options.optimizer) {
+    optimizer_ = std::move(options.optimizer);
+  } else {
+    throw Error(fmt::format(
+        "{}: no optimizer: add an \"optimizer\" block (e.g. {{\"type\": \"AdamW\", \"params\": "
+        "{{\"lr\": 1e-3}}}}) or pass one to strata::initialize",
+        config_.source));
+  }
+}
+
+void Engine::configure_lr_scheduler(InitOptions& options) {
+  const bool client = options.lr_scheduler || options.lr_scheduler_builder;
+  if (config_.scheduler.present && client)
+    throw Error(fmt::format(
+        "{}: the config names scheduler '{}' and the program also passed one to "
+        "strata::initialize; keep one",
+        config_.source, config_.scheduler.type));
+  if (options.lr_scheduler && options.lr_scheduler_builder)
+    throw Error("strata::initialize: pass either InitOptions::lr_scheduler or its builder");
+  if (config_.scheduler.present) {
+    lr_scheduler_ = make_scheduler(config_.scheduler, *optimizer_);
+  } else if (options.lr_scheduler_builder) {
+    lr_scheduler_ = options.lr_scheduler_builder(*optimizer_);
+  } else {
+    lr_scheduler_ = std::move(options.lr_scheduler);  // may be null: constant lr
+  }
+  if (lr_scheduler_)
+    for (const auto& w : lr_scheduler_->warnings()) log::info("[strata] warning: {}", w);
+}
+
+bool Engine::is_gradient_accumulation_boundary() const {
+  return (micro_steps_ + 1) % gradient_accumulation_steps() == 0;
+}
+
+void Engine::backward(const torch::Tensor& loss) {
+  if (!loss.defined() || loss.numel() != 1)
+    throw Error(fmt::format("Engine::backward: the loss must be a one-element tensor (got {})",
+                            loss.defined() ? "shape " + c10::str(loss.sizes())
+                                           : std::string("an undefined tensor")));
+  const auto gas = gradient_accumulation_steps();
+  if (gas > 1)
+    (loss / static_cast<double>(gas)).backward();
+  else
+    loss.backward();
+}
+
+void Engine::clip_gradients() {
+  // One global norm over every gradient, as torch.nn.utils.clip_grad_norm_ and DeepSpeed.
+  std::vector<torch::Tensor> norms;
+  norms.reserve(params_.size());
+  for (const auto& p : params_)
+    if (p.grad().defined()) norms.push_back(p.grad().detach().to(torch::kFloat).norm(2));
+  if (norms.empty()) return;
+  const auto total = torch::stack(norms).norm(2);
+  last_grad_norm_ = total.item<double>();
+  const double max_norm = config_.gradient_clipping.value;
+  const double coef = max_norm / (last_grad_norm_ + 1e-6);
+  if (coef < 1.0)
+    for (auto& p : params_)
+      if (p.grad().defined()) p.grad().mul_(coef);
+}
+
+void Engine::step() {
+  if (is_gradient_accumulation_boundary()) {
+    if (config_.gradient_clipping.value > 0.0) clip_gradients();
+    optimizer_->step();
+    if (lr_scheduler_) lr_scheduler_->step();
+    optimizer_->zero_grad();
+    ++global_steps_;
+    if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
+  }
+  ++micro_steps_;
+}
+
+std::vector<double> Engine::get_lr() const {
+  std::vector<double> lrs;
+  for (auto& group : optimizer_->param_groups()) lrs.push_back(group.options().get_lr());
+  return lrs;
+}
+
+void Engine::log_step() const {
+  std::string lrs;
+  for (double lr : get_lr()) lrs += fmt::format("{}{:.4e}", lrs.empty() ? "" : ", ", lr);
+  if (std::isnan(last_grad_norm_))
+    log::info("[strata] step={}, samples={}, lr=[{}]", global_steps_, global_samples(), lrs);
+  else
+    log::info("[strata] step={}, samples={}, lr=[{}], grad_norm={:.4f}", global_steps_,
+              global_samples(), lrs, last_grad_norm_);
+}
+
+}  // namespace strata

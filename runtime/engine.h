@@ -1,1 +1,142 @@
+// strata::Engine wraps the user's unchanged torch::nn::Module and, from one JSON config, runs
+// the training step: backward with gradient accumulation, clipping, the optimizer and the LR
+// schedule. The user's loop stays plain LibTorch:
+//
+//   auto engine = strata::initialize(model, "config.json");
+//   for (...) {
+//     auto loss = engine->forward(x, y);   // = model->forward(x, y)
+//     engine->backward(loss);
+//     engine->step();                      // optimizer step at the accumulation boundary
+//   }
 #pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "runtime/config/config.h"
+#include "runtime/sched/lr_scheduler.h"
+
+namespace strata {
+
+using OptimizerBuilder =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor> params)>;
+using SchedulerBuilder =
+    std::function<std::unique_ptr<LRScheduler>(torch::optim::Optimizer& optimizer)>;
+
+// What the program hands the engine beside the model and the config (DeepSpeed's client
+// optimizer / scheduler, Hugging Face's values for "auto").
+struct InitOptions {
+  // A client optimizer, used when the config names none (naming one in both is an error).
+  // Either an optimizer built over the model's parameters, or a builder the engine calls with
+  // the parameters it will optimise (the form later ZeRO stages need).
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  OptimizerBuilder optimizer_builder;
+  // A client LR scheduler, used when the config names none; likewise an instance (built over
+  // the client optimizer) or a builder called with the engine's optimizer.
+  std::shared_ptr<LRScheduler> lr_scheduler;
+  SchedulerBuilder lr_scheduler_builder;
+  AutoValues autos;
+  // Data-parallel world size; -1 reads WORLD_SIZE from the environment (default 1).
+  int64_t world_size = -1;
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOptions options);
+  virtual ~Engine() = default;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Scales the loss for gradient accumulation (1/gas, as DeepSpeed) and runs autograd.
+  void backward(const torch::Tensor& loss);
+  // One micro-step. At the accumulation boundary: clip, optimizer step, LR schedule, zero grads.
+  void step();
+  bool is_gradient_accumulation_boundary() const;
+
+  int64_t global_steps() const { return global_steps_; }
+  int64_t micro_steps() const { return micro_steps_; }
+  int64_t global_samples() const { return global_steps_ * config_.train_batch_size.value; }
+  int64_t train_batch_size() const { return config_.train_batch_size.value; }
+  int64_t train_micro_batch_size_per_gpu() const {
+    return config_.train_micro_batch_size_per_gpu.value;
+  }
+  int64_t gradient_accumulation_steps() const { return config_.gradient_accumulation_steps.value; }
+  // Learning rate of each parameter group, as the next optimizer step will use it.
+  std::vector<double> get_lr() const;
+  // Global gradient norm before clipping at the last optimizer step (NaN before the first
+  // step, and when clipping is off: the norm is then never computed).
+  double last_grad_norm() const { return last_grad_norm_; }
+
+  const Config& config() const { return config_; }
+  torch::nn::Module& module() { return *module_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  LRScheduler* lr_scheduler() { return lr_scheduler_.get(); }
+
+ private:
+  void configure_optimizer(InitOptions& options);
+  void configure_lr_scheduler(InitOptions& options);
+  void clip_gradients();
+  void log_step() const;
+
+  std::shared_ptr<torch::nn::Module> module_;
+  Config config_;
+  std::vector<torch::Tensor> params_;  // trainable parameters, in module order
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<LRScheduler> lr_scheduler_;
+  int64_t global_steps_ = 0;
+  int64_t micro_steps_ = 0;
+  double last_grad_norm_;
+};
+
+// The engine typed by the user's module, so that forward() calls the module's own forward with
+// its own signature. Going through engine->forward() is where later stages attach (stage-3
+// gathering, autocast) without the model knowing.
+template <class ModuleHolder>
+class ModelEngine : public Engine {
+ public:
+  ModelEngine(ModuleHolder model, Config config, InitOptions options)
+      : Engine(model.ptr(), std::move(config), std::move(options)), model_(std::move(model)) {}
+
+  template <class... Args>
+  auto forward(Args&&... args) {
+    return model_->forward(std::forward<Args>(args)...);
+  }
+  ModuleHolder& model() { return model_; }
+
+ private:
+  ModuleHolder model_;
+};
+
+// Reads and validates the config for this program: world size, the "auto" values, and the
+// optimizer and scheduler names registered so far.
+Config load_engine_config(const std::string& path, const InitOptions& options);
+Config load_engine_config(const json& config, const InitOptions& options);
+
+template <class ModuleHolder>
+std::shared_ptr<ModelEngine<ModuleHolder>> initialize(ModuleHolder model,
+                                                      const std::string& config_path,
+                                                      InitOptions options = {}) {
+  auto config = load_engine_config(config_path, options);
+  return std::make_shared<ModelEngine<ModuleHolder>>(std::move(model), std::move(config),
+                                                     std::move(options));
+}
+
+template <class ModuleHolder>
+std::shared_ptr<ModelEngine<ModuleHolder>> initialize(ModuleHolder model, const char* config_path,
+                                                      InitOptions options = {}) {
+  return initialize(std::move(model), std::string(config_path), std::move(options));
+}
+
+template <class ModuleHolder>
+std::shared_ptr<ModelEngine<ModuleHolder>> initialize(ModuleHolder model, const json& config,
+                                                      InitOptions options = {}) {
+  auto resolved = load_engine_config(config, options);
+  return std::make_shared<ModelEngine<ModuleHolder>>(std::move(model), std::move(resolved),
+                                                     std::move(options));
+}
+
+}  // namespace strata

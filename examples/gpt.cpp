@@ -1,0 +1,148 @@
+#include "examples/gpt.h"
+
+#include "runtime/compat.h"
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace strata::examples {
+namespace F = torch::nn::functional;
+
+GPTConfig GPTConfig::by_name(const std::string& name) {
+  GPTConfig c;
+  c.name = name;
+  if (name == "tiny") {  // a step in well under a second on 2 CPU cores
+    c.vocab = 256, c.d_model = 64, c.layers = 2, c.heads = 4, c.ffn = 256, c.seq_len = 64;
+  } else if (name == "small") {
+    c.vocab = 256, c.d_model = 256, c.layers = 4, c.heads = 8, c.ffn = 1024, c.seq_len = 128;
+  } else if (name == "tiny-moe") {
+    c.vocab = 256, c.d_model = 64, c.layers = 2, c.heads = 4, c.ffn = 128, c.seq_len = 64;
+    c.experts = 4;
+  } else if (name == "dense-350M") {
+    c.vocab = 32000, c.d_model = 1024, c.layers = 24, c.heads = 16, c.ffn = 4096;
+    c.seq_len = 2048;
+  } else if (name == "moe-8x") {
+    c.vocab = 32000, c.d_model = 1024, c.layers = 12, c.heads = 16, c.ffn = 4096;
+    c.seq_len = 2048, c.experts = 8;
+  } else {
+    throw Error(fmt::format(
+        "unknown model '{}': known models are tiny, small, tiny-moe, dense-350M, moe-8x", name));
+  }
+  return c;
+}
+
+AttentionImpl::AttentionImpl(int64_t d_model, int64_t heads) : heads_(heads) {
+  if (d_model % heads != 0)
+    throw Error(fmt::format("d_model {} is not a multiple of heads {}", d_model, heads));
+  qkv_ = register_module("qkv", torch::nn::Linear(
+                                    torch::nn::LinearOptions(d_model, 3 * d_model).bias(false)));
+  out_ = register_module("out",
+                         torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
+  const auto b = x.size(0), t = x.size(1), c = x.size(2);
+  // [b, t, 3, h, d] -> [3, b, h, t, d]
+  auto qkv = qkv_(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});
+  auto y = compat::causal_attention(qkv[0], qkv[1], qkv[2]);
+  return out_(y.transpose(1, 2).reshape({b, t, c}));
+}
+
+MLPImpl::MLPImpl(int64_t d_model, int64_t ffn) {
+  fc_ = register_module("fc",
+                        torch::nn::Linear(torch::nn::LinearOptions(d_model, ffn).bias(false)));
+  proj_ = register_module("proj",
+                          torch::nn::Linear(torch::nn::LinearOptions(ffn, d_model).bias(false)));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return proj_(F::gelu(fc_(x))); }
+
+MoEImpl::MoEImpl(int64_t d_model, int64_t ffn, int64_t experts, int64_t top_k,
+                 double capacity_factor)
+    : experts_(experts), top_k_(top_k), capacity_factor_(capacity_factor) {
+  if (top_k < 1 || top_k > experts)
+    throw Error(fmt::format("MoE: top_k {} must be in [1, experts = {}]", top_k, experts));
+  gate_ = register_module("gate",
+                          torch::nn::Linear(torch::nn::LinearOptions(d_model, experts).bias(false)));
+  mlps_ = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < experts; ++e) mlps_->push_back(MLP(d_model, ffn));
+}
+
+torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
+  const auto b = input.size(0), t = input.size(1), c = input.size(2);
+  const auto x = input.reshape({-1, c});
+  const int64_t n = x.size(0);
+  const auto probs = torch::softmax(gate_(x).to(torch::kFloat), -1);
+  auto [weights, index] = probs.topk(top_k_, -1);
+  weights = (weights / weights.sum(-1, true)).to(x.scalar_type());
+  const auto capacity = static_cast<int64_t>(
+      std::ceil(double(top_k_) * double(n) / double(experts_) * capacity_factor_));
+  const auto me = probs.mean(0);
+  const auto ce = F::one_hot(index.select(1, 0), experts_).to(torch::kFloat).mean(0);
+  aux_ = (me * ce).sum() * double(experts_);
+
+  auto out = torch::zeros_like(x);
+  const auto flat_expert = index.reshape({-1});
+  const auto flat_token =
+      torch::arange(n, torch::TensorOptions().dtype(torch::kLong).device(x.device()))
+          .repeat_interleave(top_k_);
+  const auto flat_weight = weights.reshape({-1});
+  // Stable sort keeps token order inside an expert: the first `capacity` tokens win.
+  const auto order = std::get<1>(flat_expert.sort(/*stable=*/true, /*dim=*/0));
+  const auto counts = torch::bincount(flat_expert, {}, experts_).cpu();
+  const auto* count = counts.data_ptr<int64_t>();
+  int64_t start = 0;
+  for (int64_t e = 0; e < experts_; ++e) {
+    const auto selected = order.narrow(0, start, std::min(count[e], capacity));
+    start += count[e];
+    if (selected.numel() == 0) continue;
+    const auto tokens = flat_token.index_select(0, selected);
+    const auto y = mlps_[e]->as<MLP>()->forward(x.index_select(0, tokens));
+    out.index_add_(0, tokens, y * flat_weight.index_select(0, selected).unsqueeze(1));
+  }
+  return out.view({b, t, c});
+}
+
+BlockImpl::BlockImpl(const GPTConfig& config) {
+  const auto d = config.d_model;
+  norm1_ = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  attn_ = register_module("attn", Attention(d, config.heads));
+  norm2_ = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  if (config.experts > 0)
+    moe_ = register_module(
+        "moe", MoE(d, config.ffn, config.experts, config.top_k, config.capacity_factor));
+  else
+    mlp_ = register_module("mlp", MLP(d, config.ffn));
+}
+
+torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  x = x + attn_(norm1_(x));
+  return x + (moe_ ? moe_(norm2_(x)) : mlp_(norm2_(x)));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
+  embed_ = register_module("embed", torch::nn::Embedding(config.vocab, config.d_model));
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.layers; ++i)
+    blocks_->push_back(Block(config));
+  norm_ = register_module("norm",
+                          torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
+  head_ = register_module(
+      "head", torch::nn::Linear(torch::nn::LinearOptions(config.d_model, config.vocab).bias(false)));
+}
+
+torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) {
+  auto x = embed_(tokens);
+  for (auto& block : *blocks_) x = block->as<Block>()->forward(x);
+  return head_(norm_(x));
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
+  auto out = logits(tokens).to(torch::kFloat);
+  auto loss = F::cross_entropy(out.view({-1, config_.vocab}), targets.reshape({-1}));
+  if (config_.experts > 0 && config_.aux_loss_coef > 0)
+    for (auto& block : *blocks_) loss = loss + config_.aux_loss_coef * block->as<Block>()->aux_loss();
+  return loss;
+}
+
+}  // namespace strata::examples

@@ -1,0 +1,176 @@
+// The example trainer (the main job): a GPT in plain LibTorch, trained by Strata's engine from
+// one JSON config. The loop reads like nanoGPT's: data, forward, backward, step, log.
+//
+//   build/bin/train_gpt --config configs/gpt_tiny.json [--model tiny] [--steps N] [--seed S]
+//                       [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include <torch/torch.h>
+
+#include "examples/data.h"
+#include "examples/gpt.h"
+#include "runtime/engine.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+
+namespace {
+
+using strata::Error;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string config;
+  std::string model = "tiny";
+  std::optional<int64_t> steps;
+  uint64_t seed = 1234;
+  std::string data;
+  std::string metrics_jsonl;
+  std::string device;
+};
+
+const char* kUsage =
+    "usage: train_gpt --config FILE [--model tiny|small|dense-350M] [--steps N] [--seed S]\n"
+    "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n";
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
+  try {
+    size_t used = 0;
+    const long long value = std::stoll(text, &used);
+    if (used == text.size() && value >= min) return value;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("{} {}: expected an integer >= {}", flag, text, min));
+}
+
+Args parse_args(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) throw Error(fmt::format("{}: missing value\n{}", flag, kUsage));
+    const std::string value = argv[++i];
+    if (flag == "--config") args.config = value;
+    else if (flag == "--model") args.model = value;
+    else if (flag == "--steps") args.steps = parse_int(flag, value, 1);
+    else if (flag == "--seed") args.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
+    else if (flag == "--data") args.data = value;
+    else if (flag == "--metrics-jsonl") args.metrics_jsonl = value;
+    else if (flag == "--device") args.device = value;
+    else throw Error(fmt::format("unknown option {}\n{}", flag, kUsage));
+  }
+  if (args.config.empty()) throw Error(fmt::format("--config FILE is required\n{}", kUsage));
+  return args;
+}
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
+  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+                   : fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+// Steps to run when --steps is not given: the schedule's length when it has one.
+int64_t default_steps(const strata::Config& config) {
+  const auto& params = config.scheduler.params;
+  if (config.scheduler.present && params.contains("total_num_steps") &&
+      params["total_num_steps"].is_number_integer())
+    return params["total_num_steps"].get<int64_t>();
+  return 200;
+}
+
+int run(const Args& args) {
+  using namespace strata::examples;
+  const auto model_config = GPTConfig::by_name(args.model);
+  const auto data = args.data.empty() ? TokenData::synthetic() : TokenData::from_file(args.data);
+  torch::Device device = torch::kCPU;
+  if (args.device == "cuda" || (args.device.empty() && torch::cuda::is_available()))
+    device = torch::Device(torch::kCUDA);
+  else if (!args.device.empty() && args.device != "cpu")
+    throw Error(fmt::format("--device {}: expected cpu or cuda", args.device));
+
+  torch::manual_seed(args.seed);
+  GPT model(model_config);
+  model->to(device);
+  auto engine = strata::initialize(model, args.config);
+
+  const int64_t steps = args.steps.value_or(default_steps(engine->config()));
+  const int64_t micro = engine->train_micro_batch_size_per_gpu();
+  const int64_t gas = engine->gradient_accumulation_steps();
+  const int64_t tokens_per_step = engine->train_batch_size() * model_config.seq_len;
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  strata::log::info("train_gpt: model {} ({:.2f}M parameters) on {}, data: {}", args.model,
+                    parameters / 1e6, device.str(), data.description());
+  strata::log::info("train_gpt: {} steps of {} samples ({} micro x {} accumulation) x {} tokens",
+                    steps, engine->train_batch_size(), micro, gas, model_config.seq_len);
+
+  std::ofstream metrics;
+  if (!args.metrics_jsonl.empty()) {
+    metrics.open(args.metrics_jsonl, std::ios::trunc);
+    if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: cannot open for writing",
+                                          args.metrics_jsonl));
+  }
+
+  const auto start = Clock::now();
+  double first_loss = 0.0, last_loss = 0.0;
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto step_start = Clock::now();
+    auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
+    for (int64_t m = 0; m < gas; ++m) {
+      auto batch = data.batch(args.seed, step, m * micro, micro, model_config.seq_len);
+      auto loss = engine->forward(batch.tokens.to(device), batch.targets.to(device));
+      engine->backward(loss);
+      engine->step();
+      loss_sum += loss.detach();
+    }
+    const double loss = loss_sum.item<double>() / gas;  // one host sync per optimizer step
+    const double lr = engine->get_lr().at(0);
+    const auto now = Clock::now();
+    const double step_s = std::chrono::duration<double>(now - step_start).count();
+    const double elapsed = std::chrono::duration<double>(now - start).count();
+    const double tokens_per_s = tokens_per_step / step_s;
+    if (step == 0) first_loss = loss;
+    last_loss = loss;
+
+    strata::log::status(fmt::format(
+        "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | elapsed {} | ETA {}", step + 1,
+        std::to_string(steps).size(), steps, loss, lr, tokens_per_s, format_duration(elapsed),
+        format_duration(elapsed / (step + 1) * (steps - step - 1))));
+    if (metrics.is_open()) {
+      nlohmann::json row = {{"step", step + 1},      {"loss", loss},
+                            {"lr", lr},              {"tokens_per_s", tokens_per_s},
+                            {"step_time_s", step_s}, {"samples", engine->global_samples()}};
+      if (!std::isnan(engine->last_grad_norm())) row["grad_norm"] = engine->last_grad_norm();
+      metrics << row.dump() << '\n' << std::flush;
+      if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: write failed",
+                                            args.metrics_jsonl));
+    }
+    if (!std::isfinite(loss))
+      throw Error(fmt::format("the loss became {} at step {}; lower the learning rate", loss,
+                              step + 1));
+  }
+  strata::log::end_status();
+  const double total = std::chrono::duration<double>(Clock::now() - start).count();
+  strata::log::info("train_gpt: loss {:.4f} -> {:.4f} in {} steps, {}", first_loss, last_loss,
+                    steps, format_duration(total));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse_args(argc, argv));
+  } catch (const std::exception& e) {
+    strata::log::end_status();
+    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,50 @@
+#include "runtime/log.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <mutex>
+
+namespace strata::log {
+namespace {
+
+std::mutex mutex;
+bool status_active = false;
+
+bool stdout_is_terminal() {
+  static const bool tty = isatty(fileno(stdout)) != 0;
+  return tty;
+}
+
+}  // namespace
+
+void line(const std::string& text) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (status_active) std::fputs("\r\033[K", stdout);
+  std::fputs(text.c_str(), stdout);
+  std::fputc('\n', stdout);
+  if (status_active && stdout_is_terminal()) status_active = false;
+  std::fflush(stdout);
+}
+
+void status(const std::string& text) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (stdout_is_terminal()) {
+    std::fputs("\r\033[K", stdout);
+    std::fputs(text.c_str(), stdout);
+    status_active = true;
+  } else {
+    std::fputs(text.c_str(), stdout);
+    std::fputc('\n', stdout);
+  }
+  std::fflush(stdout);
+}
+
+void end_status() {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (status_active) std::fputc('\n', stdout);
+  status_active = false;
+  std::fflush(stdout);
+}
+
+}  // namespace strata::log

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs Strata's dependencies on Debian 12 / Ubuntu 24.04 (apt) and builds into build/.
+#   scripts/bootstrap.sh            # install what is missing, configure, build
+# Environment: BUILD_DIR (default build), CMAKE_ARGS (extra configure arguments, e.g. a CUDA
+# LibTorch: -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')),
+# STRATA_SKIP_APT=1 to skip the package step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(g++ cmake ninja-build ccache pkg-config libtorch-dev nlohmann-json3-dev libfmt-dev
+          libgtest-dev libgloo-dev liburing-dev)
+if [[ "${STRATA_SKIP_APT:-0}" != 1 ]]; then
+  missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "bootstrap: installing ${missing[*]}"
+    sudo=""
+    [[ $(id -u) -ne 0 ]] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}"
+  fi
+fi
+
+build_dir="${BUILD_DIR:-build}"
+# shellcheck disable=SC2086
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
+cmake --build "$build_dir" -j "$(nproc)"

@@ -1,0 +1,137 @@
+// The main job, run as a user runs it: the real train_gpt binary on the built-in data.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "examples/data.h"
+#include "examples/gpt.h"
+
+namespace {
+
+struct Run {
+  int exit_code;
+  std::string output;
+};
+
+Run run(const std::string& args) {
+  const std::string command = std::string(STRATA_BIN_DIR) + "/train_gpt " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+const std::string kConfig = std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny.json";
+
+TEST(TrainGpt, LossFallsProgressIsShownAndMetricsAreWritten) {
+  const std::string metrics = testing::TempDir() + "/train_gpt_metrics.jsonl";
+  const auto result = run("--config " + kConfig + " --steps 120 --metrics-jsonl " + metrics);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("step 120/120 | loss"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("tok/s"), std::string::npos);
+  EXPECT_NE(result.output.find("ETA"), std::string::npos);
+
+  const auto rows = read_jsonl(metrics);
+  ASSERT_EQ(rows.size(), 120u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].at("step").get<int64_t>(), static_cast<int64_t>(i + 1));
+    for (const char* key : {"loss", "lr", "tokens_per_s"})
+      EXPECT_TRUE(rows[i].at(key).is_number()) << key;
+  }
+  auto mean_loss = [&](size_t from, size_t to) {
+    double sum = 0;
+    for (size_t i = from; i < to; ++i) sum += rows[i].at("loss").get<double>();
+    return sum / double(to - from);
+  };
+  const double first = mean_loss(0, 5), last = mean_loss(115, 120);
+  EXPECT_GT(first, 5.0);         // ~ln(256): nothing known yet
+  EXPECT_LT(last, first - 2.0);  // spelling and syntax learnt
+}
+
+TEST(TrainGpt, SameSeedSameNumbers) {
+  const std::string a = testing::TempDir() + "/train_gpt_a.jsonl";
+  const std::string b = testing::TempDir() + "/train_gpt_b.jsonl";
+  ASSERT_EQ(run("--config " + kConfig + " --steps 8 --seed 5 --metrics-jsonl " + a).exit_code, 0);
+  ASSERT_EQ(run("--config " + kConfig + " --steps 8 --seed 5 --metrics-jsonl " + b).exit_code, 0);
+  const auto ra = read_jsonl(a), rb = read_jsonl(b);
+  ASSERT_EQ(ra.size(), 8u);
+  ASSERT_EQ(rb.size(), 8u);
+  for (size_t i = 0; i < ra.size(); ++i) {
+    EXPECT_EQ(ra[i].at("loss").get<double>(), rb[i].at("loss").get<double>()) << "step " << i;
+    EXPECT_EQ(ra[i].at("lr").get<double>(), rb[i].at("lr").get<double>());
+  }
+}
+
+TEST(TrainGpt, BadArgumentsAreClearErrors) {
+  auto r = run("--config " + kConfig + " --model huge");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("unknown model 'huge'"), std::string::npos) << r.output;
+  r = run("--config /nonexistent.json");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("/nonexistent.json"), std::string::npos) << r.output;
+  r = run("--config " + kConfig + " --data /nonexistent.txt");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("/nonexistent.txt"), std::string::npos) << r.output;
+  r = run("--config " + kConfig + " --steps zero");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--steps"), std::string::npos) << r.output;
+}
+
+TEST(TrainGpt, TrainsOnATextFile) {
+  const std::string text = testing::TempDir() + "/train_gpt_text.txt";
+  std::ofstream(text) << strata::examples::synthetic_text(3, 100000);
+  const auto r = run("--config " + kConfig + " --steps 3 --data " + text);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("train_gpt_text.txt, 100000 bytes"), std::string::npos) << r.output;
+}
+
+TEST(TokenData, BatchesArePureFunctionsOfSeedStepAndIndex) {
+  const auto data = strata::examples::TokenData::synthetic(1 << 16);
+  const auto whole = data.batch(9, 3, 0, 8, 32);
+  const auto tail = data.batch(9, 3, 4, 4, 32);  // samples 4..7 of the same global batch
+  EXPECT_TRUE(torch::equal(whole.tokens.narrow(0, 4, 4), tail.tokens));
+  EXPECT_TRUE(torch::equal(whole.targets.narrow(1, 0, 31), whole.tokens.narrow(1, 1, 31)));
+  EXPECT_FALSE(torch::equal(whole.tokens, data.batch(9, 4, 0, 8, 32).tokens));
+  EXPECT_EQ(strata::examples::synthetic_text(1, 5000), strata::examples::synthetic_text(1, 5000));
+}
+
+TEST(GPT, ShapesAndUnknownNames) {
+  auto config = strata::examples::GPTConfig::by_name("tiny");
+  strata::examples::GPT model(config);
+  auto tokens = torch::randint(0, 256, {2, config.seq_len}, torch::kLong);
+  EXPECT_EQ(model->logits(tokens).sizes(), (std::vector<int64_t>{2, config.seq_len, 256}));
+  EXPECT_TRUE(model->forward(tokens, tokens).dim() == 0);
+  EXPECT_THROW(strata::examples::GPTConfig::by_name("nope"), std::exception);
+}
+
+// The MoE keeps at most `capacity` tokens per expert and routes each kept token to top_k experts.
+TEST(GPT, MoEModelTrainsEndToEnd) {
+  auto config = strata::examples::GPTConfig::by_name("tiny-moe");
+  torch::manual_seed(0);
+  strata::examples::GPT model(config);
+  auto tokens = torch::randint(0, 256, {2, config.seq_len}, torch::kLong);
+  auto loss = model->forward(tokens, tokens);
+  loss.backward();
+  int64_t with_grad = 0;
+  for (const auto& p : model->parameters()) with_grad += p.grad().defined();
+  EXPECT_GT(with_grad, 0);
+  EXPECT_TRUE(std::isfinite(loss.item<double>()));
+}
+
+}  // namespace

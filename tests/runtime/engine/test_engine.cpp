@@ -1,0 +1,321 @@
+// The engine at stage 0 against LibTorch's own optimizers on the same model and data, plus the
+// plug-in points: registered optimizers and schedulers, client optimizer and scheduler.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "runtime/engine.h"
+#include "runtime/error.h"
+#include "runtime/optim/registry.h"
+#include "runtime/sched/registry.h"
+
+namespace {
+
+using strata::json;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    return torch::mse_loss(fc2(torch::tanh(fc1(x))), y);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Net);
+
+// Two nets with identical parameters.
+std::pair<Net, Net> twin_nets() {
+  torch::manual_seed(7);
+  Net a, b;
+  torch::NoGradGuard no_grad;
+  auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) pb[i].copy_(pa[i]);
+  return {a, b};
+}
+
+struct Data {
+  torch::Tensor x, y;
+};
+Data batch(int64_t step, int64_t n) {
+  torch::manual_seed(1000 + step);
+  auto x = torch::randn({n, 8});
+  return {x, x.sum(1, true).sin()};
+}
+
+void expect_same_params(Net& a, Net& b, double rtol, const std::string& where) {
+  auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(torch::allclose(pa[i], pb[i], rtol, 1e-7))
+        << where << ": parameter " << i << " differs by "
+        << (pa[i] - pb[i]).abs().max().item<double>();
+}
+
+json base_config(int64_t micro, int64_t gas) {
+  return {{"train_micro_batch_size_per_gpu", micro},
+          {"gradient_accumulation_steps", gas},
+          {"steps_per_print", 1000000}};
+}
+
+TEST(EngineStage0, AdamWMatchesLibTorchAdamW) {
+  auto [net, ref] = twin_nets();
+  auto config = base_config(16, 1);
+  config["optimizer"] = {{"type", "AdamW"},
+                         {"params", {{"lr", 1e-2}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.1}}}};
+  auto engine = strata::initialize(net, config);
+  torch::optim::AdamW opt(ref->parameters(),
+                          torch::optim::AdamWOptions(1e-2).betas({0.9, 0.99}).weight_decay(0.1));
+  for (int64_t step = 0; step < 20; ++step) {
+    auto d = batch(step, 16);
+    engine->backward(engine->forward(d.x, d.y));
+    engine->step();
+    opt.zero_grad();
+    ref->forward(d.x, d.y).backward();
+    opt.step();
+    expect_same_params(net, ref, 1e-5, "step " + std::to_string(step));
+  }
+  EXPECT_EQ(engine->global_steps(), 20);
+}
+
+TEST(EngineStage0, AdamWithL2MatchesLibTorchAdam) {
+  auto [net, ref] = twin_nets();
+  auto config = base_config(16, 1);
+  config["optimizer"] = {{"type", "Adam"},
+                         {"params", {{"lr", 5e-3}, {"adam_w_mode", false}, {"weight_decay", 0.05}}}};
+  auto engine = strata::initialize(net, config);
+  torch::optim::Adam opt(ref->parameters(), torch::optim::AdamOptions(5e-3).weight_decay(0.05));
+  for (int64_t step = 0; step < 20; ++step) {
+    auto d = batch(step, 16);
+    engine->backward(engine->forward(d.x, d.y));
+    engine->step();
+    opt.zero_grad();
+    ref->forward(d.x, d.y).backward();
+    opt.step();
+  }
+  expect_same_params(net, ref, 1e-5, "after 20 steps");
+}
+
+TEST(EngineStage0, SgdMomentumNesterovMatchesLibTorchSgd) {
+  auto [net, ref] = twin_nets();
+  auto config = base_config(16, 1);
+  config["optimizer"] = {
+      {"type", "SGD"},
+      {"params", {{"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}, {"weight_decay", 1e-3}}}};
+  auto engine = strata::initialize(net, config);
+  torch::optim::SGD opt(ref->parameters(),
+                        torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3));
+  for (int64_t step = 0; step < 20; ++step) {
+    auto d = batch(step, 16);
+    engine->backward(engine->forward(d.x, d.y));
+    engine->step();
+    opt.zero_grad();
+    ref->forward(d.x, d.y).backward();
+    opt.step();
+    expect_same_params(net, ref, 1e-5, "step " + std::to_string(step));
+  }
+}
+
+// Four micro-batches of 4 accumulate to the same update as one batch of 16 (mean losses).
+// SGD with momentum: its update is linear in the gradient, so float rounding in the sum stays
+// at float level (Adam's first step, g / (|g| + eps), amplifies it for gradients near eps).
+TEST(EngineStage0, GradientAccumulationEqualsTheFullBatch) {
+  auto [net, ref] = twin_nets();
+  auto config = base_config(4, 4);
+  config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.9}}}};
+  auto engine = strata::initialize(net, config);
+  EXPECT_EQ(engine->train_batch_size(), 16);
+  torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int64_t step = 0; step < 10; ++step) {
+    auto d = batch(step, 16);
+    for (int64_t m = 0; m < 4; ++m) {
+      EXPECT_EQ(engine->is_gradient_accumulation_boundary(), m == 3);
+      engine->backward(engine->forward(d.x.narrow(0, 4 * m, 4), d.y.narrow(0, 4 * m, 4)));
+      engine->step();
+    }
+    opt.zero_grad();
+    ref->forward(d.x, d.y).backward();
+    opt.step();
+    expect_same_params(net, ref, 1e-5, "step " + std::to_string(step));
+  }
+  EXPECT_EQ(engine->global_steps(), 10);
+  EXPECT_EQ(engine->micro_steps(), 40);
+}
+
+TEST(EngineStage0, GradientClippingMatchesClipGradNorm) {
+  auto [net, ref] = twin_nets();
+  auto config = base_config(16, 1);
+  config["gradient_clipping"] = 0.05;
+  config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.1}}}};
+  auto engine = strata::initialize(net, config);
+  torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+  for (int64_t step = 0; step < 10; ++step) {
+    auto d = batch(step, 16);
+    engine->backward(engine->forward(d.x, d.y));
+    engine->step();
+    opt.zero_grad();
+    ref->forward(d.x, d.y).backward();
+    const double norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.05);
+    opt.step();
+    EXPECT_NEAR(engine->last_grad_norm(), norm, 1e-5 * norm);
+    expect_same_params(net, ref, 1e-5, "step " + std::to_string(step));
+  }
+}
+
+// DeepSpeed's WarmupLR (linear): lr(i) = min + (max - min) * min(i, warmup) / warmup for the
+// scheduler's iteration i. As in DeepSpeed, the scheduler starts at i = -1 (lr = min) and steps
+// after each optimizer step, so optimizer step s (counting from 0) runs with lr(s - 1).
+TEST(EngineStage0, ConfiguredSchedulerDrivesTheOptimizer) {
+  auto [net, ref] = twin_nets();
+  auto config = base_config(16, 1);
+  config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.1}}}};
+  config["scheduler"] = {{"type", "WarmupLR"},
+                         {"params",
+                          {{"warmup_min_lr", 0.0},
+                           {"warmup_max_lr", 0.1},
+                           {"warmup_num_steps", 10},
+                           {"warmup_type", "linear"}}}};
+  auto engine = strata::initialize(net, config);
+  // Replay with LibTorch's SGD at DeepSpeed's lr for each step.
+  torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+  for (int64_t step = 0; step < 15; ++step) {
+    const int64_t iteration = std::max<int64_t>(step - 1, 0);
+    const double expected = 0.1 * std::min<int64_t>(iteration, 10) / 10.0;
+    EXPECT_NEAR(engine->get_lr().at(0), expected, 1e-12) << "step " << step;
+    static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options()).lr(expected);
+    auto d = batch(step, 16);
+    engine->backward(engine->forward(d.x, d.y));
+    engine->step();
+    opt.zero_grad();
+    ref->forward(d.x, d.y).backward();
+    opt.step();
+  }
+  expect_same_params(net, ref, 1e-5, "after 15 steps");
+}
+
+TEST(EnginePlugins, ClientOptimizerIsUsedWhenTheConfigNamesNone) {
+  auto [net, ref] = twin_nets();
+  auto client = std::make_shared<torch::optim::SGD>(net->parameters(),
+                                                    torch::optim::SGDOptions(0.2).momentum(0.5));
+  strata::InitOptions options;
+  options.optimizer = client;
+  auto engine = strata::initialize(net, base_config(16, 1), options);
+  EXPECT_EQ(&engine->optimizer(), client.get());
+  torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.2).momentum(0.5));
+  for (int64_t step = 0; step < 5; ++step) {
+    auto d = batch(step, 16);
+    engine->backward(engine->forward(d.x, d.y));
+    engine->step();
+    opt.zero_grad();
+    ref->forward(d.x, d.y).backward();
+    opt.step();
+  }
+  expect_same_params(net, ref, 1e-6, "client optimizer");
+}
+
+TEST(EnginePlugins, ClientOptimizerAndConfigOptimizerTogetherIsAnError) {
+  auto [net, ref] = twin_nets();
+  auto config = base_config(16, 1);
+  config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}};
+  strata::InitOptions options;
+  options.optimizer_builder = [](std::vector<torch::Tensor> params) {
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
+  };
+  try {
+    strata::initialize(net, config, options);
+    FAIL() << "expected strata::Error";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer"), std::string::npos) << e.what();
+  }
+}
+
+TEST(EnginePlugins, NoOptimizerAnywhereIsAnError) {
+  auto [net, ref] = twin_nets();
+  EXPECT_THROW(strata::initialize(net, base_config(16, 1)), strata::Error);
+}
+
+// A registered optimizer: sign descent, p -= lr * sign(g). Its update is distinguishable from
+// every built-in's.
+class SignSgd : public torch::optim::Optimizer {
+ public:
+  SignSgd(std::vector<torch::Tensor> params, double lr)
+      : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                                std::make_unique<torch::optim::SGDOptions>(lr)) {}
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    for (auto& group : param_groups()) {
+      const double lr = group.options().get_lr();
+      for (auto& p : group.params())
+        if (p.grad().defined()) p.add_(p.grad().sign(), -lr);
+    }
+    return {};
+  }
+};
+
+TEST(EnginePlugins, RegisteredOptimizerAndSchedulerAreUsedByName) {
+  strata::register_optimizer("test_signsgd", [](std::vector<torch::Tensor> params,
+                                                 const json& cfg) {
+    return std::make_unique<SignSgd>(std::move(params), cfg.at("lr").get<double>());
+  });
+  // A scheduler that halves the lr at every iteration: lr(i) = 0.1 * 0.5^max(i, 0).
+  class Halving : public strata::LRScheduler {
+   public:
+    explicit Halving(torch::optim::Optimizer& optimizer) : LRScheduler(optimizer) { start(-1); }
+    std::vector<double> get_lr() const override {
+      return {0.1 * std::pow(0.5, double(std::max<int64_t>(last_batch_iteration_, 0)))};
+    }
+  };
+  strata::register_scheduler("test_halving", [](torch::optim::Optimizer& opt, const json&) {
+    return std::make_unique<Halving>(opt);
+  });
+
+  auto [net, ref] = twin_nets();
+  auto config = base_config(16, 1);
+  config["optimizer"] = {{"type", "test_signsgd"}, {"params", {{"lr", 0.1}}}};
+  config["scheduler"] = {{"type", "test_halving"}, {"params", json::object()}};
+  auto engine = strata::initialize(net, config);
+  EXPECT_NE(dynamic_cast<SignSgd*>(&engine->optimizer()), nullptr);
+  for (int64_t step = 0; step < 4; ++step) {
+    const double lr = engine->get_lr().at(0);
+    auto before = net->fc1->weight.detach().clone();
+    auto d = batch(step, 16);
+    engine->backward(engine->forward(d.x, d.y));
+    auto grad_sign = net->fc1->weight.grad().sign();
+    engine->step();
+    EXPECT_TRUE(torch::allclose(net->fc1->weight.detach(), before - lr * grad_sign, 0, 1e-7));
+    EXPECT_NEAR(engine->get_lr().at(0), 0.1 * std::pow(0.5, double(step)), 1e-12);
+  }
+}
+
+TEST(EngineConfig, FeaturesThisBuildCannotRunAreRefusedByName) {
+  auto [net, ref] = twin_nets();
+  auto config = base_config(16, 1);
+  config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}};
+  config["zero_optimization"] = {{"stage", 2}};
+  try {
+    strata::initialize(net, config);
+    FAIL() << "expected strata::Error";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.stage"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(EngineConfig, AutoValuesComeFromTheProgram) {
+  auto [net, ref] = twin_nets();
+  json config = {{"train_batch_size", "auto"},
+                 {"train_micro_batch_size_per_gpu", "auto"},
+                 {"gradient_accumulation_steps", "auto"},
+                 {"steps_per_print", 1000000},
+                 {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", "auto"}}}}}};
+  strata::InitOptions options;
+  options.autos.micro_batch_per_gpu = 4;
+  options.autos.gradient_accumulation_steps = 2;
+  options.autos.lr = 0.0123;
+  auto engine = strata::initialize(net, config, options);
+  EXPECT_EQ(engine->train_batch_size(), 8);
+  EXPECT_DOUBLE_EQ(engine->get_lr().at(0), 0.0123);
+}
+
+}  // namespace
