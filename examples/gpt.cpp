@@ -88,7 +88,8 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
           .repeat_interleave(top_k_);
   const auto flat_weight = weights.reshape({-1});
   // Stable sort keeps token order inside an expert: the first `capacity` tokens win.
-  const auto order = std::get<1>(flat_expert.sort(/*stable=*/true, /*dim=*/0));
+  const auto order =
+      std::get<1>(flat_expert.sort(c10::optional<bool>(true), /*dim=*/0, /*descending=*/false));
   const auto counts = torch::bincount(flat_expert, {}, experts_).cpu();
   const auto* count = counts.data_ptr<int64_t>();
   int64_t start = 0;

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/error.h"
+
 namespace strata {
 
 using json = nlohmann::json;
@@ -39,6 +41,8 @@ struct Bf16Config {
   bool enabled = false;
   bool immediate_grad_update = false;
   bool check_grad_overflow = false;
+  bool bf16_master_weights_and_grads = false;
+  bool bf16_optimizer_states = false;
 };
 
 struct OffloadParamConfig {
@@ -59,6 +63,9 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;
+  bool super_offload = false;
+  bool convert_grad_on_cpu = true;
+  double cpuadam_cores_perc = 0.8;
 };
 
 struct ZeroConfig {
@@ -90,6 +97,22 @@ struct ZeroConfig {
   bool mics_hierarchical_params_gather = false;
   bool memory_efficient_linear = true;
   bool log_trace_cache_warnings = false;
+  // Tuning knobs of DeepSpeed's own ZeRO implementation (accepted; see schema_zero.cpp).
+  bool use_multi_rank_bucket_allreduce = true;
+  bool compute_grad_norm = true;
+  bool parameter_alignment = false;
+  int64_t stage3_module_granularity_threshold = 0;
+  bool stage3_use_all_reduce_for_fetch_params = false;
+  bool stage3_allgather_sequential = false;
+  int64_t stage3_partition_stream_chunk_size = 0;
+  bool legacy_stage1 = false;
+  bool pipeline_loading_checkpoint = false;
+  bool override_module_apply = true;
+  bool enable_sanity_checks = false;
+  bool save_muon_momentum_buffer_in_memory = false;
+  json zeropp_loco_param;  // null = off
+  json leaf_module;        // null = none
+  json zenflow;            // null = off
 
   bool overlap_comm_resolved() const { return overlap_comm.value_or(stage == 3); }
 };
@@ -108,13 +131,16 @@ struct AioConfig {
 // resolved, so a factory reads params.at("lr") without a second copy of the defaults.
 struct OptimizerConfig {
   bool present = false;
-  std::string type;  // as written; registries compare case-insensitively
+  // Built-in types are normalised: "adamw" (Adam with adam_w_mode true, DeepSpeed's default),
+  // "adam" (adam_w_mode false), "sgd". Types registered by the program stay as written.
+  std::string type;
   json params = json::object();
+  bool legacy_fusion = false;
 };
 
 struct SchedulerConfig {
   bool present = false;
-  std::string type;
+  std::string type;  // built-ins in DeepSpeed's spelling: WarmupLR, WarmupCosineLR, ...
   json params = json::object();
 };
 
@@ -122,6 +148,10 @@ struct MonitorConfig {  // tensorboard, csv_monitor, wandb (observer-only)
   bool enabled = false;
   std::string output_path;
   std::string job_name = "DeepSpeedJobName";
+  // wandb's keys (the tensorboard / csv_monitor tables do not bind them)
+  std::optional<std::string> group;
+  std::optional<std::string> team;
+  std::string project = "deepspeed";
 };
 
 struct MoeConfig {
@@ -136,6 +166,13 @@ struct MoeConfig {
   std::string noisy_gate_policy = "None";  // None | Jitter | RSample
   double aux_loss_coef = 0.01;
 };
+
+}  // namespace strata
+
+// Blocks Strata validates but does not (fully) implement: monitors, profilers, DeepSpeed features.
+#include "runtime/config/config_blocks.h"
+
+namespace strata {
 
 struct Config {
   std::string source;  // file name, for messages
@@ -153,6 +190,17 @@ struct Config {
   bool zero_allow_untested_optimizer = false;
   bool zero_force_ds_cpu_optimizer = true;
   bool dump_state = false;
+  bool sparse_gradients = false;
+  bool disable_allgather = false;
+  bool dataloader_drop_last = false;
+  std::string seq_parallel_comm_data_type = "fp32";
+  int64_t sequence_parallel_size = 1;
+  std::optional<int64_t> vocabulary_size;
+  bool graph_harvesting = false;
+  bool managed_gradient_accumulation = true;
+  std::string gradient_allreduce_op = "mean";
+  bool use_data_before_expert_parallelism = false;
+  bool disable_python_gc = false;
 
   Fp16Config fp16;
   Bf16Config bf16;  // legacy block name: bfloat16
@@ -165,10 +213,42 @@ struct Config {
   MonitorConfig wandb;
   MoeConfig moe;
 
+  // Validated, not (fully) implemented: see config_blocks.h and the schema_*.cpp tables.
+  CometConfig comet;
+  FlopsProfilerConfig flops_profiler;
+  CommsLoggerConfig comms_logger;
+  TimersConfig timers;
+  ActivationCheckpointingConfig activation_checkpointing;
+  CheckpointConfig checkpoint;
+  DataTypesConfig data_types;
+  ShallowConfig amp;
+  TorchAutocastConfig torch_autocast;
+  ShallowConfig compile;  // enabled = "deepcompile"
+  ShallowConfig tensor_parallel;
+  ShallowConfig hybrid_engine;
+  ShallowConfig eigenvalue;
+  ShallowConfig progressive_layer_drop;
+  ShallowConfig autotuning;
+  ShallowConfig compression_training;
+  ShallowConfig curriculum_learning;
+  ShallowConfig data_efficiency;
+  ShallowConfig elasticity;
+  ShallowConfig pipeline;
+  ShallowConfig quantize_training;
+  ShallowConfig nebula;
+  json sparse_attention;     // null = absent
+  json expert_parallel;      // DeepSpeed's AutoEP; null = absent
+  json weight_quantization;  // inference-only; null = absent
+  json datastates;           // checkpoint engine; null = absent
+
   // Messages about keys that only observe (profilers, wandb, ...) or are deprecated.
   std::vector<std::string> warnings;
 
   int64_t world_size = 1;  // the data-parallel world the batch triangle was checked against
+
+  // JSON paths still written "auto" (only with LoadOptions::allow_unresolved_auto); to_json
+  // prints "auto" there.
+  std::vector<std::string> unresolved_autos;
 };
 
 // Values a program passes for "auto" entries, as Hugging Face's Trainer passes its
@@ -197,13 +277,27 @@ struct LoadOptions {
   bool allow_unresolved_auto = false;
 };
 
-// Every problem found in one pass, each naming the JSON path; what() joins them one per line.
-class ConfigError;
+// Every problem found in one pass, each naming the JSON path; what() joins them one per line,
+// each line prefixed with the source file name (and line:column where known).
+class ConfigError : public Error {
+ public:
+  ConfigError(std::string source, std::vector<std::string> problems);
+  const std::string& source() const { return source_; }
+  const std::vector<std::string>& problems() const { return problems_; }
+
+ private:
+  std::string source_;
+  std::vector<std::string> problems_;
+};
 
 Config parse_config_text(const std::string& text, const std::string& source,
                          const LoadOptions& options = {});
 Config load_config_file(const std::string& path, const LoadOptions& options = {});
 // The resolved config as JSON, every key with its value (defaults included), DeepSpeed spellings.
 json to_json(const Config& config);
+
+// Valid settings this build's engine does not run yet (ZeRO stage >= 1, offload, fp16/bf16, MoE),
+// one line each naming the key: the engine throws with them; strata-config check warns.
+std::vector<std::string> pending_features(const Config& config);
 
 }  // namespace strata

@@ -1,0 +1,176 @@
+#include "launcher/hostfile.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace strata::launcher {
+namespace {
+
+const char* kSpecSyntax =
+    "expected NAME[:SLOT[,SLOT...]][@NAME[:SLOT...]...], e.g. 'worker-0@worker-1:0,2'";
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t at; (at = s.find(sep, start)) != std::string::npos; start = at + 1)
+    parts.push_back(s.substr(start, at - start));
+  parts.push_back(s.substr(start));
+  return parts;
+}
+
+bool parse_uint(const std::string& s, int& out) {
+  if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), ::isdigit)) return false;
+  out = std::stoi(s);
+  return true;
+}
+
+// One NAME[:SLOT,...] of a spec. has_slots=false means "the whole host".
+struct NodeSpec {
+  std::string host;
+  bool has_slots = false;
+  std::vector<int> slots;
+};
+
+std::vector<NodeSpec> parse_spec(const std::string& what, const std::string& text) {
+  std::vector<NodeSpec> nodes;
+  for (const std::string& part : split(text, '@')) {
+    NodeSpec node;
+    std::vector<std::string> name_slots = split(part, ':');
+    node.host = name_slots[0];
+    if (node.host.empty() || name_slots.size() > 2)
+      throw Error(fmt::format("{} '{}': bad node '{}'; {}", what, text, part, kSpecSyntax));
+    if (name_slots.size() == 2) {
+      node.has_slots = true;
+      for (const std::string& slot : split(name_slots[1], ',')) {
+        int n = 0;
+        if (!parse_uint(slot, n))
+          throw Error(fmt::format("{} '{}': slot '{}' of host '{}' is not a number; {}", what, text,
+                                  slot, node.host, kSpecSyntax));
+        node.slots.push_back(n);
+      }
+    }
+    nodes.push_back(std::move(node));
+  }
+  return nodes;
+}
+
+void add_unique(std::vector<int>& to, const std::vector<int>& slots) {
+  for (int s : slots)
+    if (std::find(to.begin(), to.end(), s) == to.end()) to.push_back(s);
+}
+
+}  // namespace
+
+Resources parse_hostfile_text(const std::string& text, const std::string& origin) {
+  Resources pool;
+  std::istringstream in(text);
+  std::string raw;
+  for (int line_no = 1; std::getline(in, raw); ++line_no) {
+    std::string line = trim(raw.substr(0, raw.find('#')));
+    if (line.empty()) continue;
+    auto bad = [&](const std::string& why) {
+      return Error(
+          fmt::format("{} line {}: {} in '{}'; expected 'HOST slots=N', e.g. "
+                      "'worker-0 slots=8'",
+                      origin, line_no, why, trim(raw)));
+    };
+    std::istringstream words(line);
+    std::string host, slots_word, extra;
+    words >> host >> slots_word >> extra;
+    if (host[0] == '-') throw bad("a host name cannot start with '-'");  // ssh would read an option
+    if (slots_word.empty()) throw bad("no slots=N");
+    if (!extra.empty()) throw bad(fmt::format("unexpected '{}'", extra));
+    int slots = 0;
+    if (slots_word.rfind("slots=", 0) != 0 || !parse_uint(slots_word.substr(6), slots))
+      throw bad(fmt::format("'{}' is not slots=N", slots_word));
+    if (slots == 0) throw bad("slots must be at least 1");
+    for (const HostSlots& seen : pool)
+      if (seen.host == host) throw bad(fmt::format("host '{}' is listed twice", host));
+    HostSlots entry{host, {}};
+    for (int s = 0; s < slots; ++s) entry.slots.push_back(s);
+    pool.push_back(std::move(entry));
+  }
+  if (pool.empty())
+    throw Error(fmt::format("{} names no hosts; expected lines 'HOST slots=N'", origin));
+  return pool;
+}
+
+Resources read_hostfile(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw Error(fmt::format("cannot read hostfile '{}'", path));
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse_hostfile_text(text.str(), fmt::format("hostfile '{}'", path));
+}
+
+Resources filter_resources(const Resources& pool, const std::string& include,
+                           const std::string& exclude) {
+  if (!include.empty() && !exclude.empty())
+    throw Error("--include and --exclude are mutually exclusive; give one of them");
+  if (include.empty() && exclude.empty()) return pool;
+  const bool including = !include.empty();
+  const std::string what = including ? "--include" : "--exclude";
+  const std::string& text = including ? include : exclude;
+
+  Resources kept = pool;
+  if (including)
+    for (HostSlots& h : kept) h.slots.clear();
+  for (const NodeSpec& node : parse_spec(what, text)) {
+    auto known = std::find_if(pool.begin(), pool.end(),
+                              [&](const HostSlots& h) { return h.host == node.host; });
+    if (known == pool.end()) {
+      std::vector<std::string> names;
+      for (const HostSlots& h : pool) names.push_back(h.host);
+      throw Error(fmt::format("{} names host '{}', which is not in the hostfile (hosts: {})", what,
+                              node.host, fmt::join(names, ", ")));
+    }
+    for (int s : node.slots)
+      if (std::find(known->slots.begin(), known->slots.end(), s) == known->slots.end())
+        throw Error(fmt::format("{} names slot {} on host '{}', which has slots {}", what, s,
+                                node.host, fmt::join(known->slots, ",")));
+    std::vector<int>& slots = kept[static_cast<size_t>(known - pool.begin())].slots;
+    const std::vector<int>& named = node.has_slots ? node.slots : known->slots;
+    if (including) {
+      add_unique(slots, named);
+    } else {
+      for (int s : named) slots.erase(std::remove(slots.begin(), slots.end(), s), slots.end());
+    }
+  }
+  kept.erase(
+      std::remove_if(kept.begin(), kept.end(), [](const HostSlots& h) { return h.slots.empty(); }),
+      kept.end());
+  if (kept.empty()) throw Error(fmt::format("{} '{}' leaves no slots to run on", what, text));
+  return kept;
+}
+
+Resources parse_world_info(const std::string& text) {
+  Resources world;
+  for (const NodeSpec& node : parse_spec("--world-info", text)) {
+    if (!node.has_slots)
+      throw Error(fmt::format("--world-info '{}': host '{}' has no slot list", text, node.host));
+    world.push_back(HostSlots{node.host, {}});
+    add_unique(world.back().slots, node.slots);
+  }
+  return world;
+}
+
+std::string format_world_info(const Resources& world) {
+  std::vector<std::string> nodes;
+  for (const HostSlots& h : world)
+    nodes.push_back(fmt::format("{}:{}", h.host, fmt::join(h.slots, ",")));
+  return fmt::format("{}", fmt::join(nodes, "@"));
+}
+
+}  // namespace strata::launcher

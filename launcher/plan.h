@@ -1,0 +1,45 @@
+// LaunchPlan: the options resolved into what to start — the world (every node and its GPU slots),
+// the rendezvous address, the ranks that run on this machine with their environment, and one ssh
+// command per remote node. Everything is checked here, before anything starts: main() either
+// prints the plan (--dry-run) or hands it to the supervisor.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "launcher/hostfile.h"
+#include "launcher/options.h"
+#include "launcher/ssh.h"
+
+namespace strata::launcher {
+
+struct LocalRank {
+  int rank = 0;
+  EnvList env;  // RANK, WORLD_SIZE, ... and the exports, set over the inherited environment
+};
+
+struct RemoteNode {
+  std::string host;
+  int node_rank = 0;
+  std::vector<std::string> argv;  // ssh ... HOST 'cd DIR && exec strata-run --node-rank K ...'
+};
+
+struct LaunchPlan {
+  Resources world;  // node rank = index
+  std::string master_addr;
+  int master_port = 0;
+  std::vector<std::string> program;  // as given; argv[0] is what the ranks see
+  std::string program_path;          // resolved through PATH; empty when no rank runs here
+  std::vector<LocalRank> local;
+  std::vector<RemoteNode> remote;
+  double grace_seconds = 5;
+  bool watch_stdin = false;
+};
+
+LaunchPlan make_plan(const LauncherOptions& options);
+
+// --dry-run: one shell command line per process that would start: `A=1 B=2 PROGRAM ARGS` for a
+// local rank (only the variables the launcher sets), the full ssh line for a remote node.
+std::vector<std::string> command_lines(const LaunchPlan& plan);
+
+}  // namespace strata::launcher

@@ -1,0 +1,45 @@
+// Starts the processes of a launch and supervises them until none is left.
+//
+// - Each child leads its own process group (setpgid), so stopping a rank also stops what it
+//   started (`bash -c '...; sleep 600'`), and Ctrl-C at the terminal reaches only the launcher,
+//   which forwards it. The launcher is a child subreaper, so those grandchildren are reaped here
+//   and "group empty" can be checked.
+// - Each child gets PR_SET_PDEATHSIG(SIGKILL): if the launcher itself is killed, its ranks die.
+// - stdout and stderr come back through pipes, line by line, prefixed, each to the launcher's own
+//   stdout and stderr. Ranks read /dev/null: a background process group reading the terminal
+//   would otherwise stop on SIGTTIN.
+// - The first event decides the exit code: a child exiting non-zero (its code) or killed
+//   (128+signal), or a SIGINT/SIGTERM/SIGHUP to the launcher (128+signal, after forwarding it).
+//   Then every child's group gets that signal (SIGTERM for a failure), and SIGKILL once the grace
+//   period has passed; a second signal to the launcher sends SIGKILL at once. When all children
+//   exit 0, leftovers in their groups are stopped the same way and the code is 0.
+// - An ssh child (remote) is not signalled: its stdin, a pipe held here, is closed instead, and
+//   the node launcher at the other end (--watch-stdin) stops its ranks on that EOF. SIGKILL
+//   follows 3 s after the grace period if ssh has not exited by then.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "launcher/ssh.h"
+
+namespace strata::launcher {
+
+struct ChildSpec {
+  std::string name;    // for messages: "rank 3", "node 1 (worker-1)"
+  std::string prefix;  // put before each output line; empty for ssh (the node launcher prefixes)
+  std::string path;    // the file to execute
+  std::vector<std::string> argv;
+  EnvList env;  // set over the launcher's environment
+  bool remote = false;
+};
+
+struct SuperviseOptions {
+  double grace_seconds = 5;
+  bool watch_stdin = false;  // a closed stdin acts as SIGTERM (node launcher under ssh)
+};
+
+// Runs the children to the end; returns the launcher's exit code.
+int supervise(const std::vector<ChildSpec>& children, const SuperviseOptions& options);
+
+}  // namespace strata::launcher

@@ -1,0 +1,218 @@
+// zero_optimization with offload_param / offload_optimizer (runtime/zero/config.py,
+// runtime/zero/offload_config.py). Keys carry DeepSpeed's documented spelling; the pydantic field
+// names (prefetch_bucket_size for stage3_prefetch_bucket_size, ...) are accepted as aliases.
+#include <fmt/format.h>
+
+#include "runtime/config/schema_blocks.h"
+
+namespace strata::schema {
+namespace {
+
+const char* const kZeroTuning = "a tuning knob of DeepSpeed's own ZeRO implementation";
+
+Block make_offload_param() {
+  BlockBuilder<OffloadParamConfig> b("offload_param");
+  b.add(&OffloadParamConfig::device, "device")
+      .one_of({"none", "cpu", "nvme"}, true)
+      .when([](const json& v) { return v != "none"; })
+      .pending("parameter offload");
+  b.add(&OffloadParamConfig::nvme_path, "nvme_path");
+  b.add(&OffloadParamConfig::buffer_count, "buffer_count").min(0);
+  b.add(&OffloadParamConfig::buffer_size, "buffer_size").min(0);
+  b.add(&OffloadParamConfig::max_in_cpu, "max_in_cpu").min(0);
+  b.add(&OffloadParamConfig::pin_memory, "pin_memory");
+  Block block = b.build();
+  block.auto_is_default = true;
+  return block;
+}
+
+Block make_offload_optimizer() {
+  BlockBuilder<OffloadOptimizerConfig> b("offload_optimizer");
+  b.add(&OffloadOptimizerConfig::device, "device")
+      .one_of({"none", "cpu", "nvme"}, true)
+      .when([](const json& v) { return v != "none"; })
+      .pending("optimizer-state offload");
+  b.add(&OffloadOptimizerConfig::nvme_path, "nvme_path");
+  b.add(&OffloadOptimizerConfig::buffer_count, "buffer_count").min(0);
+  b.add(&OffloadOptimizerConfig::pin_memory, "pin_memory");
+  b.add(&OffloadOptimizerConfig::pipeline_read, "pipeline_read");
+  b.add(&OffloadOptimizerConfig::pipeline_write, "pipeline_write");
+  b.add(&OffloadOptimizerConfig::fast_init, "fast_init");
+  b.add(&OffloadOptimizerConfig::ratio, "ratio").range(0, 1).ignored("Strata offloads all optimizer states");
+  b.add(&OffloadOptimizerConfig::super_offload, "super_offload").ignored("a Grace-Hopper path of DeepSpeed");
+  b.add(&OffloadOptimizerConfig::convert_grad_on_cpu, "convert_grad_on_cpu");
+  b.add(&OffloadOptimizerConfig::cpuadam_cores_perc, "cpuadam_cores_perc").range(0, 1);
+  Block block = b.build();
+  block.auto_is_default = true;
+  return block;
+}
+
+const Block& offload_param_block() {
+  static const Block b = make_offload_param();
+  return b;
+}
+const Block& offload_optimizer_block() {
+  static const Block b = make_offload_optimizer();
+  return b;
+}
+
+std::string parent(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string::npos ? "" : path.substr(0, dot);
+}
+
+std::optional<bool> legacy_bool(Ctx& ctx, const json& v, const std::string& path) {
+  Field f;
+  f.kind = Kind::Bool;
+  auto c = convert(f, v, path, ctx);
+  return c ? std::optional<bool>(c->get<bool>()) : std::nullopt;
+}
+
+// cpu_offload / cpu_offload_param: DeepSpeed turns `true` into {"device": "cpu"}.
+void legacy_offload(Ctx& ctx, std::string& device, const json& v, const std::string& path,
+                    const std::string& target) {
+  auto on = legacy_bool(ctx, v, path);
+  if (!on) return;
+  const std::string canonical = join(parent(path), target);
+  if (ctx.present.count(canonical) && *on) {
+    ctx.error(path, fmt::format("{} (legacy) and {} both given; keep {} only", path, canonical, canonical));
+    return;
+  }
+  ctx.warn(path, fmt::format("{} is deprecated; read as {}.device = \"{}\"", path, canonical, *on ? "cpu" : "none"));
+  if (*on) device = "cpu";
+}
+
+// Cross-key rules inside zero_optimization, as DeepSpeed applies them.
+void finish_zero(void* obj, Ctx& ctx, const std::string& path) {
+  auto& z = *static_cast<ZeroConfig*>(obj);
+  const std::string op = join(path, "offload_param"), oo = join(path, "offload_optimizer");
+  if (z.offload_param.device != "none" && z.stage < 3) {
+    ctx.warn(op, fmt::format("{}.device = \"{}\" has no effect at stage {} (parameter offload is a "
+                             "stage-3 feature; DeepSpeed ignores it too): read as \"none\"",
+                             op, z.offload_param.device, z.stage));
+    z.offload_param.device = "none";
+  }
+  if (z.offload_optimizer.device != "none" && z.stage == 0) {
+    ctx.warn(oo, fmt::format("{}.device = \"{}\" has no effect at stage 0 (ZeRO is off): read as "
+                             "\"none\"", oo, z.offload_optimizer.device));
+    z.offload_optimizer.device = "none";
+  }
+  if (z.offload_optimizer.device == "nvme" && z.stage < 3)
+    ctx.error(oo + ".device", fmt::format("{}.device = \"nvme\" needs stage 3 (stage is {}); use "
+                                          "\"cpu\" or set stage 3", oo, z.stage));
+  if (z.offload_param.device == "nvme" && z.offload_param.nvme_path.empty())
+    ctx.error(op + ".nvme_path", fmt::format("{}.nvme_path is required when device is \"nvme\"", op));
+  if (z.offload_optimizer.device == "nvme" && z.offload_optimizer.nvme_path.empty())
+    ctx.error(oo + ".nvme_path", fmt::format("{}.nvme_path is required when device is \"nvme\"", oo));
+}
+
+Block make_zero() {
+  BlockBuilder<ZeroConfig> b("zero_optimization");
+  b.add(&ZeroConfig::stage, "stage").range(0, 3).pending("ZeRO partitioning (stages 1-3)");
+  b.add(&ZeroConfig::contiguous_gradients, "contiguous_gradients");
+  b.add(&ZeroConfig::reduce_scatter, "reduce_scatter");
+  b.add(&ZeroConfig::reduce_bucket_size, "reduce_bucket_size").min(0);  // 0: each gradient alone
+  b.add(&ZeroConfig::allgather_partitions, "allgather_partitions");
+  b.add(&ZeroConfig::allgather_bucket_size, "allgather_bucket_size").positive();
+  b.add(&ZeroConfig::overlap_comm, "overlap_comm");
+  b.add(&ZeroConfig::load_from_fp32_weights, "load_from_fp32_weights");
+  b.add(&ZeroConfig::elastic_checkpoint, "elastic_checkpoint")
+      .ignored("legacy in DeepSpeed, which points to universal checkpointing instead");
+  b.block(&ZeroConfig::offload_param, "offload_param", offload_param_block());
+  b.block(&ZeroConfig::offload_optimizer, "offload_optimizer", offload_optimizer_block());
+  b.add(&ZeroConfig::sub_group_size, "sub_group_size").min(0);
+  b.add(&ZeroConfig::stage3_prefetch_bucket_size, "stage3_prefetch_bucket_size")
+      .alias("prefetch_bucket_size").min(0);
+  b.add(&ZeroConfig::stage3_param_persistence_threshold, "stage3_param_persistence_threshold")
+      .alias("param_persistence_threshold").min(0);
+  b.add(&ZeroConfig::stage3_model_persistence_threshold, "stage3_model_persistence_threshold")
+      .alias("model_persistence_threshold").min(0);
+  b.add(&ZeroConfig::stage3_max_live_parameters, "stage3_max_live_parameters")
+      .alias("max_live_parameters").min(0);
+  b.add(&ZeroConfig::stage3_max_reuse_distance, "stage3_max_reuse_distance")
+      .alias("max_reuse_distance").min(0);
+  b.add(&ZeroConfig::stage3_gather_16bit_weights_on_model_save, "stage3_gather_16bit_weights_on_model_save")
+      .alias("gather_16bit_weights_on_model_save")
+      .deprecated_alias("stage3_gather_fp16_weights_on_model_save");
+  b.add(&ZeroConfig::ignore_unused_parameters, "ignore_unused_parameters");
+  b.add(&ZeroConfig::round_robin_gradients, "round_robin_gradients");
+  b.add(&ZeroConfig::zero_hpz_partition_size, "zero_hpz_partition_size")
+      .min(0)
+      .when([](const json& v) { return v.get<int64_t>() > 1; })
+      .ignored("ZeRO++ hierarchical partitioning is a communication layout; the math is the same");
+  const char* quantized = "ZeRO++ quantized communication changes the numerics";
+  b.add(&ZeroConfig::zero_quantized_weights, "zero_quantized_weights").not_implemented(quantized);
+  b.add(&ZeroConfig::zero_quantized_nontrainable_weights, "zero_quantized_nontrainable_weights")
+      .not_implemented(quantized);
+  b.add(&ZeroConfig::zero_quantized_gradients, "zero_quantized_gradients").not_implemented(quantized);
+  b.add(&ZeroConfig::zeropp_loco_param, "zeropp_loco_param")
+      .as(Kind::Object)
+      .not_implemented("LoCo error feedback for quantized gradients");
+  b.add(&ZeroConfig::mics_shard_size, "mics_shard_size")
+      .when([](const json& v) { return v.get<int64_t>() > 0; })
+      .ignored("MiCS sharding groups are a communication layout; the math is the same");
+  b.add(&ZeroConfig::mics_hierarchical_params_gather, "mics_hierarchical_params_gather").ignored(kZeroTuning);
+  b.add(&ZeroConfig::memory_efficient_linear, "memory_efficient_linear").ignored(kZeroTuning);
+  b.add(&ZeroConfig::log_trace_cache_warnings, "log_trace_cache_warnings").ignored(kZeroTuning);
+  b.add(&ZeroConfig::use_multi_rank_bucket_allreduce, "use_multi_rank_bucket_allreduce").ignored(kZeroTuning);
+  b.add(&ZeroConfig::compute_grad_norm, "compute_grad_norm").ignored(kZeroTuning);
+  b.add(&ZeroConfig::parameter_alignment, "parameter_alignment").ignored(kZeroTuning);
+  b.add(&ZeroConfig::stage3_module_granularity_threshold, "stage3_module_granularity_threshold")
+      .alias("module_granularity_threshold").ignored(kZeroTuning);
+  b.add(&ZeroConfig::stage3_use_all_reduce_for_fetch_params, "stage3_use_all_reduce_for_fetch_params")
+      .alias("use_all_reduce_for_fetch_params").ignored(kZeroTuning);
+  b.add(&ZeroConfig::stage3_allgather_sequential, "stage3_allgather_sequential")
+      .alias("allgather_sequential").ignored(kZeroTuning);
+  b.add(&ZeroConfig::stage3_partition_stream_chunk_size, "stage3_partition_stream_chunk_size")
+      .alias("partition_stream_chunk_size").min(0).ignored(kZeroTuning);
+  b.add(&ZeroConfig::legacy_stage1, "legacy_stage1").ignored(kZeroTuning);
+  b.add(&ZeroConfig::pipeline_loading_checkpoint, "pipeline_loading_checkpoint").ignored(kZeroTuning);
+  b.add(&ZeroConfig::override_module_apply, "override_module_apply").ignored(kZeroTuning);
+  b.add(&ZeroConfig::enable_sanity_checks, "enable_sanity_checks").ignored(kZeroTuning);
+  b.add(&ZeroConfig::save_muon_momentum_buffer_in_memory, "save_muon_momentum_buffer_in_memory")
+      .ignored("Strata has no Muon optimizer");
+  b.add(&ZeroConfig::leaf_module, "leaf_module").as(Kind::Object).ignored(kZeroTuning);
+  b.add(&ZeroConfig::zenflow, "zenflow")
+      .as(Kind::Object)
+      .not_implemented("ZenFlow updates unimportant parameters asynchronously");
+
+  // Deprecated DeepSpeed keys, rewritten into the canonical ones.
+  b.legacy("cpu_offload", [](Ctx& ctx, ZeroConfig& z, const json& v, const std::string& path) {
+    legacy_offload(ctx, z.offload_optimizer.device, v, path, "offload_optimizer");
+  });
+  b.legacy("cpu_offload_param", [](Ctx& ctx, ZeroConfig& z, const json& v, const std::string& path) {
+    legacy_offload(ctx, z.offload_param.device, v, path, "offload_param");
+  }).deprecated_alias("cpu_offload_params");
+  b.legacy("cpu_offload_use_pin_memory", [](Ctx& ctx, ZeroConfig& z, const json& v, const std::string& path) {
+    auto on = legacy_bool(ctx, v, path);
+    if (!on) return;
+    ctx.warn(path, fmt::format("{} is deprecated; read as pin_memory = {} in offload_param and "
+                               "offload_optimizer", path, *on));
+    z.offload_param.pin_memory = z.offload_optimizer.pin_memory = *on;
+  });
+
+  Block block = b.build();
+  // DeepSpeed's oldest form: "zero_optimization": true means stage 1.
+  block.coerce = [](const json& v, Ctx& ctx, const std::string& path) -> std::optional<json> {
+    if (!v.is_boolean()) {
+      ctx.error(path, fmt::format("{}: expected an object {{\"stage\": 0-3, ...}}, found {}", path, show(v)));
+      return std::nullopt;
+    }
+    const int stage = v.get<bool>() ? 1 : 0;
+    ctx.warn(path, fmt::format("{}: {} is DeepSpeed's deprecated form; read as {{\"stage\": {}}}", path,
+                               show(v), stage));
+    return json{{"stage", stage}};
+  };
+  block.finish = finish_zero;
+  block.auto_is_default = true;
+  return block;
+}
+
+}  // namespace
+
+const Block& zero_block() {
+  static const Block b = make_zero();
+  return b;
+}
+
+}  // namespace strata::schema

@@ -1,0 +1,69 @@
+// strata::optim::Adam: Adam with DeepSpeed FusedAdam's semantics, as a torch::optim::Optimizer so
+// that the engine treats it and a client's LibTorch optimizer alike. Written out per parameter
+// with in-place tensor ops; later issues replace the loop with a flat-buffer fused GPU kernel and
+// a SIMD CPU Adam, which must keep these numbers.
+//
+//   adam_w_mode true:  decoupled weight decay (AdamW),
+//                      p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p)
+//   adam_w_mode false: L2 into the gradient (torch Adam), g += wd * p before the moments
+//   bias_correction:   m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t); false (a
+//                      DeepSpeed-only option) uses m and v as they are.
+//
+// State per parameter: exp_avg, exp_avg_sq, step. save()/load() go through LibTorch's own
+// optimizer serialization (torch::save(optimizer, ...) / torch::load(optimizer, ...)), which
+// exists with the same signature in 1.13 and 2.x; load() also restores each group's options
+// (lr, betas, ...), as PyTorch's load_state_dict does and LibTorch's own optimizers do not.
+// Param groups: give them at construction, each with complete AdamOptions or none (then the
+// defaults); a group added later with add_param_group() gets the defaults under LibTorch 2.x.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+namespace strata::optim {
+
+// Member defaults are FusedAdam's constructor defaults, for C++ callers; configs never reach
+// them (the config layer fills every param and the registry passes them all).
+struct AdamOptions : public torch::optim::OptimizerCloneableOptions<AdamOptions> {
+  // Implicit from a double: torch::optim::serialize() constructs Options(0) when loading.
+  AdamOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor)
+  using betas_t = std::tuple<double, double>;
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0.0;
+  TORCH_ARG(bool, adam_w_mode) = true;
+  TORCH_ARG(bool, bias_correction) = true;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override;
+  void set_lr(const double lr) override;
+};
+
+struct AdamParamState : public torch::optim::OptimizerCloneableParamState<AdamParamState> {
+  TORCH_ARG(int64_t, step) = 0;
+  TORCH_ARG(torch::Tensor, exp_avg);
+  TORCH_ARG(torch::Tensor, exp_avg_sq);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+class Adam : public torch::optim::Optimizer {
+ public:
+  explicit Adam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                AdamOptions defaults = {});
+  explicit Adam(std::vector<torch::Tensor> params, AdamOptions defaults = {});
+
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+}  // namespace strata::optim

@@ -1,0 +1,295 @@
+// strata::optim::Adam and strata::optim::SGD: the per-parameter reference implementations.
+// Both follow the operation order of LibTorch's own Adam / AdamW / SGD so that, given the same
+// inputs, they agree with them to the last bit; FusedAdam's formulas are the same algebra.
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "runtime/error.h"
+#include "runtime/optim/adam.h"
+#include "runtime/optim/sgd.h"
+#include "runtime/optim/state_key.h"
+
+namespace strata::optim {
+namespace {
+
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+double read_double(InputArchive& archive, const char* key) {
+  c10::IValue value;
+  archive.read(key, value);
+  return value.toDouble();
+}
+
+bool read_bool(InputArchive& archive, const char* key) {
+  c10::IValue value;
+  archive.read(key, value);
+  return value.toBool();
+}
+
+torch::Tensor read_tensor(InputArchive& archive, const char* key) {
+  c10::IValue value;
+  return archive.try_read(key, value) ? value.toTensor() : torch::Tensor();
+}
+
+void write_tensor(OutputArchive& archive, const char* key, const torch::Tensor& t) {
+  if (t.defined()) archive.write(key, c10::IValue(t));
+}
+
+// LibTorch's serialize() restores only the per-parameter state; restore each group's options
+// too (lr, betas, ...), as PyTorch's load_state_dict does, so a resumed run continues exactly.
+template <class State, class Options>
+void load_optimizer(InputArchive& archive, torch::optim::Optimizer& optimizer) {
+  torch::optim::serialize<State, Options>(archive, optimizer);
+  InputArchive groups;
+  archive.read("param_groups", groups);
+  auto& param_groups = optimizer.param_groups();
+  for (size_t i = 0; i < param_groups.size(); ++i) {
+    InputArchive group;
+    InputArchive options;
+    groups.read("param_groups/" + std::to_string(i), group);
+    group.read("options", options);
+    static_cast<Options&>(param_groups[i].options()).serialize(options);
+  }
+}
+
+// Every group must carry this optimizer's own options type: step() static_casts to it.
+template <class Options>
+const Options& group_options(const torch::optim::OptimizerParamGroup& group, size_t index,
+                             const char* optimizer) {
+  const auto* options = dynamic_cast<const Options*>(&group.options());
+  if (options == nullptr)
+    throw Error(
+        fmt::format("{}: param group {} carries options of another optimizer; give it "
+                    "{}Options or none (it then copies the defaults)",
+                    optimizer, index, optimizer));
+  return *options;
+}
+
+// LibTorch 2.x's add_param_group() merges a group's options into the defaults only for its own
+// option types and gives any other type the plain defaults, dropping per-group settings such as
+// "no weight decay for biases". Put back what the caller gave (1.13 kept it as given).
+void keep_group_options(const std::vector<torch::optim::OptimizerParamGroup>& given,
+                        std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  for (size_t i = 0; i < given.size() && i < groups.size(); ++i)
+    if (given[i].has_options()) groups[i].set_options(given[i].options().clone());
+}
+
+void check(bool ok, const char* optimizer, size_t group, const std::string& what) {
+  if (!ok) throw Error(fmt::format("{}: param group {}: {}", optimizer, group, what));
+}
+
+}  // namespace
+
+// ---- Adam -------------------------------------------------------------------------------------
+
+AdamOptions::AdamOptions(double lr) : lr_(lr) {}
+
+void AdamOptions::serialize(OutputArchive& archive) const {
+  archive.write("lr", c10::IValue(lr()));
+  archive.write("beta1", c10::IValue(std::get<0>(betas())));
+  archive.write("beta2", c10::IValue(std::get<1>(betas())));
+  archive.write("eps", c10::IValue(eps()));
+  archive.write("weight_decay", c10::IValue(weight_decay()));
+  archive.write("adam_w_mode", c10::IValue(adam_w_mode()));
+  archive.write("bias_correction", c10::IValue(bias_correction()));
+}
+
+void AdamOptions::serialize(InputArchive& archive) {
+  lr(read_double(archive, "lr"));
+  betas(std::make_tuple(read_double(archive, "beta1"), read_double(archive, "beta2")));
+  eps(read_double(archive, "eps"));
+  weight_decay(read_double(archive, "weight_decay"));
+  adam_w_mode(read_bool(archive, "adam_w_mode"));
+  bias_correction(read_bool(archive, "bias_correction"));
+}
+
+double AdamOptions::get_lr() const { return lr(); }
+void AdamOptions::set_lr(const double value) { lr(value); }
+
+void AdamParamState::serialize(OutputArchive& archive) const {
+  archive.write("step", c10::IValue(step()));
+  write_tensor(archive, "exp_avg", exp_avg());
+  write_tensor(archive, "exp_avg_sq", exp_avg_sq());
+}
+
+void AdamParamState::serialize(InputArchive& archive) {
+  c10::IValue value;
+  archive.read("step", value);
+  step(value.toInt());
+  exp_avg(read_tensor(archive, "exp_avg"));
+  exp_avg_sq(read_tensor(archive, "exp_avg_sq"));
+}
+
+Adam::Adam(std::vector<torch::optim::OptimizerParamGroup> param_groups, AdamOptions defaults)
+    : Optimizer(param_groups, std::make_unique<AdamOptions>(defaults)) {
+  keep_group_options(param_groups, param_groups_);
+  for (size_t i = 0; i < param_groups_.size(); ++i) {
+    const auto& o = group_options<AdamOptions>(param_groups_[i], i, "Adam");
+    const auto [beta1, beta2] = o.betas();
+    check(o.lr() >= 0, "Adam", i, fmt::format("lr must be >= 0, got {}", o.lr()));
+    check(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "Adam", i,
+          fmt::format("betas must lie in [0, 1), got ({}, {})", beta1, beta2));
+    check(o.eps() >= 0, "Adam", i, fmt::format("eps must be >= 0, got {}", o.eps()));
+    check(o.weight_decay() >= 0, "Adam", i,
+          fmt::format("weight_decay must be >= 0, got {}", o.weight_decay()));
+  }
+}
+
+Adam::Adam(std::vector<torch::Tensor> params, AdamOptions defaults)
+    : Adam(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(
+               std::move(params))},
+           std::move(defaults)) {}
+
+torch::Tensor Adam::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& o = group_options<AdamOptions>(group, &group - param_groups_.data(), "Adam");
+    const auto [beta1, beta2] = o.betas();
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      torch::Tensor grad = p.grad();
+      if (grad.is_sparse())
+        throw Error("strata::optim::Adam does not support sparse gradients; use dense ones");
+
+      const auto key = detail::state_key<decltype(state_)>(p);
+      if (state_.find(key) == state_.end()) {
+        auto fresh = std::make_unique<AdamParamState>();
+        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        state_[key] = std::move(fresh);
+      }
+      auto& state = static_cast<AdamParamState&>(*state_[key]);
+      state.step(state.step() + 1);
+
+      if (o.weight_decay() != 0) {
+        if (o.adam_w_mode()) {
+          p.mul_(1 - o.lr() * o.weight_decay());  // decoupled, on the pre-update p
+        } else {
+          grad = grad.add(p, o.weight_decay());  // L2: into the moments
+        }
+      }
+      state.exp_avg().mul_(beta1).add_(grad, 1 - beta1);
+      state.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+
+      double correction1 = 1.0;
+      double correction2 = 1.0;
+      if (o.bias_correction()) {
+        correction1 = 1 - std::pow(beta1, static_cast<double>(state.step()));
+        correction2 = 1 - std::pow(beta2, static_cast<double>(state.step()));
+      }
+      auto denom = (state.exp_avg_sq().sqrt() / std::sqrt(correction2)).add_(o.eps());
+      p.addcdiv_(state.exp_avg(), denom, -o.lr() / correction1);
+    }
+  }
+  return loss;
+}
+
+void Adam::save(OutputArchive& archive) const {
+  torch::optim::serialize<AdamParamState, AdamOptions>(archive, *this);
+}
+
+void Adam::load(InputArchive& archive) {
+  load_optimizer<AdamParamState, AdamOptions>(archive, *this);
+}
+
+// ---- SGD --------------------------------------------------------------------------------------
+
+SGDOptions::SGDOptions(double lr) : lr_(lr) {}
+
+void SGDOptions::serialize(OutputArchive& archive) const {
+  archive.write("lr", c10::IValue(lr()));
+  archive.write("momentum", c10::IValue(momentum()));
+  archive.write("dampening", c10::IValue(dampening()));
+  archive.write("weight_decay", c10::IValue(weight_decay()));
+  archive.write("nesterov", c10::IValue(nesterov()));
+}
+
+void SGDOptions::serialize(InputArchive& archive) {
+  lr(read_double(archive, "lr"));
+  momentum(read_double(archive, "momentum"));
+  dampening(read_double(archive, "dampening"));
+  weight_decay(read_double(archive, "weight_decay"));
+  nesterov(read_bool(archive, "nesterov"));
+}
+
+double SGDOptions::get_lr() const { return lr(); }
+void SGDOptions::set_lr(const double value) { lr(value); }
+
+void SGDParamState::serialize(OutputArchive& archive) const {
+  write_tensor(archive, "momentum_buffer", momentum_buffer());
+}
+
+void SGDParamState::serialize(InputArchive& archive) {
+  momentum_buffer(read_tensor(archive, "momentum_buffer"));
+}
+
+SGD::SGD(std::vector<torch::optim::OptimizerParamGroup> param_groups, SGDOptions defaults)
+    : Optimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
+  keep_group_options(param_groups, param_groups_);
+  for (size_t i = 0; i < param_groups_.size(); ++i) {
+    const auto& o = group_options<SGDOptions>(param_groups_[i], i, "SGD");
+    check(o.lr() >= 0, "SGD", i, fmt::format("lr must be >= 0, got {}", o.lr()));
+    check(o.momentum() >= 0, "SGD", i, fmt::format("momentum must be >= 0, got {}", o.momentum()));
+    check(o.weight_decay() >= 0, "SGD", i,
+          fmt::format("weight_decay must be >= 0, got {}", o.weight_decay()));
+    check(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0), "SGD", i,
+          "nesterov needs momentum > 0 and dampening = 0 (as torch.optim.SGD)");
+  }
+}
+
+SGD::SGD(std::vector<torch::Tensor> params, SGDOptions defaults)
+    : SGD(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(
+              std::move(params))},
+          std::move(defaults)) {}
+
+torch::Tensor SGD::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& o = group_options<SGDOptions>(group, &group - param_groups_.data(), "SGD");
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      torch::Tensor d_p = p.grad();
+      if (o.weight_decay() != 0) d_p = d_p.add(p, o.weight_decay());
+      if (o.momentum() != 0) {
+        const auto key = detail::state_key<decltype(state_)>(p);
+        torch::Tensor buf;
+        auto found = state_.find(key);
+        if (found == state_.end()) {
+          buf = torch::clone(d_p).detach();  // first step: the buffer is the gradient itself
+          auto fresh = std::make_unique<SGDParamState>();
+          fresh->momentum_buffer(buf);
+          state_[key] = std::move(fresh);
+        } else {
+          buf = static_cast<SGDParamState&>(*found->second).momentum_buffer();
+          buf.mul_(o.momentum()).add_(d_p, 1 - o.dampening());
+        }
+        d_p = o.nesterov() ? d_p.add(buf, o.momentum()) : buf;
+      }
+      p.add_(d_p, -o.lr());
+    }
+  }
+  return loss;
+}
+
+void SGD::save(OutputArchive& archive) const {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+}
+
+void SGD::load(InputArchive& archive) { load_optimizer<SGDParamState, SGDOptions>(archive, *this); }
+
+}  // namespace strata::optim

@@ -1,0 +1,64 @@
+// Runs the real strata-run binary for the launcher tests: output captured with stdout and stderr
+// apart, a timeout, signals to send mid-run, and a /proc scan for processes left behind.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace strata::test {
+
+struct Finished {
+  int code = -1;  // exit code, 128+signal if killed, -1 if it timed out (then it was SIGKILLed)
+  std::string out, err;
+  double seconds = 0;
+};
+
+// NAME -> value to set, or nullopt to unset, over the test's own environment.
+using EnvChanges = std::vector<std::pair<std::string, std::optional<std::string>>>;
+
+std::string launcher_path();  // STRATA_BIN_DIR/strata-run, symlinks resolved
+
+class LauncherProcess {
+ public:
+  explicit LauncherProcess(const std::vector<std::string>& args, const EnvChanges& env = {});
+  ~LauncherProcess();  // SIGKILLs a launcher still running
+  LauncherProcess(const LauncherProcess&) = delete;
+  LauncherProcess& operator=(const LauncherProcess&) = delete;
+
+  // Reads output until stdout holds `text` `count` times; false on timeout or exit.
+  bool wait_for_stdout(const std::string& text, int count, double timeout_s);
+  void signal(int sig);
+  Finished wait(double timeout_s);
+  pid_t pid() const { return pid_; }
+
+ private:
+  bool read_some(int timeout_ms);  // false once both pipes are closed
+
+  pid_t pid_ = -1;
+  int out_ = -1, err_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+  Finished result_;
+  double started_ = 0;
+};
+
+Finished run_launcher(const std::vector<std::string>& args, const EnvChanges& env = {},
+                      double timeout_s = 20);
+
+// Live processes (not zombies) whose command line contains `marker`, this test excluded.
+int count_processes(const std::string& marker);
+// Polls count_processes until it reaches `expected` or the timeout passes; returns the last count.
+int wait_for_count(const std::string& marker, int expected, double timeout_s);
+
+// A TCP port that nothing listened on a moment ago.
+int free_port();
+
+// A sleep argument unique to this test process, e.g. "600.41237" (sleep takes decimals), so a
+// leftover can be found by its command line.
+std::string unique_sleep(int which);
+
+}  // namespace strata::test

@@ -1,0 +1,141 @@
+// The launcher's pure parts: hostfile and DeepSpeed's filter semantics, --world-info, the
+// command line and merge(), line prefixing, shell quoting.
+#include <gtest/gtest.h>
+
+#include "launcher/hostfile.h"
+#include "launcher/line_prefixer.h"
+#include "launcher/options.h"
+#include "launcher/ssh.h"
+
+namespace strata::launcher {
+namespace {
+
+std::string text(const Resources& r) { return format_world_info(r); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const Resources kPool = parse_hostfile_text("worker-0 slots=4\nworker-1 slots=4\n", "test");
+
+TEST(Hostfile, ParsesSlotsCommentsAndBlankLines) {
+  Resources r = parse_hostfile_text("# head\n\n  a slots=2 # two\nb\tslots=1\n", "hf");
+  EXPECT_EQ(text(r), "a:0,1@b:0");
+  EXPECT_NE(
+      error_of([] { parse_hostfile_text("a slots=2\nb\n", "hf"); }).find("hf line 2: no slots=N"),
+      std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_hostfile_text("a slots=2 max_slots=4\n", "hf");
+            }).find("line 1: unexpected 'max_slots=4'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_hostfile_text("a slots=0\n", "hf"); }).find("at least 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_hostfile_text("-oProxyCommand=x slots=1\n", "hf");
+            }).find("cannot start with '-'"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([] { parse_hostfile_text("# only a comment\n", "hf"); }).find("names no hosts"),
+      std::string::npos);
+}
+
+// The examples of DeepSpeed's parse_resource_filter docstring and its tests.
+TEST(Filter, FollowsDeepSpeedSemantics) {
+  EXPECT_EQ(text(filter_resources(kPool, "worker-0@worker-1:0,2", "")),
+            "worker-0:0,1,2,3@worker-1:0,2");
+  EXPECT_EQ(text(filter_resources(kPool, "", "worker-1:0")), "worker-0:0,1,2,3@worker-1:1,2,3");
+  EXPECT_EQ(text(filter_resources(kPool, "", "worker-0")), "worker-1:0,1,2,3");
+  EXPECT_EQ(text(filter_resources(kPool, "worker-1:0", "")), "worker-1:0");
+  EXPECT_EQ(text(filter_resources(kPool, "worker-1:3,1", "")), "worker-1:3,1");  // order kept
+  EXPECT_EQ(text(filter_resources(kPool, "worker-1@worker-0:1", "")),
+            "worker-0:1@worker-1:0,1,2,3");
+  EXPECT_EQ(text(filter_resources(kPool, "worker-0:1,1", "")), "worker-0:1");
+  EXPECT_EQ(text(filter_resources(kPool, "", "")), text(kPool));
+  EXPECT_NE(error_of([] { filter_resources(kPool, "worker-2", ""); }).find("host 'worker-2'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { filter_resources(kPool, "worker-0:4", ""); }).find("slot 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { filter_resources(kPool, "a", "b"); }).find("mutually exclusive"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { filter_resources(kPool, "worker-0:", ""); }).find("slot ''"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { filter_resources(kPool, "worker-0:1:2", ""); }).find("bad node"),
+            std::string::npos);
+}
+
+TEST(WorldInfo, RoundTripsAndNeedsSlots) {
+  EXPECT_EQ(text(parse_world_info("a:0,1@b:3")), "a:0,1@b:3");
+  EXPECT_NE(error_of([] { parse_world_info("a:0@b"); }).find("host 'b' has no slot list"),
+            std::string::npos);
+}
+
+TEST(Options, AcceptsTorchrunAndDeepSpeedSpellings) {
+  auto o =
+      *parse_command_line({"--nproc_per_node", "4", "--nnodes=2", "--node-rank", "1",
+                           "--master_addr", "h", "--master-port=123", "-H", "hf", "prog", "--x"});
+  EXPECT_EQ(o.num_gpus, 4);
+  EXPECT_EQ(o.num_nodes, 2);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "h");
+  EXPECT_EQ(o.master_port, 123);
+  EXPECT_EQ(o.hostfile, "hf");
+  EXPECT_EQ(o.program, (std::vector<std::string>{"prog", "--x"}));  // the first word ends options
+  o = *parse_command_line({"--num_gpus", "2", "--num_nodes", "3", "--", "--odd-program"});
+  EXPECT_EQ(o.num_gpus, 2);
+  EXPECT_EQ(o.num_nodes, 3);
+  EXPECT_EQ(o.program, std::vector<std::string>{"--odd-program"});
+  EXPECT_THROW(parse_command_line({"--nproc-per-node", "0", "--", "p"}), UsageError);
+  EXPECT_THROW(parse_command_line({"--master-port"}), UsageError);
+  EXPECT_THROW(parse_command_line({"--dry-run=yes", "p"}), UsageError);
+}
+
+TEST(Options, CommandLineOverridesTheConfigBlock) {
+  LauncherOptions cli, config;
+  cli.num_gpus = 2;
+  cli.exclude = "b";
+  cli.exports = {"A=cli"};
+  cli.program = {"train"};
+  config.num_gpus = 8;
+  config.num_nodes = 4;
+  config.include = "a";
+  config.hostfile = "hosts";
+  config.master_port = 1234;
+  config.exports = {"A=config", "B=config"};
+  LauncherOptions m = merge(cli, config);
+  EXPECT_EQ(m.num_gpus, 2);
+  EXPECT_EQ(m.num_nodes, 4);
+  EXPECT_EQ(m.hostfile, "hosts");
+  EXPECT_EQ(m.master_port, 1234);
+  EXPECT_EQ(m.exclude, "b");
+  EXPECT_FALSE(m.include);  // the command line's filter replaces the block's
+  EXPECT_EQ(m.exports, (std::vector<std::string>{"A=config", "B=config", "A=cli"}));  // last wins
+  EXPECT_EQ(m.program, std::vector<std::string>{"train"});
+}
+
+TEST(LinePrefixer, EmitsWholePrefixedLinesAndFlushesThePartialOne) {
+  LinePrefixer p("[rank 1] ");
+  EXPECT_EQ(p.feed("a\nb"), "[rank 1] a\n");
+  EXPECT_EQ(p.feed("c\n\nd"), "[rank 1] bc\n[rank 1] \n");
+  EXPECT_EQ(p.flush(), "[rank 1] d\n");
+  EXPECT_EQ(p.flush(), "");
+  std::string longer(LinePrefixer::kMaxLine + 5, 'x');
+  std::string out = p.feed(longer);
+  EXPECT_EQ(out, "[rank 1] " + std::string(LinePrefixer::kMaxLine, 'x') + "\n");
+  EXPECT_EQ(p.flush(), "[rank 1] xxxxx\n");
+}
+
+TEST(Shell, QuotesOnlyWhatNeedsIt) {
+  EXPECT_EQ(shell_quote("/bin/echo"), "/bin/echo");
+  EXPECT_EQ(shell_quote("a b"), "'a b'");
+  EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
+  EXPECT_EQ(shell_quote(""), "''");
+  EXPECT_EQ(remote_command({{"A", "1"}}, "/d", {"x", "y z"}), "export A=1; cd /d && exec x 'y z'");
+}
+
+}  // namespace
+}  // namespace strata::launcher
