@@ -103,16 +103,19 @@ int run(const Args& args) {
   const int64_t steps = args.steps.value_or(default_steps(engine->config()));
   const int64_t micro = engine->train_micro_batch_size_per_gpu();
   const int64_t gas = engine->gradient_accumulation_steps();
+  const int64_t world = engine->data_parallel_size();
+  const int64_t rank = engine->data_parallel_rank();
   const int64_t tokens_per_step = engine->train_batch_size() * model_config.seq_len;
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
   strata::log::info("train_gpt: model {} ({:.2f}M parameters) on {}, data: {}", args.model,
                     parameters / 1e6, device.str(), data.description());
-  strata::log::info("train_gpt: {} steps of {} samples ({} micro x {} accumulation) x {} tokens",
-                    steps, engine->train_batch_size(), micro, gas, model_config.seq_len);
+  strata::log::info(
+      "train_gpt: {} steps of {} samples ({} micro x {} accumulation x {} ranks) x {} tokens",
+      steps, engine->train_batch_size(), micro, gas, world, model_config.seq_len);
 
   std::ofstream metrics;
-  if (!args.metrics_jsonl.empty()) {
+  if (!args.metrics_jsonl.empty() && rank == 0) {
     metrics.open(args.metrics_jsonl, std::ios::trunc);
     if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: cannot open for writing",
                                           args.metrics_jsonl));
@@ -124,13 +127,18 @@ int run(const Args& args) {
     const auto step_start = Clock::now();
     auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
     for (int64_t m = 0; m < gas; ++m) {
-      auto batch = data.batch(args.seed, step, m * micro, micro, model_config.seq_len);
+      // Sample j of the global batch is the same whatever the world: ranks take slices.
+      const int64_t first = (m * world + rank) * micro;
+      auto batch = data.batch(args.seed, step, first, micro, model_config.seq_len);
       auto loss = engine->forward(batch.tokens.to(device), batch.targets.to(device));
       engine->backward(loss);
       engine->step();
       loss_sum += loss.detach();
     }
-    const double loss = loss_sum.item<double>() / gas;  // one host sync per optimizer step
+    // The global batch's mean loss (ranks' means averaged): one host sync per optimizer step.
+    if (auto& group = engine->data_parallel_group())
+      group->all_reduce(loss_sum, strata::comm::ReduceOp::Avg);
+    const double loss = loss_sum.item<double>() / gas;
     const double lr = engine->get_lr().at(0);
     const auto now = Clock::now();
     const double step_s = std::chrono::duration<double>(now - step_start).count();

@@ -1,9 +1,12 @@
 // strata-run [options] [--] PROGRAM ARGS...: parse, resolve into a plan (every check happens
 // there, before anything starts), then print it (--dry-run) or start and supervise it.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "launcher/config_block.h"
 #include "launcher/options.h"
 #include "launcher/plan.h"
 #include "launcher/program.h"
@@ -40,13 +43,21 @@ int main(int argc, char** argv) {
         parse_command_line(std::vector<std::string>(argv + 1, argv + argc));
     if (!options) return 0;  // --help
     if (options->config) {
-      // The lead wires this: read the config's `launcher` block into a LauncherOptions through
-      // the config schema, then `*options = merge(*options, from_config);`.
-      throw strata::Error(
-          "--config: reading the launcher block of a config is not wired yet; "
-          "give the launcher options on the command line");
+      const std::string path = std::filesystem::absolute(*options->config).string();
+      *options = merge(*options, options_from_config(path));
+      // The program gets the same config, unless its arguments already name one.
+      auto& program = options->program;
+      if (!program.empty() && std::find(program.begin(), program.end(), "--config") == program.end()) {
+        program.push_back("--config");
+        program.push_back(path);
+      }
     }
     const LaunchPlan plan = make_plan(*options);
+    if (options->config) {
+      int world_size = 0;
+      for (const auto& host : plan.world) world_size += static_cast<int>(host.slots.size());
+      check_config_for_world(std::filesystem::absolute(*options->config).string(), world_size);
+    }
     if (options->dry_run) {
       for (const std::string& line : command_lines(plan)) std::printf("%s\n", line.c_str());
       return 0;

@@ -8,24 +8,21 @@
 #include "runtime/log.h"
 #include "runtime/optim/registry.h"
 #include "runtime/sched/registry.h"
+#include "zero/gradient_reducer.h"
 
 namespace strata {
 namespace {
 
-int64_t resolve_world_size(const InitOptions& options) {
-  if (options.world_size > 0) return options.world_size;
-  const char* env = std::getenv("WORLD_SIZE");
-  if (env == nullptr || *env == '\0') return 1;
-  char* end = nullptr;
-  const long long value = std::strtoll(env, &end, 10);
-  if (*end != '\0' || value < 1)
-    throw Error(fmt::format("WORLD_SIZE='{}' in the environment is not a positive integer", env));
-  return value;
+// Creates the data-parallel group when the environment names a world of several ranks.
+void connect(InitOptions& options) {
+  if (options.group) return;
+  const auto env = comm::read_rank_env();
+  if (env.world_size > 1) options.group = comm::init_process_group();
 }
 
 LoadOptions load_options(const InitOptions& options) {
   LoadOptions load;
-  load.world_size = resolve_world_size(options);
+  load.world_size = options.group ? options.group->size() : 1;
   load.autos = options.autos;
   load.extra_optimizers = optimizer_names();
   load.extra_schedulers = scheduler_names();
@@ -34,11 +31,13 @@ LoadOptions load_options(const InitOptions& options) {
 
 }  // namespace
 
-Config load_engine_config(const std::string& path, const InitOptions& options) {
+Config load_engine_config(const std::string& path, InitOptions& options) {
+  connect(options);
   return load_config_file(path, load_options(options));
 }
 
-Config load_engine_config(const json& config, const InitOptions& options) {
+Config load_engine_config(const json& config, InitOptions& options) {
+  connect(options);
   return parse_config_text(config.dump(), "<json passed to strata::initialize>",
                            load_options(options));
 }
@@ -46,6 +45,7 @@ Config load_engine_config(const json& config, const InitOptions& options) {
 Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOptions options)
     : module_(std::move(module)),
       config_(std::move(config)),
+      group_(std::move(options.group)),
       last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
   if (!module_) throw Error("strata::initialize: the model is empty (a null module holder)");
   // Features this config asks for that this build's engine does not run yet: refuse rather
@@ -57,21 +57,32 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     throw Error(fmt::format("{}: this build of Strata cannot run this config yet:{}",
                             config_.source, list));
   }
-  if (config_.world_size > 1)
-    throw Error(fmt::format(
-        "{}: world size {} (from WORLD_SIZE): multi-process data parallelism is not in this "
-        "build yet; run one process",
-        config_.source, config_.world_size));
+  if (group_ && group_->size() != config_.world_size)
+    throw Error(fmt::format("{}: the config was resolved for world size {}, the group has {}",
+                            config_.source, config_.world_size, group_->size()));
+  if (group_ && group_->size() == 1) group_.reset();
+  if (group_) log::set_rank(group_->rank());
 
   for (auto& p : module_->parameters())
     if (p.requires_grad()) params_.push_back(p);
   if (params_.empty())
     throw Error("strata::initialize: the model has no parameter that requires a gradient");
 
+  if (group_) {
+    // Every rank starts from rank 0's parameters and buffers, as DeepSpeed and DDP do.
+    torch::NoGradGuard no_grad;
+    for (auto& p : module_->parameters()) group_->broadcast(p.detach(), 0);
+    for (auto& b : module_->buffers()) group_->broadcast(b, 0);
+    reducer_ = std::make_unique<zero::GradientReducer>(
+        params_, group_, config_.zero_optimization.reduce_bucket_size.value);
+  }
+
   configure_optimizer(options);
   configure_lr_scheduler(options);
   for (const auto& w : config_.warnings) log::info("[strata] warning: {}", w);
 }
+
+Engine::~Engine() = default;
 
 void Engine::configure_optimizer(InitOptions& options) {
   const bool client = options.optimizer || options.optimizer_builder;
@@ -126,6 +137,7 @@ void Engine::backward(const torch::Tensor& loss) {
     throw Error(fmt::format("Engine::backward: the loss must be a one-element tensor (got {})",
                             loss.defined() ? "shape " + c10::str(loss.sizes())
                                            : std::string("an undefined tensor")));
+  if (reducer_) reducer_->begin_backward(is_gradient_accumulation_boundary());
   const auto gas = gradient_accumulation_steps();
   if (gas > 1)
     (loss / static_cast<double>(gas)).backward();
@@ -151,6 +163,7 @@ void Engine::clip_gradients() {
 
 void Engine::step() {
   if (is_gradient_accumulation_boundary()) {
+    if (reducer_) reducer_->finish();  // gradients averaged over the data-parallel group
     if (config_.gradient_clipping.value > 0.0) clip_gradients();
     optimizer_->step();
     if (lr_scheduler_) lr_scheduler_->step();

@@ -17,8 +17,13 @@
 
 #include <torch/torch.h>
 
+#include "comm/process_group.h"
 #include "runtime/config/config.h"
 #include "runtime/sched/lr_scheduler.h"
+
+namespace strata::zero {
+class GradientReducer;
+}
 
 namespace strata {
 
@@ -40,14 +45,16 @@ struct InitOptions {
   std::shared_ptr<LRScheduler> lr_scheduler;
   SchedulerBuilder lr_scheduler_builder;
   AutoValues autos;
-  // Data-parallel world size; -1 reads WORLD_SIZE from the environment (default 1).
-  int64_t world_size = -1;
+  // The data-parallel group. Unset: when the environment names a world of several ranks
+  // (WORLD_SIZE, OpenMPI's or SLURM's variables), strata::initialize meets the other ranks and
+  // creates it; otherwise training is single-process.
+  comm::GroupPtr group;
 };
 
 class Engine {
  public:
   Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOptions options);
-  virtual ~Engine() = default;
+  virtual ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -72,6 +79,10 @@ class Engine {
   double last_grad_norm() const { return last_grad_norm_; }
 
   const Config& config() const { return config_; }
+  // The data-parallel group (null when single-process), its size and this process's rank in it.
+  const comm::GroupPtr& data_parallel_group() const { return group_; }
+  int data_parallel_size() const { return group_ ? group_->size() : 1; }
+  int data_parallel_rank() const { return group_ ? group_->rank() : 0; }
   torch::nn::Module& module() { return *module_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   LRScheduler* lr_scheduler() { return lr_scheduler_.get(); }
@@ -84,6 +95,8 @@ class Engine {
 
   std::shared_ptr<torch::nn::Module> module_;
   Config config_;
+  comm::GroupPtr group_;
+  std::unique_ptr<zero::GradientReducer> reducer_;
   std::vector<torch::Tensor> params_;  // trainable parameters, in module order
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<LRScheduler> lr_scheduler_;
@@ -111,10 +124,11 @@ class ModelEngine : public Engine {
   ModuleHolder model_;
 };
 
-// Reads and validates the config for this program: world size, the "auto" values, and the
+// Meets the other ranks when the environment names several (filling options.group), then reads
+// and validates the config for this program: the world size, the "auto" values, and the
 // optimizer and scheduler names registered so far.
-Config load_engine_config(const std::string& path, const InitOptions& options);
-Config load_engine_config(const json& config, const InitOptions& options);
+Config load_engine_config(const std::string& path, InitOptions& options);
+Config load_engine_config(const json& config, InitOptions& options);
 
 template <class ModuleHolder>
 std::shared_ptr<ModelEngine<ModuleHolder>> initialize(ModuleHolder model,

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 namespace strata::log {
@@ -10,6 +12,7 @@ namespace {
 
 std::mutex mutex;
 bool status_active = false;
+bool quiet = false;
 
 bool stdout_is_terminal() {
   static const bool tty = isatty(fileno(stdout)) != 0;
@@ -18,8 +21,15 @@ bool stdout_is_terminal() {
 
 }  // namespace
 
+void set_rank(int rank) {
+  const char* all = std::getenv("STRATA_LOG_ALL_RANKS");
+  std::lock_guard<std::mutex> lock(mutex);
+  quiet = rank != 0 && !(all != nullptr && std::strcmp(all, "1") == 0);
+}
+
 void line(const std::string& text) {
   std::lock_guard<std::mutex> lock(mutex);
+  if (quiet) return;
   if (status_active) std::fputs("\r\033[K", stdout);
   std::fputs(text.c_str(), stdout);
   std::fputc('\n', stdout);
@@ -29,6 +39,7 @@ void line(const std::string& text) {
 
 void status(const std::string& text) {
   std::lock_guard<std::mutex> lock(mutex);
+  if (quiet) return;
   if (stdout_is_terminal()) {
     std::fputs("\r\033[K", stdout);
     std::fputs(text.c_str(), stdout);

@@ -29,6 +29,7 @@ void derived(Autoable<int64_t>& field, const char* key, int64_t value, Ctx& ctx)
 }  // namespace
 
 void resolve_batch(Config& cfg, Ctx& ctx) {
+  if (!ctx.options.check_batch_triangle) return;
   // A batch key that failed to read already has its error; deriving from it would only add noise.
   for (const Issue& i : ctx.issues)
     if (i.error && (i.path == T || i.path == M || i.path == G)) return;

@@ -154,6 +154,21 @@ struct MonitorConfig {  // tensorboard, csv_monitor, wandb (observer-only)
   std::string project = "deepspeed";
 };
 
+// Strata's `launcher` block, read by strata-run --config (the engine ignores it). Zero or empty
+// means "not given": the launcher's own default applies, and a command-line flag always wins.
+struct LauncherConfig {
+  std::string hostfile;
+  std::string include;
+  std::string exclude;
+  int64_t num_nodes = 0;
+  int64_t num_gpus = 0;
+  std::string master_addr;
+  int64_t master_port = 0;
+  // Set on every rank and carried to remote hosts: NAME (this environment's value), NAME_*
+  // (every variable with that prefix) or NAME=VALUE.
+  std::vector<std::string> export_env;
+};
+
 struct MoeConfig {
   int64_t num_experts = 1;
   int64_t ep_size = 1;
@@ -212,6 +227,7 @@ struct Config {
   MonitorConfig csv_monitor;
   MonitorConfig wandb;
   MoeConfig moe;
+  LauncherConfig launcher;
 
   // Validated, not (fully) implemented: see config_blocks.h and the schema_*.cpp tables.
   CometConfig comet;
@@ -275,6 +291,9 @@ struct LoadOptions {
   // strata-config check has no program: leave unresolvable "auto"s (optimizer/scheduler values)
   // unresolved with a warning instead of an error.
   bool allow_unresolved_auto = false;
+  // strata-run reads the launcher block before it knows the world size: it checks the batch
+  // triangle in a second pass, once the world is planned.
+  bool check_batch_triangle = true;
 };
 
 // Every problem found in one pass, each naming the JSON path; what() joins them one per line,

@@ -47,6 +47,8 @@ const Block& quantize_training_block();
 
 const Block& moe_block();  // schema_moe.cpp
 
+const Block& launcher_block();  // schema_launcher.cpp
+
 // A block read shallowly into a ShallowConfig: `enabled` with the given support level, the
 // other first-level keys type-checked and kept as written (schema_misc.cpp).
 Block shallow_block(const char* name, Support support, const char* why,

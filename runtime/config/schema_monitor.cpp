@@ -1,6 +1,7 @@
 // Monitors and profilers (monitor/config.py, profiling/config.py, comm/config.py,
-// utils/config.py). TensorBoard and CSV are Strata's own monitors; the rest only observe in
-// DeepSpeed, so enabling them here is accepted with a warning.
+// utils/config.py). TensorBoard and CSV are Strata's own monitors (runtime/monitor/monitor.h,
+// make_monitors), so their keys are implemented; the rest only observe in DeepSpeed, so enabling
+// them here is accepted with a warning.
 #include "runtime/config/schema_blocks.h"
 
 namespace strata::schema {
@@ -8,7 +9,7 @@ namespace {
 
 Block make_file_monitor(const char* name) {
   BlockBuilder<MonitorConfig> b(name);
-  b.add(&MonitorConfig::enabled, "enabled");
+  b.add(&MonitorConfig::enabled, "enabled");  // Support::Implemented: written by runtime/monitor
   b.add(&MonitorConfig::output_path, "output_path");
   b.add(&MonitorConfig::job_name, "job_name");
   return b.build();

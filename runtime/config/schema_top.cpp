@@ -104,6 +104,7 @@ Block make_root() {
       .when(non_empty)
       .ignored("Strata writes its own checkpoints");
   b.block(&Config::moe, "moe", moe_block());
+  b.block(&Config::launcher, "launcher", launcher_block());
   return b.build();
 }
 

@@ -1,0 +1,409 @@
+// Gloo collectives for CPU tensors.
+//
+// Symbols: pip LibTorch 2.x carries its own, newer Gloo inside libtorch_cpu.so and exports its
+// symbols. Strata is compiled against Debian's libgloo headers, so its calls must bind to
+// Debian's libgloo.so: comm/CMakeLists.txt puts libgloo first among every executable's needed
+// libraries (the dynamic linker binds to the first definition it finds), and
+// gloo_library_path() lets a test check where gloo::allreduce resolved.
+#include "comm/gloo_backend.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include "runtime/error.h"
+
+namespace strata::comm::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+// The rendezvous store as Gloo sees it (wrapped per group in a gloo::rendezvous::PrefixStore).
+class GlooStore : public gloo::rendezvous::Store {
+ public:
+  GlooStore(detail::Store& store, std::chrono::milliseconds timeout, std::string group)
+      : store_(store), timeout_(timeout), group_(std::move(group)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    wait({key}, timeout_);
+    auto v = store_.get(key);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    if (!store_.wait_for(keys, timeout))
+      throw Error(fmt::format("Gloo rendezvous of group {} timed out after {} s waiting for "
+                              "store key(s) {}",
+                              group_, timeout.count() / 1000.0, fmt::join(keys, ", ")));
+  }
+
+ private:
+  detail::Store& store_;
+  std::chrono::milliseconds timeout_;
+  std::string group_;
+};
+
+class CpuWork : public Work {
+ public:
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  void finish(std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      error_ = std::move(error);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// Calls f(T{}) with the element type Gloo should see for this dtype. bfloat16 has no Gloo type:
+// it is moved as 16-bit words, and reduced in float32 (the callers convert first).
+template <class F>
+void with_gloo_type(at::ScalarType type, F&& f) {
+  switch (type) {
+    case at::kFloat: return f(float{});
+    case at::kDouble: return f(double{});
+    case at::kHalf: return f(gloo::float16{});
+    case at::kBFloat16: return f(uint16_t{});
+    case at::kInt: return f(int32_t{});
+    case at::kLong: return f(int64_t{});
+    case at::kByte: return f(uint8_t{});
+    default: throw Error(fmt::format("Gloo: unsupported dtype {}", c10::toString(type)));
+  }
+}
+
+template <class T>
+ReduceFn reduce_fn(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return static_cast<ReduceFn>(&gloo::sum<T>);
+    case ReduceOp::Max: return static_cast<ReduceFn>(&gloo::max<T>);
+    case ReduceOp::Min: return static_cast<ReduceFn>(&gloo::min<T>);
+  }
+  return nullptr;
+}
+
+// float16 reduces in Gloo's float16 (each step rounds to half, as NCCL does); bfloat16 reduces
+// in float32 and rounds once at the end.
+torch::Tensor reduction_buffer(const torch::Tensor& t, bool copy) {
+  if (t.scalar_type() == at::kBFloat16) return t.to(at::kFloat);
+  return copy ? t.clone() : t;
+}
+
+template <class T>
+T* ptr_of(const torch::Tensor& t) {
+  static char empty[16];
+  return t.numel() == 0 ? reinterpret_cast<T*>(empty) : static_cast<T*>(t.data_ptr());
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+}  // namespace
+
+std::shared_ptr<void> make_gloo_device(const RankEnv& env) {
+  gloo::transport::tcp::attr attr;
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    attr.iface = ifname;
+  } else if (is_loopback(env.master_addr) || env.world_size == 1) {
+    attr.hostname = "127.0.0.1";
+  } else {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    attr.hostname = name;
+  }
+  try {
+    return gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("rank {}: could not create the Gloo TCP device on {}: {} (set "
+                            "GLOO_SOCKET_IFNAME to the network interface to use)",
+                            env.rank, attr.iface.empty() ? attr.hostname : attr.iface, e.what()));
+  }
+}
+
+std::string gloo_library_path() {
+  void* sym = dlsym(RTLD_DEFAULT, "_ZN4gloo9allreduceERKNS_16AllreduceOptionsE");
+  Dl_info info{};
+  if (!sym || !dladdr(sym, &info) || !info.dli_fname) return "";
+  return info.dli_fname;
+}
+
+struct GlooBackend::Impl {
+  GroupInfo info;
+  std::shared_ptr<GroupHealth> health;
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+
+  struct Task {
+    std::string name;
+    uint64_t seq;
+    std::function<void()> body;
+    std::shared_ptr<CpuWork> work;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Task> queue;
+  bool stop = false;
+  std::thread worker;
+
+  std::chrono::milliseconds timeout() const { return info.rt->timeout; }
+  uint32_t tag(uint64_t seq) const { return static_cast<uint32_t>(seq); }
+
+  WorkPtr submit(std::string name, uint64_t seq, std::function<void()> body) {
+    auto work = std::make_shared<CpuWork>();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      queue.push_back({std::move(name), seq, std::move(body), work});
+    }
+    cv.notify_one();
+    return work;
+  }
+
+  void run() {
+    while (true) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [this] { return stop || !queue.empty(); });
+        if (queue.empty()) return;
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      task.work->finish(execute(task));
+    }
+  }
+
+  std::exception_ptr execute(const Task& task) {
+    if (auto broken = health->error())
+      return std::make_exception_ptr(Error(fmt::format(
+          "{} was not run: group {} is broken by an earlier error: {}", task.name, info.name,
+          *broken)));
+    const auto start = Clock::now();
+    try {
+      task.body();
+      return nullptr;
+    } catch (const Error& e) {
+      health->fail(e.what());
+      return std::current_exception();
+    } catch (const std::exception& e) {
+      // gloo::IoException when a peer's connection breaks or a receive times out.
+      const auto elapsed =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+      const std::string what = e.what();
+      const bool timed_out = what.find("Timed out") != std::string::npos ||
+                             elapsed >= timeout() - std::chrono::milliseconds(20);
+      const bool from_gloo = dynamic_cast<const gloo::Exception*>(&e) != nullptr;
+      std::string message =
+          from_gloo ? failure_message(info, task.name, task.seq, elapsed, timed_out,
+                                      "Gloo: " + what)
+                    : fmt::format("{} failed on rank {} of {} in group {}: {}", task.name,
+                                  info.rank, info.size(), info.name, what);
+      health->fail(message);
+      return std::make_exception_ptr(Error(message));
+    }
+  }
+
+  // Ring reduce-scatter over Gloo's unbound buffers (this Gloo has no function-style
+  // reduce_scatter): size-1 steps, each sending one accumulated chunk to the right neighbour and
+  // adding the chunk received from the left one. Bandwidth-optimal, like the first half of a
+  // ring all-reduce.
+  void ring_reduce_scatter(const torch::Tensor& out, const torch::Tensor& in, ReduceOp op,
+                           uint64_t seq) {
+    const int n = info.size(), r = info.rank;
+    torch::Tensor acc = reduction_buffer(in, /*copy=*/true);
+    const int64_t chunk = out.numel();
+    torch::Tensor tmp = torch::empty({chunk}, acc.options());
+    if (n > 1 && chunk > 0) {
+      const size_t bytes = size_t(chunk) * acc.element_size();
+      auto send = ctx->createUnboundBuffer(acc.data_ptr(), bytes * n);
+      auto recv = ctx->createUnboundBuffer(tmp.data_ptr(), bytes);
+      ReduceFn fn = nullptr;
+      with_gloo_type(acc.scalar_type(), [&](auto t) { fn = reduce_fn<decltype(t)>(op); });
+      const uint64_t base = (uint64_t(0xA5) << 56) | (uint64_t(tag(seq)) << 16);
+      const auto deadline = Clock::now() + timeout();
+      auto left_ms = [&] {
+        return std::max(std::chrono::milliseconds(1),
+                        std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                              Clock::now()));
+      };
+      const int right = (r + 1) % n, left = (r + n - 1) % n;
+      for (int step = 0; step < n - 1; ++step) {
+        const int send_chunk = ((r - step - 1) % n + n) % n;
+        const int recv_chunk = ((r - step - 2) % n + n) % n;
+        recv->recv(left, base + step);
+        send->send(right, base + step, size_t(send_chunk) * bytes, bytes);
+        if (!recv->waitRecv(left_ms()) || !send->waitSend(left_ms()))
+          throw gloo::IoException("reduce_scatter: a transfer was aborted");
+        char* dst = static_cast<char*>(acc.data_ptr()) + size_t(recv_chunk) * bytes;
+        fn(dst, dst, tmp.data_ptr(), size_t(chunk));
+      }
+    }
+    torch::Tensor mine = acc.view({-1}).narrow(0, int64_t(r) * chunk, chunk);
+    if (op == ReduceOp::Avg) mine.div_(n);
+    out.view({-1}).copy_(mine);
+  }
+};
+
+GlooBackend::GlooBackend(GroupInfo info, std::shared_ptr<GroupHealth> health)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->info = std::move(info);
+  impl_->health = std::move(health);
+  const GroupInfo& g = impl_->info;
+  auto device = std::static_pointer_cast<gloo::transport::Device>(g.rt->gloo_device);
+  try {
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(g.rank, g.size());
+    ctx->setTimeout(g.rt->timeout);
+    GlooStore store(*g.rt->store, g.rt->timeout, g.name);
+    gloo::rendezvous::PrefixStore prefixed("strata/gloo/" + g.name, store);
+    ctx->connectFullMesh(prefixed, device);
+    impl_->ctx = std::move(ctx);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("group {}: rank {} of {} could not connect to the other members over "
+                            "Gloo: {}",
+                            g.name, g.rank, g.size(), e.what()));
+  }
+  impl_->worker = std::thread([impl = impl_.get()] { impl->run(); });
+}
+
+GlooBackend::~GlooBackend() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->worker.joinable()) impl_->worker.join();
+}
+
+WorkPtr GlooBackend::all_reduce(torch::Tensor t, ReduceOp op, uint64_t seq) {
+  Impl* m = impl_.get();
+  return m->submit("all_reduce", seq, [m, t, op, seq] {
+    if (t.numel() == 0 || m->info.size() == 1) return;
+    torch::Tensor buf = reduction_buffer(t, /*copy=*/false);
+    with_gloo_type(buf.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      gloo::AllreduceOptions o(m->ctx);
+      o.setOutput<T>(static_cast<T*>(buf.data_ptr()), size_t(buf.numel()));
+      o.setReduceFunction(reduce_fn<T>(op));
+      o.setTag(m->tag(seq));
+      o.setTimeout(m->timeout());
+      gloo::allreduce(o);
+    });
+    if (op == ReduceOp::Avg) buf.div_(m->info.size());
+    if (!buf.is_same(t)) t.copy_(buf);
+  });
+}
+
+WorkPtr GlooBackend::broadcast(torch::Tensor t, int root, uint64_t seq) {
+  Impl* m = impl_.get();
+  return m->submit("broadcast", seq, [m, t, root, seq] {
+    if (t.numel() == 0 || m->info.size() == 1) return;
+    with_gloo_type(t.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      gloo::BroadcastOptions o(m->ctx);
+      o.setRoot(root);
+      o.setOutput<T>(static_cast<T*>(t.data_ptr()), size_t(t.numel()));  // root: also the input
+      o.setTag(m->tag(seq));
+      o.setTimeout(m->timeout());
+      gloo::broadcast(o);
+    });
+  });
+}
+
+WorkPtr GlooBackend::all_gather(torch::Tensor out, torch::Tensor in, uint64_t seq) {
+  Impl* m = impl_.get();
+  return m->submit("all_gather", seq, [m, out, in, seq] {
+    if (in.numel() == 0) return;
+    if (m->info.size() == 1) {
+      out.view({-1}).copy_(in.view({-1}));
+      return;
+    }
+    with_gloo_type(in.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      gloo::AllgatherOptions o(m->ctx);
+      o.setInput<T>(static_cast<T*>(in.data_ptr()), size_t(in.numel()));
+      o.setOutput<T>(static_cast<T*>(out.data_ptr()), size_t(out.numel()));
+      o.setTag(m->tag(seq));
+      o.setTimeout(m->timeout());
+      gloo::allgather(o);
+    });
+  });
+}
+
+WorkPtr GlooBackend::reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op,
+                                    uint64_t seq) {
+  Impl* m = impl_.get();
+  return m->submit("reduce_scatter", seq,
+                   [m, out, in, op, seq] { m->ring_reduce_scatter(out, in, op, seq); });
+}
+
+WorkPtr GlooBackend::all_to_all(torch::Tensor out, torch::Tensor in,
+                                std::vector<int64_t> out_counts, std::vector<int64_t> in_counts,
+                                uint64_t seq) {
+  Impl* m = impl_.get();
+  return m->submit("all_to_all_single", seq, [m, out, in, out_counts, in_counts, seq] {
+    if (m->info.size() == 1) {
+      if (in.numel() > 0) out.view({-1}).copy_(in.view({-1}));
+      return;
+    }
+    with_gloo_type(in.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      gloo::AlltoallvOptions o(m->ctx);
+      o.setInput<T>(ptr_of<T>(in), in_counts);
+      o.setOutput<T>(ptr_of<T>(out), out_counts);
+      o.setTag(m->tag(seq));
+      o.setTimeout(m->timeout());
+      gloo::alltoallv(o);
+    });
+  });
+}
+
+WorkPtr GlooBackend::barrier(uint64_t seq) {
+  Impl* m = impl_.get();
+  return m->submit("barrier", seq, [m, seq] {
+    if (m->info.size() == 1) return;
+    gloo::BarrierOptions o(m->ctx);
+    o.setTag(m->tag(seq));
+    o.setTimeout(m->timeout());
+    gloo::barrier(o);
+  });
+}
+
+}  // namespace strata::comm::detail

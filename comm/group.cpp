@@ -1,0 +1,404 @@
+// The ProcessGroup implementation: argument checks, the per-group call counter that the
+// heartbeats publish, backend choice by device, sub-groups, and init_process_group.
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/gloo_backend.h"
+#include "comm/process_group.h"
+#include "comm/runtime.h"
+#include "runtime/error.h"
+#if STRATA_COMM_HAS_NCCL
+#include "comm/nccl_backend.h"
+#endif
+
+namespace strata::comm {
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+bool nccl_available() { return STRATA_COMM_HAS_NCCL != 0; }
+
+namespace detail {
+
+Runtime::~Runtime() {
+  if (liveness)
+    liveness->shut_down(std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30)));
+}
+
+std::string failure_message(const GroupInfo& g, const std::string& collective, uint64_t seq,
+                            std::chrono::milliseconds elapsed, bool timed_out,
+                            const std::string& cause) {
+  const std::string where =
+      g.name == "world" ? fmt::format("rank {} of {}", g.rank, g.size())
+                        : fmt::format("rank {} of {} in group {} (world rank {})", g.rank,
+                                      g.size(), g.name, g.world_ranks[g.rank]);
+  std::string text =
+      timed_out ? fmt::format("{} timed out after {:g} s on {}", collective,
+                              g.rt->timeout.count() / 1000.0, where)
+                : fmt::format("{} failed after {:g} s on {}", collective, elapsed.count() / 1000.0,
+                              where);
+  const std::string missing = g.rt->liveness->missing_in_collective(g.name, g.world_ranks, seq);
+  if (!missing.empty()) text += ": " + missing;
+  if (!timed_out || missing.empty()) text += fmt::format(" [{}]", cause);
+  return text;
+}
+
+}  // namespace detail
+
+namespace {
+
+using namespace detail;
+using Clock = std::chrono::steady_clock;
+
+enum class Kind { Cpu, Cuda };
+
+const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kByte: return "uint8";
+    default: return c10::toString(t);
+  }
+}
+
+bool supported(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
+    case at::kInt: case at::kLong: case at::kByte: return true;
+    default: return false;
+  }
+}
+
+struct Arg {
+  const char* name;
+  const torch::Tensor& t;
+};
+
+// Checks the tensors of one call; returns where they live.
+Kind check_tensors(const char* coll, std::initializer_list<Arg> args) {
+  const Arg* first = nullptr;
+  for (const Arg& a : args) {
+    if (!a.t.defined()) throw Error(fmt::format("{}: the {} tensor is undefined", coll, a.name));
+    if (!a.t.is_contiguous())
+      throw Error(fmt::format("{}: the {} tensor is not contiguous (call .contiguous() first)",
+                              coll, a.name));
+    if (!supported(a.t.scalar_type()))
+      throw Error(fmt::format("{}: dtype {} of the {} tensor is not supported (float32, float64, "
+                              "float16, bfloat16, int32, int64 and uint8 are)",
+                              coll, dtype_name(a.t.scalar_type()), a.name));
+    if (!a.t.device().is_cpu() && !a.t.device().is_cuda())
+      throw Error(fmt::format("{}: the {} tensor is on {}; only CPU (Gloo) and CUDA (NCCL) "
+                              "tensors are supported",
+                              coll, a.name, a.t.device().str()));
+    if (!first) {
+      first = &a;
+      continue;
+    }
+    if (a.t.device().type() != first->t.device().type())
+      throw Error(fmt::format("{}: mixes CPU and CUDA tensors ({} on {}, {} on {}); put both on "
+                              "one device",
+                              coll, first->name, first->t.device().str(), a.name,
+                              a.t.device().str()));
+    if (a.t.device() != first->t.device())
+      throw Error(fmt::format("{}: {} is on {} but {} is on {}", coll, first->name,
+                              first->t.device().str(), a.name, a.t.device().str()));
+    if (a.t.scalar_type() != first->t.scalar_type())
+      throw Error(fmt::format("{}: dtypes differ ({} is {}, {} is {})", coll, first->name,
+                              dtype_name(first->t.scalar_type()), a.name,
+                              dtype_name(a.t.scalar_type())));
+  }
+  return first->t.device().is_cuda() ? Kind::Cuda : Kind::Cpu;
+}
+
+void check_avg(const char* coll, ReduceOp op, const torch::Tensor& t) {
+  if (op == ReduceOp::Avg && !at::isFloatingType(t.scalar_type()))
+    throw Error(fmt::format("{}: ReduceOp::Avg needs a floating dtype, got {}; use Sum and "
+                            "divide",
+                            coll, dtype_name(t.scalar_type())));
+}
+
+std::vector<int64_t> split_counts(const char* coll, const char* which, const torch::Tensor& t,
+                                  const std::vector<int64_t>& splits, int size, int64_t row) {
+  std::vector<int64_t> counts(size);
+  const int64_t rows = t.size(0);
+  if (splits.empty()) {
+    if (rows % size != 0)
+      throw Error(fmt::format("{}: {} has {} rows, not divisible by the group size {}; pass "
+                              "split sizes",
+                              coll, which, rows, size));
+    std::fill(counts.begin(), counts.end(), rows / size * row);
+    return counts;
+  }
+  if (int(splits.size()) != size)
+    throw Error(fmt::format("{}: {} has {} split sizes, the group has {} members", coll, which,
+                            splits.size(), size));
+  int64_t total = 0;
+  for (int i = 0; i < size; ++i) {
+    if (splits[i] < 0)
+      throw Error(fmt::format("{}: {} split size {} is negative ({})", coll, which, i, splits[i]));
+    total += splits[i];
+    counts[i] = splits[i] * row;
+  }
+  if (total != rows)
+    throw Error(fmt::format("{}: {} split sizes add up to {}, but dim 0 has {} rows", coll,
+                            which, total, rows));
+  return counts;
+}
+
+class Group final : public ProcessGroup {
+ public:
+  explicit Group(GroupInfo info) : info_(std::move(info)), health_(std::make_shared<GroupHealth>()) {
+    info_.rt->liveness->track(info_.name, info_.called);
+    gloo_ = std::make_unique<GlooBackend>(info_, health_);
+  }
+
+  int rank() const override { return info_.rank; }
+  int size() const override { return info_.size(); }
+  const std::vector<int>& world_ranks() const override { return info_.world_ranks; }
+  const std::string& name() const override { return info_.name; }
+  std::chrono::milliseconds timeout() const override { return info_.rt->timeout; }
+
+  WorkPtr all_reduce_async(torch::Tensor t, ReduceOp op) override {
+    const char* coll = "all_reduce";
+    Kind k = check_tensors(coll, {{"input", t}});
+    check_avg(coll, op, t);
+    const uint64_t seq = enter(coll);
+    return backend(k, coll, t.device()).all_reduce(t, op, seq);
+  }
+
+  WorkPtr broadcast_async(torch::Tensor t, int root) override {
+    const char* coll = "broadcast";
+    Kind k = check_tensors(coll, {{"input", t}});
+    if (root < 0 || root >= size())
+      throw Error(fmt::format("broadcast: root {} is not a rank of group {} (size {})", root,
+                              name(), size()));
+    const uint64_t seq = enter(coll);
+    return backend(k, coll, t.device()).broadcast(t, root, seq);
+  }
+
+  WorkPtr all_gather_async(torch::Tensor out, torch::Tensor in) override {
+    const char* coll = "all_gather";
+    Kind k = check_tensors(coll, {{"output", out}, {"input", in}});
+    if (out.numel() != in.numel() * size())
+      throw Error(fmt::format("all_gather: output has {} elements, expected group size {} x "
+                              "input's {} = {}",
+                              out.numel(), size(), in.numel(), in.numel() * size()));
+    const uint64_t seq = enter(coll);
+    return backend(k, coll, in.device()).all_gather(out, in, seq);
+  }
+
+  WorkPtr reduce_scatter_async(torch::Tensor out, torch::Tensor in, ReduceOp op) override {
+    const char* coll = "reduce_scatter";
+    Kind k = check_tensors(coll, {{"output", out}, {"input", in}});
+    check_avg(coll, op, in);
+    if (in.numel() != out.numel() * size())
+      throw Error(fmt::format("reduce_scatter: input has {} elements, expected group size {} x "
+                              "output's {} = {}",
+                              in.numel(), size(), out.numel(), out.numel() * size()));
+    const uint64_t seq = enter(coll);
+    return backend(k, coll, in.device()).reduce_scatter(out, in, op, seq);
+  }
+
+  WorkPtr all_to_all_single_async(torch::Tensor out, torch::Tensor in,
+                                  std::vector<int64_t> out_splits,
+                                  std::vector<int64_t> in_splits) override {
+    const char* coll = "all_to_all_single";
+    Kind k = check_tensors(coll, {{"output", out}, {"input", in}});
+    if (in.dim() == 0 || out.dim() == 0)
+      throw Error("all_to_all_single: tensors need at least one dimension (split along dim 0)");
+    const auto row_of = [](const torch::Tensor& t) {
+      int64_t r = 1;
+      for (int64_t d = 1; d < t.dim(); ++d) r *= t.size(d);
+      return r;
+    };
+    if (row_of(in) != row_of(out))
+      throw Error(fmt::format("all_to_all_single: a row (dims after 0) of input has {} elements, "
+                              "of output {}",
+                              row_of(in), row_of(out)));
+    auto in_counts = split_counts(coll, "input", in, in_splits, size(), row_of(in));
+    auto out_counts = split_counts(coll, "output", out, out_splits, size(), row_of(out));
+    const uint64_t seq = enter(coll);
+    return backend(k, coll, in.device())
+        .all_to_all(out, in, std::move(out_counts), std::move(in_counts), seq);
+  }
+
+  WorkPtr barrier_async() override { return gloo_->barrier(enter("barrier")); }
+
+  GroupPtr new_group(const std::vector<int>& ranks) override {
+    if (ranks.empty()) throw Error(fmt::format("new_group on {}: the rank list is empty", name()));
+    std::set<int> seen;
+    for (int r : ranks) {
+      if (r < 0 || r >= size())
+        throw Error(fmt::format("new_group on {}: rank {} is not a rank of this group (size {})",
+                                name(), r, size()));
+      if (!seen.insert(r).second)
+        throw Error(fmt::format("new_group on {}: rank {} is listed twice", name(), r));
+    }
+    const std::string child = fmt::format("{}/g{}", name(), next_child());
+    if (!seen.count(rank())) return nullptr;
+    return make_child(child, ranks, "new_group");
+  }
+
+  GroupPtr split(int color, int key) override {
+    auto mine = torch::tensor({int64_t(color), int64_t(key)}, torch::kLong);
+    auto all = torch::empty({2 * int64_t(size())}, torch::kLong);
+    all_gather(all, mine);
+    const std::string child = fmt::format("{}/s{}c{}", name(), next_child(), color);
+    if (color < 0) return nullptr;
+    auto v = all.accessor<int64_t, 1>();
+    std::vector<std::pair<int64_t, int>> order;  // (key, rank here)
+    for (int r = 0; r < size(); ++r)
+      if (v[2 * r] == color) order.emplace_back(v[2 * r + 1], r);
+    std::sort(order.begin(), order.end());
+    std::vector<int> ranks;
+    for (auto& [k, r] : order) ranks.push_back(r);
+    return make_child(child, ranks, "split");
+  }
+
+ private:
+  uint64_t enter(const char* coll) {
+    if (auto broken = health_->error())
+      throw Error(fmt::format("{} on group {}: the group is broken by an earlier error: {}", coll,
+                              name(), *broken));
+    return ++*info_.called;
+  }
+
+  int next_child() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return children_++;
+  }
+
+  Backend& backend(Kind kind, const char* coll, const torch::Device& device) {
+    if (kind == Kind::Cpu) return *gloo_;
+#if STRATA_COMM_HAS_NCCL
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!nccl_) nccl_ = make_nccl_backend(info_, health_, device, coll);
+    if (nccl_device_ < 0) nccl_device_ = device.index();
+    if (device.index() != nccl_device_)
+      throw Error(fmt::format("{}: group {} uses cuda:{} on this rank, not {} (one GPU per rank)",
+                              coll, name(), nccl_device_, device.str()));
+    return *nccl_;
+#else
+    throw Error(fmt::format("{}: CUDA tensors need the NCCL backend, and this build of Strata "
+                            "has none (built without NCCL)",
+                            coll));
+#endif
+  }
+
+  // Members meet under the child's store prefix, check that they agree on the member list,
+  // then connect Gloo.
+  GroupPtr make_child(const std::string& child, const std::vector<int>& ranks, const char* how) {
+    GroupInfo ci;
+    ci.rt = info_.rt;
+    ci.name = child;
+    ci.called = std::make_shared<std::atomic<uint64_t>>(0);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      ci.world_ranks.push_back(info_.world_ranks[ranks[i]]);
+      if (ranks[i] == rank()) ci.rank = int(i);
+    }
+    Store& store = *info_.rt->store;
+    const std::string members = fmt::format("{}", fmt::join(ci.world_ranks, ","));
+    auto key = [&](int r) { return fmt::format("strata/grp/{}/{}", child, r); };
+    store.set(key(ci.rank), members);
+    std::vector<std::string> keys;
+    for (int r = 0; r < ci.size(); ++r) keys.push_back(key(r));
+    if (!store.wait_for(keys, timeout())) {
+      std::vector<int> missing;
+      for (int r = 0; r < ci.size(); ++r)
+        if (!store.check({key(r)})) missing.push_back(ci.world_ranks[r]);
+      throw Error(fmt::format(
+          "{} timed out after {:g} s on rank {} of {} creating group {} (world ranks [{}]): {}",
+          how, timeout().count() / 1000.0, rank(), size(), child, members,
+          info_.rt->liveness->describe_absent(missing, fmt::format("call {} for it", how))));
+    }
+    if (ci.rank != 0) {
+      const std::string first = store.get(key(0));
+      if (first != members)
+        throw Error(fmt::format("{} on group {}: members disagree on group {}: world rank {} "
+                                "made it [{}], this rank (world rank {}) [{}]; every member must "
+                                "pass the same ranks in the same order",
+                                how, name(), child, ci.world_ranks[0], first,
+                                info_.world_ranks[rank()], members));
+    }
+    return std::make_shared<Group>(std::move(ci));
+  }
+
+  GroupInfo info_;
+  std::shared_ptr<GroupHealth> health_;
+  std::unique_ptr<GlooBackend> gloo_;
+  std::mutex mu_;
+  int children_ = 0;
+#if STRATA_COMM_HAS_NCCL
+  std::unique_ptr<Backend> nccl_;
+  int nccl_device_ = -1;
+#endif
+};
+
+}  // namespace
+
+GroupPtr init_process_group(const InitOptions& options) {
+  const RankEnv env = options.env ? *options.env : read_rank_env();
+  auto rt = std::make_shared<Runtime>();
+  rt->env = env;
+  rt->timeout = resolve_timeout(options.timeout_s);
+  if (options.blocking_wait) {
+    rt->blocking_wait = *options.blocking_wait;
+  } else if (const char* v = std::getenv("STRATA_NCCL_BLOCKING_WAIT")) {
+    rt->blocking_wait = std::string(v) == "1";
+  }
+  const std::string where = fmt::format("rank {} of {}", env.rank, env.world_size);
+  const auto start = Clock::now();
+  try {
+    rt->store = Store::open(env.master_addr, env.master_port, env.rank == 0, rt->timeout);
+    auto beat_client = Store::open(env.master_addr, rt->store->port(), false, rt->timeout);
+    // Beat often enough that a dead rank is recognised well inside one timeout.
+    const auto interval = std::clamp<std::chrono::milliseconds>(
+        rt->timeout / 10, std::chrono::milliseconds(100), std::chrono::seconds(2));
+    rt->liveness = std::make_unique<Liveness>(env.rank, env.world_size, std::move(beat_client),
+                                              interval);
+  } catch (const Error& e) {
+    throw Error(fmt::format("rendezvous failed on {} ({} convention): {}", where, env.convention,
+                            e.what()));
+  }
+  // Every rank's first heartbeat is its arrival.
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back(Liveness::key(r));
+  const auto left = rt->timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      Clock::now() - start);
+  if (!rt->store->wait_for(keys, std::max(left, std::chrono::milliseconds(1)))) {
+    std::vector<int> missing;
+    for (int r = 0; r < env.world_size; ++r)
+      if (!rt->store->check({Liveness::key(r)})) missing.push_back(r);
+    throw Error(fmt::format("rendezvous timed out after {:g} s on {}: rank{} {} never arrived "
+                            "(the store is at {}:{}; {} convention)",
+                            rt->timeout.count() / 1000.0, where, missing.size() > 1 ? "s" : "",
+                            fmt::join(missing, ", "), env.master_addr, rt->store->port(),
+                            env.convention));
+  }
+  rt->gloo_device = make_gloo_device(env);
+  GroupInfo world;
+  world.rt = rt;
+  world.name = "world";
+  world.rank = env.rank;
+  world.world_ranks.resize(env.world_size);
+  std::iota(world.world_ranks.begin(), world.world_ranks.end(), 0);
+  world.called = std::make_shared<std::atomic<uint64_t>>(0);
+  return std::make_shared<Group>(std::move(world));
+}
+
+}  // namespace strata::comm

@@ -1,0 +1,38 @@
+// Group topology for expert parallelism, laid out as DeepSpeed does (no model parallelism):
+// the data-parallel group is the world; expert-parallel groups are runs of ep_size consecutive
+// ranks; expert-data-parallel groups take every ep_size-th rank. World 16, ep 2:
+//   EP      [0,1] [2,3] ... [14,15]
+//   expert-DP [0,2,4,...,14] [1,3,5,...,15]
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace strata::comm {
+
+class ProcessGroup;  // comm/process_group.h
+using GroupPtr = std::shared_ptr<ProcessGroup>;
+
+struct Layout {
+  std::vector<int> data_parallel;                       // every rank
+  std::vector<std::vector<int>> expert_parallel;        // world / ep_size groups of ep_size
+  std::vector<std::vector<int>> expert_data_parallel;   // ep_size groups of world / ep_size
+};
+
+// Pure: the rank lists. ep_size must divide world_size (and num_experts when given), else
+// strata::Error says which and what would.
+Layout expert_layout(int world_size, int ep_size, std::optional<int> num_experts = std::nullopt);
+
+struct ParallelGroups {
+  GroupPtr data_parallel;         // the world group itself
+  GroupPtr expert_parallel;       // this rank's EP group
+  GroupPtr expert_data_parallel;  // this rank's expert-DP group
+  int ep_size = 1;
+};
+
+// Creates this rank's groups over `world` (a collective: every rank calls it).
+ParallelGroups create_expert_groups(const GroupPtr& world, int ep_size,
+                                    std::optional<int> num_experts = std::nullopt);
+
+}  // namespace strata::comm

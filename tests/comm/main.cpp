@@ -1,0 +1,3 @@
+#include "ranks.h"
+
+int main(int argc, char** argv) { return strata::test::test_main(argc, argv); }

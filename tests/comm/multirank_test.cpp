@@ -1,0 +1,106 @@
+// Collectives over real processes on loopback (Gloo, CPU tensors): 2, 3 and 4 ranks, every
+// dtype, uneven all-to-all, async handles, sub-groups, launcher conventions, and the errors when a
+// rank is missing or dead. Each rank checks its own results (scenarios.cpp); here we check that
+// every rank exited 0, and in how long.
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+#include "ranks.h"
+
+namespace strata::test {
+namespace {
+
+void print_messages(const Launched& r) {
+  for (auto& rank : r.ranks) {
+    size_t at = 0;
+    while ((at = rank.output.find("MESSAGE: ", at)) != std::string::npos) {
+      size_t end = rank.output.find('\n', at);
+      std::cout << "[rank " << rank.rank << "] " << rank.output.substr(at + 9, end - at - 9)
+                << "\n";
+      at = end;
+    }
+  }
+}
+
+// Starts `world` ranks (or only `ranks`) of a scenario; `timeout` sets STRATA_TIMEOUT.
+Launched run(const std::string& scenario, int world, std::vector<int> ranks = {},
+             const std::string& convention = "torchrun", const std::string& timeout = "") {
+  LaunchSpec spec;
+  spec.scenario = scenario;
+  spec.world = world;
+  spec.ranks = std::move(ranks);
+  spec.convention = convention;
+  if (!timeout.empty()) spec.env.emplace_back("STRATA_TIMEOUT", timeout);
+  Launched r = run_ranks(spec);
+  print_messages(r);
+  return r;
+}
+
+TEST(CommMultirank, CollectivesOnTwoRanks) {
+  auto r = run("collectives", 2);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(CommMultirank, CollectivesOnThreeRanks) {
+  auto r = run("collectives", 3);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(CommMultirank, CollectivesOnFourRanks) {
+  auto r = run("collectives", 4);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(CommMultirank, AsyncHandlesWaitedOutOfOrder) {
+  auto r = run("async", 3);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(CommMultirank, SubGroupsSplitAndExpertTopology) {
+  auto r = run("subgroups", 4);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(CommMultirank, OpenMpiEnvironment) {
+  auto r = run("env_ompi", 2, {}, "OpenMPI");
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(CommMultirank, SlurmEnvironmentWithMasterFromNodeList) {
+  auto r = run("env_slurm", 3, {}, "SLURM");
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(CommMultirank, AbsentRankTimesOutNamingIt) {
+  auto r = run("timeout_absent", 3, {}, "torchrun", "3");
+  EXPECT_TRUE(r.all_ok()) << r.report();
+  EXPECT_LT(r.seconds, 15) << r.report();
+}
+
+TEST(CommMultirank, DeadRankIsNamed) {
+  auto r = run("timeout_dead", 3, {}, "torchrun", "3");
+  EXPECT_TRUE(r.all_ok()) << r.report();
+  EXPECT_LT(r.seconds, 12) << r.report();
+}
+
+TEST(CommMultirank, RankMissingAtRendezvous) {
+  auto r = run("rendezvous_absent", 3, {0, 1}, "torchrun", "3");
+  EXPECT_TRUE(r.all_ok()) << r.report();
+  EXPECT_LT(r.seconds, 10) << r.report();
+}
+
+TEST(CommMultirank, StoreServerMissingAtRendezvous) {
+  auto r = run("rendezvous_no_server", 3, {1, 2}, "torchrun", "3");
+  EXPECT_TRUE(r.all_ok()) << r.report();
+  EXPECT_LT(r.seconds, 10) << r.report();
+}
+
+TEST(CommMultirank, RankMissingAtNewGroup) {
+  auto r = run("new_group_absent", 3, {}, "torchrun", "3");
+  EXPECT_TRUE(r.all_ok()) << r.report();
+  EXPECT_LT(r.seconds, 12) << r.report();
+}
+
+}  // namespace
+}  // namespace strata::test

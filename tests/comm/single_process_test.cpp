@@ -1,0 +1,96 @@
+// A world of one process: every collective works, and bad arguments are refused with an error
+// that names the collective. Also checks which libgloo the Gloo calls bind to.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "comm/gloo_backend.h"
+#include "comm/process_group.h"
+#include "runtime/error.h"
+
+namespace strata::comm {
+namespace {
+
+GroupPtr world_of_one() {
+  InitOptions o;
+  o.env = RankEnv{};
+  o.env->master_port = 0;  // any free port
+  o.timeout_s = 10;
+  return init_process_group(o);
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_ERROR(call, text) EXPECT_NE(error_of([&] { call; }).find(text), std::string::npos) \
+    << error_of([&] { call; })
+
+TEST(CommSingleProcess, CollectivesOfOne) {
+  auto pg = world_of_one();
+  EXPECT_EQ(pg->rank(), 0);
+  EXPECT_EQ(pg->size(), 1);
+  EXPECT_EQ(pg->name(), "world");
+  auto t = torch::arange(6, torch::kFloat);
+  pg->all_reduce(t, ReduceOp::Avg);
+  EXPECT_TRUE(t.equal(torch::arange(6, torch::kFloat)));
+  auto out = torch::zeros({6}, torch::kBFloat16);
+  pg->all_gather(out, t.to(torch::kBFloat16));
+  EXPECT_TRUE(out.equal(t.to(torch::kBFloat16)));
+  auto rs = torch::zeros({6}, torch::kLong);
+  pg->reduce_scatter(rs, torch::arange(6, torch::kLong), ReduceOp::Max);
+  EXPECT_TRUE(rs.equal(torch::arange(6, torch::kLong)));
+  auto a2a = torch::zeros({3, 2}, torch::kByte);
+  pg->all_to_all_single(a2a, torch::ones({3, 2}, torch::kByte), {3}, {3});
+  EXPECT_EQ(a2a.sum().item<int64_t>(), 6);
+  pg->broadcast(t, 0);
+  pg->barrier();
+  auto sub = pg->new_group({0});
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->name(), "world/g0");
+  EXPECT_EQ(pg->split(-1, 0), nullptr);
+}
+
+TEST(CommSingleProcess, BadArgumentsNameTheCollective) {
+  auto pg = world_of_one();
+  auto t = torch::zeros({4, 4});
+  EXPECT_ERROR(pg->all_reduce(t.t()), "all_reduce: the input tensor is not contiguous");
+  EXPECT_ERROR(pg->all_reduce(torch::zeros({2}, torch::kBool)),
+               "all_reduce: dtype Bool of the input tensor is not supported");
+  EXPECT_ERROR(pg->all_reduce(torch::zeros({2}, torch::kLong), ReduceOp::Avg),
+               "all_reduce: ReduceOp::Avg needs a floating dtype, got int64");
+  EXPECT_ERROR(pg->all_reduce(torch::empty({2}, torch::TensorOptions().device(torch::kMeta))),
+               "all_reduce: the input tensor is on meta");
+  EXPECT_ERROR(pg->broadcast(t, 1), "broadcast: root 1 is not a rank of group world");
+  EXPECT_ERROR(pg->all_gather(torch::zeros({3}), torch::zeros({2})),
+               "all_gather: output has 3 elements, expected group size 1 x input's 2");
+  EXPECT_ERROR(pg->all_gather(torch::zeros({2}, torch::kDouble), torch::zeros({2})),
+               "all_gather: dtypes differ (output is float64, input is float32)");
+  EXPECT_ERROR(pg->reduce_scatter(torch::zeros({3}), torch::zeros({2})),
+               "reduce_scatter: input has 2 elements");
+  EXPECT_ERROR(pg->all_to_all_single(torch::zeros({3, 2}), torch::zeros({3, 2}), {2}, {3}),
+               "all_to_all_single: output split sizes add up to 2, but dim 0 has 3 rows");
+  EXPECT_ERROR(pg->all_to_all_single(torch::zeros({3, 2}), torch::zeros({3, 3})),
+               "all_to_all_single: a row (dims after 0) of input has 3 elements, of output 2");
+  EXPECT_ERROR(pg->all_to_all_single(torch::zeros({3}), torch::zeros({3}), {1, 2}, {3}),
+               "all_to_all_single: output has 2 split sizes, the group has 1 members");
+  EXPECT_ERROR(pg->new_group({0, 0}), "new_group on world: rank 0 is listed twice");
+  EXPECT_ERROR(pg->new_group({1}), "new_group on world: rank 1 is not a rank of this group");
+  // The group still works after refused calls.
+  pg->all_reduce(t);
+}
+
+TEST(CommSingleProcess, GlooSymbolsBindToTheLibglooStrataWasBuiltAgainst) {
+  const std::string path = detail::gloo_library_path();
+  EXPECT_NE(path.find("libgloo"), std::string::npos)
+      << "gloo::allreduce resolves to '" << path
+      << "': another Gloo (e.g. the copy inside pip LibTorch's libtorch_cpu.so) comes first";
+}
+
+}  // namespace
+}  // namespace strata::comm

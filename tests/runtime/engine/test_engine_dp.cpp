@@ -1,0 +1,146 @@
+// Stage 0 over several real processes is data parallelism: the engine on N ranks, each on its
+// slice of the global batch, must reach the parameters a single process reaches on the whole
+// batch with LibTorch's own optimizer. The driver tests start N copies of this binary through
+// strata-run; each copy runs the worker test, which computes that reference itself.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "runtime/engine.h"
+
+namespace {
+
+using strata::json;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    return torch::mse_loss(fc2(torch::tanh(fc1(x))), y);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Net);
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : -1;
+}
+
+struct Batch {
+  torch::Tensor x, y;
+};
+Batch global_batch(int64_t step, int64_t n) {
+  torch::manual_seed(500 + step);
+  auto x = torch::randn({n, 8});
+  return {x, (x * torch::arange(8).to(torch::kFloat)).sum(1, true).cos()};
+}
+
+// Trains the engine on this rank's slices and LibTorch's `reference` optimizer on the whole
+// batch in this process; parameters must agree after every step.
+void run_worker(const json& optimizer, double clipping,
+                const std::function<std::unique_ptr<torch::optim::Optimizer>(Net&)>& reference) {
+  const int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
+  ASSERT_GE(world, 2);
+  const int64_t global = 24, gas = 2, micro = global / (gas * world);
+
+  torch::manual_seed(11);
+  Net net, ref;
+  {
+    torch::NoGradGuard no_grad;
+    auto pn = net->parameters(), pr = ref->parameters();
+    for (size_t i = 0; i < pn.size(); ++i) {
+      pr[i].copy_(pn[i]);
+      pn[i].add_(0.01 * rank);  // the engine must start every rank from rank 0's values
+    }
+  }
+  json config = {{"train_batch_size", global},
+                 {"gradient_accumulation_steps", gas},
+                 {"steps_per_print", 1000},
+                 {"optimizer", optimizer}};
+  if (clipping > 0) config["gradient_clipping"] = clipping;
+  // One world group per process, passed explicitly to each engine.
+  static const strata::comm::GroupPtr group = strata::comm::init_process_group();
+  strata::InitOptions options;
+  options.group = group;
+  auto engine = strata::initialize(net, config, options);
+  ASSERT_EQ(engine->data_parallel_size(), world);
+  ASSERT_EQ(engine->data_parallel_rank(), rank);
+  ASSERT_EQ(engine->train_micro_batch_size_per_gpu(), micro);
+  auto opt = reference(ref);
+
+  for (int64_t step = 0; step < 8; ++step) {
+    const auto batch = global_batch(step, global);
+    for (int64_t m = 0; m < gas; ++m) {
+      const int64_t first = (m * world + rank) * micro;
+      engine->backward(
+          engine->forward(batch.x.narrow(0, first, micro), batch.y.narrow(0, first, micro)));
+      engine->step();
+    }
+    opt->zero_grad();
+    ref->forward(batch.x, batch.y).backward();
+    if (clipping > 0) {
+      const double norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), clipping);
+      EXPECT_NEAR(engine->last_grad_norm(), norm, 1e-5 * norm) << "step " << step;
+    }
+    opt->step();
+    auto pn = net->parameters(), pr = ref->parameters();
+    for (size_t i = 0; i < pn.size(); ++i)
+      ASSERT_TRUE(torch::allclose(pn[i], pr[i], 1e-5, 1e-6))
+          << "rank " << rank << " step " << step << " parameter " << i << " differs by "
+          << (pn[i] - pr[i]).abs().max().item<double>();
+  }
+}
+
+bool is_worker() { return std::getenv("STRATA_DP_WORKER") != nullptr; }
+
+TEST(EngineDataParallelWorker, SgdMomentumMatchesTheFullBatch) {
+  if (!is_worker()) GTEST_SKIP() << "runs under strata-run (see EngineDataParallel.*)";
+  run_worker({{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.9}}}}, 0.0,
+             [](Net& ref) {
+               return std::make_unique<torch::optim::SGD>(
+                   ref->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+             });
+}
+
+TEST(EngineDataParallelWorker, AdamWWithClippingMatchesTheFullBatch) {
+  if (!is_worker()) GTEST_SKIP() << "runs under strata-run (see EngineDataParallel.*)";
+  run_worker({{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"weight_decay", 0.01}, {"eps", 1e-6}}}},
+             0.1, [](Net& ref) {
+               return std::make_unique<torch::optim::AdamW>(
+                   ref->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01).eps(1e-6));
+             });
+}
+
+int launch_workers(int ranks, std::string* output) {
+  const std::string command = std::string("STRATA_DP_WORKER=1 STRATA_TIMEOUT=60 ") +
+                              STRATA_BIN_DIR + "/strata-run --nproc-per-node " +
+                              std::to_string(ranks) + " -- /proc/" + std::to_string(getpid()) +
+                              "/exe --gtest_filter='EngineDataParallelWorker.*' 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output->append(buffer, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class EngineDataParallel : public testing::TestWithParam<int> {};
+
+TEST_P(EngineDataParallel, RanksReachTheSingleProcessParameters) {
+  if (is_worker()) GTEST_SKIP();
+  std::string output;
+  EXPECT_EQ(launch_workers(GetParam(), &output), 0) << output;
+  EXPECT_NE(output.find("[  PASSED  ] 2 tests"), std::string::npos) << output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, EngineDataParallel, testing::Values(2, 3, 4));
+
+}  // namespace
