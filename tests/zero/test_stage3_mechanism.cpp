@@ -43,7 +43,8 @@ void refill(ReleasedUnit& unit) {
   auto* allocator = c10::GetAllocator(unit.full_copy.device().type());
   unit.storage->set_data_ptr_noswap(allocator->allocate(unit.nbytes));
   unit.storage->set_nbytes(unit.nbytes);
-  std::memcpy(unit.storage->data(), unit.full_copy.data_ptr(), unit.nbytes);
+  // DataPtr::get() is void* in LibTorch 1.13 and 2.x alike (StorageImpl::data() became const).
+  std::memcpy(unit.storage->data_ptr().get(), unit.full_copy.data_ptr(), unit.nbytes);
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
