@@ -156,6 +156,9 @@ int run(const Args& args) {
                             {"lr", lr},              {"tokens_per_s", tokens_per_s},
                             {"step_time_s", step_s}, {"samples", engine->global_samples()}};
       if (!std::isnan(engine->last_grad_norm())) row["grad_norm"] = engine->last_grad_norm();
+      row["loss_scale"] = engine->loss_scale();
+      row["skipped"] = engine->last_step_skipped();
+      row["model_state_bytes"] = engine->model_state_bytes().total();
       metrics << row.dump() << '\n' << std::flush;
       if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: write failed",
                                             args.metrics_jsonl));

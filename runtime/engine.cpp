@@ -7,6 +7,7 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/optim/registry.h"
+#include "runtime/optim/state_bytes.h"
 #include "runtime/sched/registry.h"
 #include "zero/gradient_reducer.h"
 
@@ -18,6 +19,16 @@ void connect(InitOptions& options) {
   if (options.group) return;
   const auto env = comm::read_rank_env();
   if (env.world_size > 1) options.group = comm::init_process_group();
+}
+
+// The dtype gradients travel in: communication_data_type, else fp16 under fp16 and fp32
+// otherwise (DeepSpeed's defaults).
+torch::ScalarType comm_dtype(const Config& config) {
+  const auto& name = config.communication_data_type;
+  if (name == "fp16") return torch::kHalf;
+  if (name == "bf16") return torch::kBFloat16;
+  if (name == "fp32") return torch::kFloat;
+  return config.fp16.enabled ? torch::kHalf : torch::kFloat;
 }
 
 LoadOptions load_options(const InitOptions& options) {
@@ -46,6 +57,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     : module_(std::move(module)),
       config_(std::move(config)),
       group_(std::move(options.group)),
+      scaler_(LossScaler::from_config(config_.fp16)),
       last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
   if (!module_) throw Error("strata::initialize: the model is empty (a null module holder)");
   // Features this config asks for that this build's engine does not run yet: refuse rather
@@ -63,6 +75,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
   if (group_ && group_->size() == 1) group_.reset();
   if (group_) log::set_rank(group_->rank());
 
+  // Mixed precision: the module's parameters and buffers in 16 bits, as DeepSpeed casts them.
+  const bool fp16 = config_.fp16.enabled, bf16 = config_.bf16.enabled;
+  if (fp16) module_->to(torch::kHalf);
+  if (bf16) module_->to(torch::kBFloat16);
+  skip_on_overflow_ = fp16 || (bf16 && config_.bf16.check_grad_overflow);
+
   for (auto& p : module_->parameters())
     if (p.requires_grad()) params_.push_back(p);
   if (params_.empty())
@@ -73,18 +91,35 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     torch::NoGradGuard no_grad;
     for (auto& p : module_->parameters()) group_->broadcast(p.detach(), 0);
     for (auto& b : module_->buffers()) group_->broadcast(b, 0);
-    reducer_ = std::make_unique<zero::GradientReducer>(
-        params_, group_, config_.zero_optimization.reduce_bucket_size.value);
   }
 
-  configure_optimizer(options);
+  const auto& zero = config_.zero_optimization;
+  if (zero.stage >= 1 || fp16 || bf16) {
+    zero::PartitionedOptions po;
+    po.stage = zero.stage;
+    po.comm_dtype = comm_dtype(config_);
+    po.reduce_bucket_numel = zero.reduce_bucket_size.value;
+    partitioned_ = std::make_unique<zero::PartitionedOptimizer>(
+        params_, group_, po,
+        [&](std::vector<torch::Tensor> master) { return make_optimizer_over(master, options); });
+    optimizer_ = partitioned_->inner();
+  } else {
+    optimizer_ = make_optimizer_over(params_, options);
+    if (group_) {
+      zero::GradientReducer::Options ro;
+      ro.bucket_numel = zero.reduce_bucket_size.value;
+      ro.comm_dtype = comm_dtype(config_);
+      reducer_ = zero::GradientReducer::create(params_, group_, ro);
+    }
+  }
   configure_lr_scheduler(options);
   for (const auto& w : config_.warnings) log::info("[strata] warning: {}", w);
 }
 
 Engine::~Engine() = default;
 
-void Engine::configure_optimizer(InitOptions& options) {
+std::shared_ptr<torch::optim::Optimizer> Engine::make_optimizer_over(
+    std::vector<torch::Tensor> params, InitOptions& options) {
   const bool client = options.optimizer || options.optimizer_builder;
   if (config_.optimizer.present && client)
     throw Error(fmt::format(
@@ -93,19 +128,25 @@ void Engine::configure_optimizer(InitOptions& options) {
         config_.source, config_.optimizer.type));
   if (options.optimizer && options.optimizer_builder)
     throw Error("strata::initialize: pass either InitOptions::optimizer or optimizer_builder");
-  if (config_.optimizer.present) {
-    optimizer_ = make_optimizer(config_.optimizer, params_);
-  } else if (options.optimizer_builder) {
-    optimizer_ = options.optimizer_builder(params_);
-    if (!optimizer_) throw Error("strata::initialize: optimizer_builder returned null");
-  } else if (options.optimizer) {
-    optimizer_ = std::move(options.optimizer);
-  } else {
-    throw Error(fmt::format(
-        "{}: no optimizer: add an \"optimizer\" block (e.g. {{\"type\": \"AdamW\", \"params\": "
-        "{{\"lr\": 1e-3}}}}) or pass one to strata::initialize",
-        config_.source));
+  if (config_.optimizer.present) return make_optimizer(config_.optimizer, std::move(params));
+  if (options.optimizer_builder) {
+    std::shared_ptr<torch::optim::Optimizer> built = options.optimizer_builder(std::move(params));
+    if (!built) throw Error("strata::initialize: optimizer_builder returned null");
+    return built;
   }
+  if (options.optimizer) {
+    if (partitioned_ || config_.zero_optimization.stage >= 1 || config_.fp16.enabled ||
+        config_.bf16.enabled)
+      throw Error(fmt::format(
+          "{}: with mixed precision or ZeRO the optimizer must run on the engine's fp32 master "
+          "partition: pass InitOptions::optimizer_builder instead of an optimizer instance",
+          config_.source));
+    return std::move(options.optimizer);
+  }
+  throw Error(fmt::format(
+      "{}: no optimizer: add an \"optimizer\" block (e.g. {{\"type\": \"AdamW\", \"params\": "
+      "{{\"lr\": 1e-3}}}}) or pass one to strata::initialize",
+      config_.source));
 }
 
 void Engine::configure_lr_scheduler(InitOptions& options) {
@@ -132,15 +173,30 @@ bool Engine::is_gradient_accumulation_boundary() const {
   return (micro_steps_ + 1) % gradient_accumulation_steps() == 0;
 }
 
+zero::ModelStateBytes Engine::model_state_bytes() const {
+  zero::ModelStateBytes bytes;
+  if (partitioned_) {
+    bytes = partitioned_->state_bytes();
+  } else {
+    for (const auto& p : params_) bytes.params += p.numel() * p.element_size();
+    bytes.grads = bytes.params;  // one gradient per parameter, same dtype
+  }
+  bytes.optimizer = optim::optimizer_state_bytes(*optimizer_);
+  return bytes;
+}
+
 void Engine::backward(const torch::Tensor& loss) {
   if (!loss.defined() || loss.numel() != 1)
     throw Error(fmt::format("Engine::backward: the loss must be a one-element tensor (got {})",
                             loss.defined() ? "shape " + c10::str(loss.sizes())
                                            : std::string("an undefined tensor")));
-  if (reducer_) reducer_->begin_backward(is_gradient_accumulation_boundary());
-  const auto gas = gradient_accumulation_steps();
-  if (gas > 1)
-    (loss / static_cast<double>(gas)).backward();
+  const bool boundary = is_gradient_accumulation_boundary();
+  if (reducer_) reducer_->begin_backward(boundary);
+  if (partitioned_) partitioned_->begin_backward(boundary);
+  // fp16: the loss scale; accumulation: 1/gas, so the window's gradients sum to the mean.
+  const double factor = scaler_.cur_scale() / static_cast<double>(gradient_accumulation_steps());
+  if (factor != 1.0)
+    (loss * factor).backward();
   else
     loss.backward();
 }
@@ -162,16 +218,46 @@ void Engine::clip_gradients() {
 }
 
 void Engine::step() {
+  if (partitioned_) partitioned_->end_micro_step();
   if (is_gradient_accumulation_boundary()) {
-    if (reducer_) reducer_->finish();  // gradients averaged over the data-parallel group
-    if (config_.gradient_clipping.value > 0.0) clip_gradients();
-    optimizer_->step();
-    if (lr_scheduler_) lr_scheduler_->step();
-    optimizer_->zero_grad();
+    if (partitioned_)
+      partitioned_step();
+    else
+      plain_step();
     ++global_steps_;
     if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
   }
   ++micro_steps_;
+}
+
+void Engine::plain_step() {
+  if (reducer_) reducer_->finish();  // gradients averaged over the data-parallel group
+  if (config_.gradient_clipping.value > 0.0) clip_gradients();
+  optimizer_->step();
+  if (lr_scheduler_) lr_scheduler_->step();
+  optimizer_->zero_grad();
+}
+
+void Engine::partitioned_step() {
+  const auto summary = partitioned_->prepare(scaler_.cur_scale());
+  last_grad_norm_ = summary.grad_norm;
+  last_step_skipped_ = summary.overflow && skip_on_overflow_;
+  if (last_step_skipped_) {
+    // As DeepSpeed: no parameter, optimizer-state or LR-schedule change; the scale drops
+    // (or the run ends with an error at the minimum scale).
+    const auto update = scaler_.update_scale(true);
+    partitioned_->discard();
+    ++skipped_steps_;
+    log::info("[strata] step {}: gradient overflow, step skipped; {}", global_steps_ + 1,
+              describe(update));
+    return;
+  }
+  scaler_.update_scale(false);
+  double clip_coef = 1.0;
+  if (config_.gradient_clipping.value > 0.0)
+    clip_coef = config_.gradient_clipping.value / (summary.grad_norm + 1e-6);
+  partitioned_->apply(clip_coef);
+  if (lr_scheduler_) lr_scheduler_->step();
 }
 
 std::vector<double> Engine::get_lr() const {

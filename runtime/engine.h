@@ -1,6 +1,7 @@
 // strata::Engine wraps the user's unchanged torch::nn::Module and, from one JSON config, runs
-// the training step: backward with gradient accumulation, clipping, the optimizer and the LR
-// schedule. The user's loop stays plain LibTorch:
+// the training step: backward with gradient accumulation, data-parallel gradient averaging,
+// fp16/bf16 with fp32 master weights and loss scaling, ZeRO stages 1-2, clipping, the optimizer
+// and the LR schedule. The user's loop stays plain LibTorch:
 //
 //   auto engine = strata::initialize(model, "config.json");
 //   for (...) {
@@ -19,11 +20,9 @@
 
 #include "comm/process_group.h"
 #include "runtime/config/config.h"
+#include "runtime/precision/loss_scaler.h"
 #include "runtime/sched/lr_scheduler.h"
-
-namespace strata::zero {
-class GradientReducer;
-}
+#include "zero/partitioned_optimizer.h"
 
 namespace strata {
 
@@ -36,8 +35,9 @@ using SchedulerBuilder =
 // optimizer / scheduler, Hugging Face's values for "auto").
 struct InitOptions {
   // A client optimizer, used when the config names none (naming one in both is an error).
-  // Either an optimizer built over the model's parameters, or a builder the engine calls with
-  // the parameters it will optimise (the form later ZeRO stages need).
+  // Either an optimizer built over the model's parameters (fp32 stage 0 only), or a builder the
+  // engine calls with the tensors it will optimise (with mixed precision or ZeRO: this rank's
+  // fp32 master partition).
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   OptimizerBuilder optimizer_builder;
   // A client LR scheduler, used when the config names none; likewise an instance (built over
@@ -74,9 +74,16 @@ class Engine {
   int64_t gradient_accumulation_steps() const { return config_.gradient_accumulation_steps.value; }
   // Learning rate of each parameter group, as the next optimizer step will use it.
   std::vector<double> get_lr() const;
-  // Global gradient norm before clipping at the last optimizer step (NaN before the first
-  // step, and when clipping is off: the norm is then never computed).
+  // Global gradient norm before clipping at the last optimizer step (NaN before the first step,
+  // and on the plain fp32 stage-0 path when clipping is off: the norm is then never computed).
   double last_grad_norm() const { return last_grad_norm_; }
+  // The loss scale the next backward will use (1 unless fp16).
+  double loss_scale() const { return scaler_.cur_scale(); }
+  // Optimizer steps skipped because their gradients overflowed, and whether the last one was.
+  int64_t skipped_steps() const { return skipped_steps_; }
+  bool last_step_skipped() const { return last_step_skipped_; }
+  // This rank's bytes of parameters, gradients, master weights and optimizer state.
+  zero::ModelStateBytes model_state_bytes() const;
 
   const Config& config() const { return config_; }
   // The data-parallel group (null when single-process), its size and this process's rank in it.
@@ -88,20 +95,28 @@ class Engine {
   LRScheduler* lr_scheduler() { return lr_scheduler_.get(); }
 
  private:
-  void configure_optimizer(InitOptions& options);
+  std::shared_ptr<torch::optim::Optimizer> make_optimizer_over(std::vector<torch::Tensor> params,
+                                                               InitOptions& options);
   void configure_lr_scheduler(InitOptions& options);
+  void plain_step();        // fp32 stage 0: the optimizer over the module's own tensors
+  void partitioned_step();  // mixed precision and ZeRO 1-2
   void clip_gradients();
   void log_step() const;
 
   std::shared_ptr<torch::nn::Module> module_;
   Config config_;
   comm::GroupPtr group_;
-  std::unique_ptr<zero::GradientReducer> reducer_;
   std::vector<torch::Tensor> params_;  // trainable parameters, in module order
+  std::shared_ptr<zero::GradientReducer> reducer_;            // plain path, several ranks
+  std::unique_ptr<zero::PartitionedOptimizer> partitioned_;  // mixed precision / ZeRO 1-2
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<LRScheduler> lr_scheduler_;
+  LossScaler scaler_;
+  bool skip_on_overflow_ = false;
   int64_t global_steps_ = 0;
   int64_t micro_steps_ = 0;
+  int64_t skipped_steps_ = 0;
+  bool last_step_skipped_ = false;
   double last_grad_norm_;
 };
 

@@ -1,110 +1,159 @@
 #include "zero/gradient_reducer.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "runtime/error.h"
 
 namespace strata::zero {
+namespace {
+
+// Runs after AccumulateGrad has written a parameter's .grad. Holds the reducer weakly: a hook
+// outliving its engine does nothing.
+class AfterAccumulation : public torch::autograd::FunctionPostHook {
+ public:
+  AfterAccumulation(std::weak_ptr<GradientReducer> reducer,
+                    std::function<void(GradientReducer&)> fn)
+      : reducer_(std::move(reducer)), fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto reducer = reducer_.lock()) fn_(*reducer);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<GradientReducer> reducer_;
+  std::function<void(GradientReducer&)> fn_;
+};
+
+}  // namespace
+
+std::shared_ptr<GradientReducer> GradientReducer::create(std::vector<torch::Tensor> params,
+                                                         comm::GroupPtr group, Options options) {
+  std::shared_ptr<GradientReducer> reducer(
+      new GradientReducer(std::move(params), std::move(group), std::move(options)));
+  reducer->attach_hooks();
+  return reducer;
+}
 
 GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupPtr group,
-                                 int64_t bucket_numel)
-    : params_(std::move(params)), group_(std::move(group)) {
-  if (!group_) throw Error("GradientReducer: no process group");
-  slots_.resize(params_.size());
-  filled_.assign(params_.size(), false);
-  // Reverse registration order; a bucket holds one dtype on one device.
-  int64_t bucket_fill = 0;
+                                 Options options)
+    : params_(std::move(params)), group_(std::move(group)), options_(std::move(options)) {
+  if (group_ && group_->size() == 1) group_.reset();
+  if (options_.mode == Mode::kPartition && options_.flat_offsets.size() != params_.size())
+    throw Error("GradientReducer: partition mode needs every parameter's flat offset");
+  where_.resize(params_.size());
+  staged_.assign(params_.size(), false);
+  // Reverse registration order; a bucket holds parameters of one device.
+  int64_t fill = 0;
   for (size_t k = params_.size(); k-- > 0;) {
     const auto& p = params_[k];
-    const bool fits = !buckets_.empty() && bucket_numel > 0 &&
-                      bucket_fill + p.numel() <= bucket_numel &&
-                      buckets_.back().flat.scalar_type() == p.scalar_type() &&
+    const bool fits = !buckets_.empty() && options_.bucket_numel > 0 &&
+                      fill + p.numel() <= options_.bucket_numel &&
                       buckets_.back().flat.device() == p.device();
     if (!fits) {
       buckets_.emplace_back();
-      buckets_.back().flat = torch::empty({0}, p.options());
-      bucket_fill = 0;
+      fill = 0;
     }
-    slots_[k] = {buckets_.size() - 1, bucket_fill};
-    buckets_.back().params.push_back(k);
-    bucket_fill += p.numel();
-    buckets_.back().flat = torch::empty({bucket_fill}, p.options());
+    auto& bucket = buckets_.back();
+    where_[k] = {buckets_.size() - 1, bucket.params.size()};
+    bucket.params.push_back(k);
+    bucket.slots.push_back(fill);
+    fill += p.numel();
+    bucket.flat = torch::empty({fill}, p.options().dtype(options_.comm_dtype));
   }
-  hooks_.reserve(params_.size());
-  for (size_t k = 0; k < params_.size(); ++k)
-    hooks_.push_back(params_[k].register_hook([this, k](torch::Tensor grad) {
-      on_gradient(k, grad);
-    }));
 }
 
-GradientReducer::~GradientReducer() {
-  for (size_t k = 0; k < params_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+void GradientReducer::attach_hooks() {
+  std::weak_ptr<GradientReducer> self = shared_from_this();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(params_[k]);
+    if (!accumulator)
+      throw Error(fmt::format("parameter {} has no gradient accumulator (is it a leaf that "
+                              "requires grad?)", k));
+    accumulator->add_post_hook(std::make_unique<AfterAccumulation>(
+        self, [k](GradientReducer& reducer) { reducer.on_gradient(k); }));
+    accumulators_.push_back(std::move(accumulator));
+  }
 }
 
-void GradientReducer::begin_backward(bool reduce) { reducing_ = reduce; }
+void GradientReducer::begin_backward(bool boundary) {
+  active_ = options_.mode == Mode::kPartition || boundary;
+}
 
-void GradientReducer::on_gradient(size_t param, const torch::Tensor& grad) {
-  if (!reducing_) return;  // accumulating locally inside the window
-  if (filled_[param])
+void GradientReducer::stage(size_t k) {
+  const auto [b, i] = where_[k];
+  auto& bucket = buckets_[b];
+  auto slot = bucket.flat.narrow(0, bucket.slots[i], params_[k].numel());
+  const auto& grad = params_[k].grad();
+  if (grad.defined())
+    slot.copy_(grad.reshape({-1}));
+  else
+    slot.zero_();
+  if (options_.mode == Mode::kPartition) params_[k].mutable_grad() = torch::Tensor();
+  staged_[k] = true;
+  ++bucket.ready;
+}
+
+void GradientReducer::on_gradient(size_t k) {
+  if (!active_) return;  // accumulating locally inside the window
+  if (staged_[k])
     throw Error(fmt::format(
         "parameter {} received a second gradient in one reducing backward; call "
         "engine->backward() once per micro-step",
-        param));
-  const auto& slot = slots_[param];
-  auto& bucket = buckets_[slot.bucket];
-  auto view = bucket.flat.narrow(0, slot.offset, params_[param].numel()).view_as(params_[param]);
-  // The hook runs before autograd accumulates `grad` into .grad: the bucket gets the sum.
-  const auto& accumulated = params_[param].grad();
-  if (accumulated.defined())
-    torch::add_out(view, accumulated, grad);
-  else
-    view.copy_(grad);
-  filled_[param] = true;
-  if (++bucket.ready == bucket.params.size()) launch_ready_buckets();
+        k));
+  stage(k);
+  if (buckets_[where_[k].first].ready == buckets_[where_[k].first].params.size())
+    launch_ready_buckets();
 }
 
 void GradientReducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() &&
-         buckets_[next_launch_].ready == buckets_[next_launch_].params.size())
-    launch(buckets_[next_launch_++]);
+         buckets_[next_launch_].ready == buckets_[next_launch_].params.size()) {
+    auto& bucket = buckets_[next_launch_++];
+    if (group_) bucket.work = group_->all_reduce_async(bucket.flat, comm::ReduceOp::Avg);
+  }
 }
 
-void GradientReducer::launch(Bucket& bucket) {
-  bucket.work = group_->all_reduce_async(bucket.flat, comm::ReduceOp::Avg);
+void GradientReducer::deliver(Bucket& bucket) {
+  for (size_t i = 0; i < bucket.params.size(); ++i) {
+    const size_t k = bucket.params[i];
+    auto& p = params_[k];
+    auto reduced = bucket.flat.narrow(0, bucket.slots[i], p.numel());
+    if (options_.mode == Mode::kFull) {
+      if (p.grad().defined())
+        p.mutable_grad().copy_(reduced.view_as(p));
+      else
+        p.mutable_grad() = reduced.view_as(p).to(p.scalar_type()).clone();
+      continue;
+    }
+    // The intersection of [offset, offset + numel) with this rank's [begin, end).
+    const int64_t offset = options_.flat_offsets[k];
+    const int64_t lo = std::max(offset, options_.partition_begin);
+    const int64_t hi = std::min(offset + p.numel(), options_.partition_end);
+    if (lo < hi)
+      options_.partition_grad.narrow(0, lo - options_.partition_begin, hi - lo)
+          .add_(reduced.narrow(0, lo - offset, hi - lo));
+  }
 }
 
 void GradientReducer::finish() {
-  if (!reducing_) return;
-  reducing_ = false;
-  // Parameters whose hook never fired (unused in this forward) contribute what they hold.
-  for (auto& bucket : buckets_) {
-    for (size_t k : bucket.params) {
-      if (filled_[k]) continue;
-      auto view = bucket.flat.narrow(0, slots_[k].offset, params_[k].numel());
-      const auto& g = params_[k].grad();
-      if (g.defined())
-        view.copy_(g.reshape({-1}));
-      else
-        view.zero_();
-      filled_[k] = true;
-      ++bucket.ready;
-    }
-  }
+  if (!active_) return;
+  active_ = false;
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (!staged_[k]) stage(k);  // no gradient this backward: contributes what .grad holds
   launch_ready_buckets();
   for (auto& bucket : buckets_) {
-    bucket.work->wait();
-    for (size_t k : bucket.params) {
-      auto& p = params_[k];
-      auto reduced = bucket.flat.narrow(0, slots_[k].offset, p.numel()).view_as(p);
-      if (p.grad().defined())
-        p.mutable_grad().copy_(reduced);
-      else
-        p.mutable_grad() = reduced.clone();
-    }
+    if (bucket.work) bucket.work->wait();
+    deliver(bucket);
     bucket.ready = 0;
     bucket.work.reset();
   }
-  std::fill(filled_.begin(), filled_.end(), false);
+  std::fill(staged_.begin(), staged_.end(), false);
   next_launch_ = 0;
 }
 

@@ -1,16 +1,21 @@
-// Data-parallel gradient averaging for stage 0: gradients are packed into flat buckets and
-// all-reduced (average) over the data-parallel group while backward is still running.
+// Data-parallel gradient averaging in flat buckets, launched while backward is still running.
 //
-// On the micro-step that ends an accumulation window, a hook on each parameter sees its
-// gradient as autograd produces it, copies (accumulated + new) into the parameter's slot of its
-// bucket, and when a bucket is full launches its all-reduce. Buckets launch strictly in bucket
-// order on every rank (collectives must match across ranks), as LibTorch's DDP reducer does;
-// parameters are bucketed in reverse registration order, roughly the order backward reaches
-// them. finish() launches what is left (parameters that got no gradient contribute zeros),
-// waits, and writes the averages back into each parameter's .grad.
+// A hook after each parameter's gradient accumulation (the AccumulateGrad node's post hook, as
+// LibTorch's DDP reducer uses) copies the gradient into its bucket, in the communication dtype;
+// a full bucket's all-reduce (average) is launched at once. Buckets launch strictly in bucket
+// order on every rank, since collectives must match across ranks; parameters are bucketed in
+// reverse registration order, roughly the order backward reaches them. finish() launches what
+// is left (a parameter that got no gradient contributes what its .grad holds, or zeros), waits,
+// and delivers the averages:
+//   - Mode::kFull (stage 0, 1): only on the micro-step that ends the accumulation window; the
+//     average is written back into each parameter's .grad.
+//   - Mode::kPartition (stage 2): on every micro-step; each .grad is freed as soon as it is in
+//     its bucket, and only the slice of the flat layout this rank owns is added into the
+//     partition's gradient accumulator, so no full-size gradient outlives its bucket.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <torch/torch.h>
@@ -19,45 +24,55 @@
 
 namespace strata::zero {
 
-class GradientReducer {
+class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
  public:
-  // bucket_numel: elements per bucket (DeepSpeed's reduce_bucket_size; 0 = one per parameter).
-  GradientReducer(std::vector<torch::Tensor> params, comm::GroupPtr group, int64_t bucket_numel);
-  ~GradientReducer();
-  GradientReducer(const GradientReducer&) = delete;
-  GradientReducer& operator=(const GradientReducer&) = delete;
+  enum class Mode { kFull, kPartition };
+  struct Options {
+    Mode mode = Mode::kFull;
+    int64_t bucket_numel = 0;  // DeepSpeed's reduce_bucket_size; 0 = one bucket per parameter
+    torch::ScalarType comm_dtype = torch::kFloat;
+    // kPartition: each parameter's offset in the flat layout, this rank's range [begin, end) of
+    // it, and the accumulator for that range (partition_grad[i] is flat element begin + i).
+    std::vector<int64_t> flat_offsets;
+    int64_t partition_begin = 0, partition_end = 0;
+    torch::Tensor partition_grad;
+  };
 
-  // Called before each backward: whether this backward ends the accumulation window.
-  void begin_backward(bool reduce);
-  // Completes the reduction started by the last reducing backward (a no-op otherwise).
+  // The group may be null (one process): gradients still move into place, nothing is sent.
+  static std::shared_ptr<GradientReducer> create(std::vector<torch::Tensor> params,
+                                                 comm::GroupPtr group, Options options);
+
+  // Called before each backward with whether it ends the accumulation window.
+  void begin_backward(bool boundary);
+  // Called after each backward (every micro-step); a no-op when that backward reduced nothing.
   void finish();
-
   size_t bucket_count() const { return buckets_.size(); }
 
  private:
-  struct Slot {
-    size_t bucket;
-    int64_t offset;
-  };
   struct Bucket {
     std::vector<size_t> params;
+    std::vector<int64_t> slots;  // element offset of each parameter in `flat`
     torch::Tensor flat;
-    size_t ready = 0;  // parameters whose gradient is in `flat`
+    size_t ready = 0;
     comm::WorkPtr work;
   };
 
-  void on_gradient(size_t param, const torch::Tensor& grad);
+  GradientReducer(std::vector<torch::Tensor> params, comm::GroupPtr group, Options options);
+  void attach_hooks();
+  void on_gradient(size_t param);
+  void stage(size_t param);  // copies the parameter's .grad (or zeros) into its bucket
   void launch_ready_buckets();
-  void launch(Bucket& bucket);
+  void deliver(Bucket& bucket);
 
   std::vector<torch::Tensor> params_;
-  std::vector<Slot> slots_;
-  std::vector<bool> filled_;
-  std::vector<Bucket> buckets_;
-  std::vector<unsigned> hooks_;
   comm::GroupPtr group_;
+  Options options_;
+  std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, index in bucket)
+  std::vector<bool> staged_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
   size_t next_launch_ = 0;
-  bool reducing_ = false;
+  bool active_ = false;
 };
 
 }  // namespace strata::zero

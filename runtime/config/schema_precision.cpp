@@ -7,9 +7,7 @@ namespace {
 
 Block make_fp16() {
   BlockBuilder<Fp16Config> b("fp16");
-  b.add(&Fp16Config::enabled, "enabled")
-      .autoable()
-      .pending("fp16 mixed precision (dynamic loss scaling, fp32 master weights)");
+  b.add(&Fp16Config::enabled, "enabled").autoable();
   b.add(&Fp16Config::auto_cast, "auto_cast").pending("casting the model's inputs to fp16");
   b.add(&Fp16Config::loss_scale, "loss_scale").min(0);  // 0 = dynamic
   b.add(&Fp16Config::initial_scale_power, "initial_scale_power").range(0, 100);
@@ -26,13 +24,10 @@ Block make_fp16() {
 
 Block make_bf16() {
   BlockBuilder<Bf16Config> b("bf16");
-  b.add(&Bf16Config::enabled, "enabled")
-      .autoable()
-      .pending("bf16 mixed precision with fp32 master weights");
+  b.add(&Bf16Config::enabled, "enabled").autoable();
   b.add(&Bf16Config::immediate_grad_update, "immediate_grad_update")
       .ignored("a scheduling choice of DeepSpeed's bf16 optimizer");
-  b.add(&Bf16Config::check_grad_overflow, "check_grad_overflow")
-      .pending("skipping steps whose bf16 gradients overflow");
+  b.add(&Bf16Config::check_grad_overflow, "check_grad_overflow");
   b.add(&Bf16Config::bf16_master_weights_and_grads, "bf16_master_weights_and_grads")
       .not_implemented("bf16 master weights and gradients change the optimizer's precision");
   b.add(&Bf16Config::bf16_optimizer_states, "bf16_optimizer_states")

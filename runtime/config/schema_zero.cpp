@@ -108,7 +108,10 @@ void finish_zero(void* obj, Ctx& ctx, const std::string& path) {
 
 Block make_zero() {
   BlockBuilder<ZeroConfig> b("zero_optimization");
-  b.add(&ZeroConfig::stage, "stage").range(0, 3).pending("ZeRO partitioning (stages 1-3)");
+  b.add(&ZeroConfig::stage, "stage")
+      .range(0, 3)
+      .when([](const json& v) { return v.get<int64_t>() == 3; })
+      .pending("ZeRO stage 3 (parameter partitioning)");
   b.add(&ZeroConfig::contiguous_gradients, "contiguous_gradients");
   b.add(&ZeroConfig::reduce_scatter, "reduce_scatter");
   b.add(&ZeroConfig::reduce_bucket_size, "reduce_bucket_size").min(0);  // 0: each gradient alone

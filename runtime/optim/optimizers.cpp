@@ -293,3 +293,33 @@ void SGD::save(OutputArchive& archive) const {
 void SGD::load(InputArchive& archive) { load_optimizer<SGDParamState, SGDOptions>(archive, *this); }
 
 }  // namespace strata::optim
+
+#include "runtime/optim/state_bytes.h"
+
+namespace strata::optim {
+namespace {
+
+int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+}  // namespace
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& entry : optimizer.state()) {
+    const auto* state = entry.second.get();
+    if (const auto* s = dynamic_cast<const AdamParamState*>(state)) {
+      bytes += nbytes(s->exp_avg()) + nbytes(s->exp_avg_sq());
+    } else if (const auto* s = dynamic_cast<const SGDParamState*>(state)) {
+      bytes += nbytes(s->momentum_buffer());
+    } else if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      bytes += nbytes(s->exp_avg()) + nbytes(s->exp_avg_sq()) + nbytes(s->max_exp_avg_sq());
+    } else if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      bytes += nbytes(s->exp_avg()) + nbytes(s->exp_avg_sq()) + nbytes(s->max_exp_avg_sq());
+    } else if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      bytes += nbytes(s->momentum_buffer());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace strata::optim

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -54,7 +55,7 @@ TEST(TrainGpt, LossFallsProgressIsShownAndMetricsAreWritten) {
   ASSERT_EQ(rows.size(), 120u);
   for (size_t i = 0; i < rows.size(); ++i) {
     EXPECT_EQ(rows[i].at("step").get<int64_t>(), static_cast<int64_t>(i + 1));
-    for (const char* key : {"loss", "lr", "tokens_per_s"})
+    for (const char* key : {"loss", "lr", "tokens_per_s", "loss_scale", "model_state_bytes"})
       EXPECT_TRUE(rows[i].at(key).is_number()) << key;
   }
   auto mean_loss = [&](size_t from, size_t to) {
@@ -81,17 +82,26 @@ TEST(TrainGpt, SameSeedSameNumbers) {
   }
 }
 
-// Stage 0 on 2 ranks (strata-run) gives the loss of 1 rank with the same global batch: the
-// config fixes train_batch_size, so each rank's micro batch is half of the single rank's.
-TEST(TrainGpt, TwoRanksGiveTheLossOfOneRankWithTheSameGlobalBatch) {
-  const std::string config = std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json";
-  const std::string one = testing::TempDir() + "/train_gpt_1rank.jsonl";
-  const std::string two = testing::TempDir() + "/train_gpt_2ranks.jsonl";
-  const auto single = run("--config " + config + " --steps 30 --metrics-jsonl " + one);
+// Data parallelism on 2 ranks (strata-run), at ZeRO stage `stage`, gives the loss of stage 0 on
+// 1 rank with the same global batch: the config fixes train_batch_size, so each rank's micro
+// batch is half of the single rank's.
+void expect_two_ranks_match_one(int stage) {
+  nlohmann::json config;
+  std::ifstream(std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json") >> config;
+  config["zero_optimization"] = {{"stage", stage}};
+  const std::string path = testing::TempDir() + "/train_gpt_stage" + std::to_string(stage) + "_" +
+                           std::to_string(getpid()) + ".json";
+  std::ofstream(path) << config.dump();
+  // Per-stage names: CTest runs these tests in parallel.
+  const std::string tag = std::to_string(stage) + "_" + std::to_string(getpid());
+  const std::string one = testing::TempDir() + "/train_gpt_1rank_" + tag + ".jsonl";
+  const std::string two = testing::TempDir() + "/train_gpt_2ranks_" + tag + ".jsonl";
+  const std::string base = std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json";
+  const auto single = run("--config " + base + " --steps 30 --metrics-jsonl " + one);
   ASSERT_EQ(single.exit_code, 0) << single.output;
-  const std::string launch = std::string(STRATA_BIN_DIR) + "/strata-run --config " + config +
-                             " -- " + STRATA_BIN_DIR + "/train_gpt --device cpu --steps 30 --metrics-jsonl " +
-                             two + " 2>&1";
+  const std::string launch = std::string(STRATA_BIN_DIR) + "/strata-run --config " + path +
+                             " -- " + STRATA_BIN_DIR + "/train_gpt --device cpu --steps 30 " +
+                             "--metrics-jsonl " + two + " 2>&1";
   FILE* pipe = popen(launch.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string output;
@@ -106,8 +116,18 @@ TEST(TrainGpt, TwoRanksGiveTheLossOfOneRankWithTheSameGlobalBatch) {
   for (size_t i = 0; i < a.size(); ++i) {
     const double la = a[i].at("loss").get<double>(), lb = b[i].at("loss").get<double>();
     EXPECT_LE(std::abs(la - lb) / std::abs(la), 1e-5) << "step " << i + 1 << ": " << la << " vs " << lb;
+    EXPECT_FALSE(b[i].at("skipped").get<bool>());
   }
+  // ZeRO partitions the master weights and optimizer state (and at stage 2 the gradients).
+  const auto bytes_one = a.back().at("model_state_bytes").get<int64_t>();
+  const auto bytes_two = b.back().at("model_state_bytes").get<int64_t>();
+  if (stage == 0) EXPECT_EQ(bytes_two, bytes_one);
+  if (stage >= 1) EXPECT_LT(bytes_two, bytes_one);
 }
+
+TEST(TrainGpt, TwoRanksGiveTheLossOfOneRankWithTheSameGlobalBatch) { expect_two_ranks_match_one(0); }
+TEST(TrainGpt, TwoRanksAtZeroStage1GiveTheSameLoss) { expect_two_ranks_match_one(1); }
+TEST(TrainGpt, TwoRanksAtZeroStage2GiveTheSameLoss) { expect_two_ranks_match_one(2); }
 
 TEST(TrainGpt, BadArgumentsAreClearErrors) {
   auto r = run("--config " + kConfig + " --model huge");

@@ -292,12 +292,12 @@ TEST(EngineConfig, FeaturesThisBuildCannotRunAreRefusedByName) {
   auto [net, ref] = twin_nets();
   auto config = base_config(16, 1);
   config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}};
-  config["zero_optimization"] = {{"stage", 2}};
+  config["zero_optimization"] = {{"stage", 3}};
   try {
     strata::initialize(net, config);
     FAIL() << "expected strata::Error";
   } catch (const strata::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("zero_optimization.stage"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.stage = 3"), std::string::npos)
         << e.what();
   }
 }

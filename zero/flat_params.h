@@ -1,0 +1,45 @@
+// One flat buffer for the model's trainable parameters (llm.c's layout): each parameter becomes a
+// view into it, so that a ZeRO partition is just a range of the buffer and collectives work on
+// flat ranges. The buffer is padded to a multiple of (partitions x alignment) elements so that
+// every rank's partition has the same size.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace strata::zero {
+
+class FlatParams {
+ public:
+  // Moves `params` (one dtype, one device) into the buffer; afterwards each is a view of it and
+  // keeps its TensorImpl (autograd, the user's module and optimizers see the same tensors).
+  FlatParams(std::vector<torch::Tensor> params, int64_t partitions, int64_t alignment = 64);
+
+  const torch::Tensor& data() const { return data_; }
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  int64_t offset(size_t param) const { return offsets_[param]; }
+  int64_t numel() const { return numel_; }                  // without the padding
+  int64_t padded_numel() const { return data_.numel(); }
+  int64_t partitions() const { return partitions_; }
+  int64_t partition_numel() const { return padded_numel() / partitions_; }
+  int64_t partition_begin(int64_t rank) const { return rank * partition_numel(); }
+  // Partition `rank` of a tensor laid out like data().
+  torch::Tensor partition(const torch::Tensor& flat, int64_t rank) const {
+    return flat.narrow(0, partition_begin(rank), partition_numel());
+  }
+  // A zero tensor laid out like data() whose slices are the parameters' shapes.
+  torch::Tensor zeros_like_data(torch::ScalarType dtype) const;
+  // Parameter `param`'s slice of a tensor laid out like data(), in the parameter's shape.
+  torch::Tensor view(const torch::Tensor& flat, size_t param) const;
+
+ private:
+  std::vector<torch::Tensor> params_;
+  std::vector<int64_t> offsets_;
+  int64_t numel_ = 0;
+  int64_t partitions_ = 1;
+  torch::Tensor data_;
+};
+
+}  // namespace strata::zero

@@ -1,0 +1,138 @@
+#include "zero/partitioned_optimizer.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace strata::zero {
+namespace {
+
+int64_t partitions_for(int64_t stage, const comm::GroupPtr& group) {
+  return stage >= 1 && group ? group->size() : 1;
+}
+
+int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+}  // namespace
+
+PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
+                                           comm::GroupPtr group, PartitionedOptions options,
+                                           const InnerBuilder& make_inner)
+    : options_(options),
+      group_(group && group->size() > 1 ? std::move(group) : nullptr),
+      rank_(group_ ? group_->rank() : 0),
+      flat_(std::move(params), partitions_for(options.stage, group_)) {
+  const int64_t part = flat_.partitions() > 1 ? rank_ : 0;
+  const auto model_dtype = flat_.data().scalar_type();
+  {
+    torch::NoGradGuard no_grad;
+    master_ = flat_.partition(flat_.data(), part).to(torch::kFloat, /*non_blocking=*/false,
+                                                     /*copy=*/true);
+  }
+  inner_ = make_inner({master_});
+  if (!inner_) throw Error("the optimizer builder returned null");
+
+  if (options_.stage <= 1) {
+    grad_flat_ = flat_.zeros_like_data(model_dtype);
+    own_local_gradients();
+    if (group_) {
+      GradientReducer::Options r;
+      r.mode = GradientReducer::Mode::kFull;
+      r.bucket_numel = options_.reduce_bucket_numel;
+      r.comm_dtype = options_.comm_dtype;
+      reducer_ = GradientReducer::create(flat_.params(), group_, r);
+    }
+  } else {
+    grad_partition_ = torch::zeros({flat_.partition_numel()}, flat_.data().options());
+    GradientReducer::Options r;
+    r.mode = GradientReducer::Mode::kPartition;
+    r.bucket_numel = options_.reduce_bucket_numel;
+    r.comm_dtype = options_.comm_dtype;
+    for (size_t i = 0; i < flat_.params().size(); ++i) r.flat_offsets.push_back(flat_.offset(i));
+    r.partition_begin = flat_.partition_begin(part);
+    r.partition_end = r.partition_begin + flat_.partition_numel();
+    r.partition_grad = grad_partition_;
+    reducer_ = GradientReducer::create(flat_.params(), group_, r);
+  }
+}
+
+void PartitionedOptimizer::begin_backward(bool boundary) {
+  if (reducer_) reducer_->begin_backward(boundary);
+}
+
+void PartitionedOptimizer::end_micro_step() {
+  if (reducer_) reducer_->finish();
+}
+
+void PartitionedOptimizer::own_local_gradients() {
+  // A program may have reset or replaced a .grad (zero_grad(set_to_none)): fold it back in.
+  for (size_t i = 0; i < flat_.params().size(); ++i) {
+    auto p = flat_.params()[i];
+    auto view = flat_.view(grad_flat_, i);
+    const auto& g = p.grad();
+    if (g.defined() && g.data_ptr() == view.data_ptr()) continue;
+    if (g.defined()) view.copy_(g);
+    p.mutable_grad() = view;
+  }
+}
+
+torch::Tensor PartitionedOptimizer::partition_gradient() const {
+  if (options_.stage == 2) return grad_partition_.to(torch::kFloat, false, /*copy=*/true);
+  const int64_t part = flat_.partitions() > 1 ? rank_ : 0;
+  return flat_.partition(grad_flat_, part).to(torch::kFloat, false, /*copy=*/true);
+}
+
+void PartitionedOptimizer::zero_gradients() {
+  if (grad_flat_.defined()) {
+    grad_flat_.zero_();
+    own_local_gradients();
+  }
+  if (grad_partition_.defined()) grad_partition_.zero_();
+  master_.mutable_grad() = torch::Tensor();  // the fp32 gradient lives only during a step
+  grad_ = torch::Tensor();
+}
+
+GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
+  torch::NoGradGuard no_grad;
+  if (options_.stage <= 1) own_local_gradients();
+  grad_ = partition_gradient();
+  if (loss_scale != 1.0) grad_.mul_(1.0 / loss_scale);
+  // A sum of squares is finite iff every element is: one reduction gives the overflow flag
+  // and the norm.
+  auto sum_squares = grad_.pow(2).sum().to(torch::kDouble);
+  if (group_ && flat_.partitions() > 1) group_->all_reduce(sum_squares, comm::ReduceOp::Sum);
+  const double total = sum_squares.item<double>();  // the step's one host sync
+  return {!std::isfinite(total), std::sqrt(total)};
+}
+
+void PartitionedOptimizer::apply(double clip_coef) {
+  torch::NoGradGuard no_grad;
+  if (!grad_.defined()) throw Error("PartitionedOptimizer::apply without prepare");
+  if (clip_coef < 1.0) grad_.mul_(clip_coef);
+  master_.mutable_grad() = grad_;
+  inner_->step();
+  const int64_t part = flat_.partitions() > 1 ? rank_ : 0;
+  flat_.partition(flat_.data(), part).copy_(master_);
+  if (group_ && flat_.partitions() > 1) {
+    const auto mine = flat_.partition(flat_.data(), part).clone();
+    group_->all_gather(flat_.data(), mine);
+  }
+  zero_gradients();
+}
+
+void PartitionedOptimizer::discard() {
+  torch::NoGradGuard no_grad;
+  zero_gradients();
+}
+
+ModelStateBytes PartitionedOptimizer::state_bytes() const {
+  ModelStateBytes bytes;
+  bytes.params = nbytes(flat_.data());
+  bytes.grads = nbytes(grad_flat_) + nbytes(grad_partition_);
+  bytes.master = nbytes(master_);
+  return bytes;
+}
+
+}  // namespace strata::zero

@@ -1,0 +1,88 @@
+// Mixed precision and ZeRO stages 1-2 around an ordinary optimizer (DeepSpeed's
+// FP16_Optimizer / BF16_Optimizer / DeepSpeedZeroOptimizer in one place).
+//
+// The model's trainable parameters live in one flat buffer in the model's dtype (fp32, bf16 or
+// fp16). The fp32 master copy covers this rank's partition of that buffer (stage 1, 2) or all
+// of it (stage 0), and the inner optimizer (from the registry, or the program's) sees only that
+// fp32 master tensor, so its state is partitioned with it. Gradients:
+//   - stage 0, 1: each .grad is a view into one flat gradient buffer; on the boundary
+//     micro-step the reducer averages them over the data-parallel group;
+//   - stage 2: every micro-step's gradients are averaged in buckets during backward and only this
+//     rank's slice is accumulated (in the model's dtype); no full gradient buffer exists.
+// At the boundary the engine (which owns the loss scaler) calls prepare(): the partition's fp32
+// gradient, unscaled; one sum of squares, all-reduced, gives both the overflow flag and the
+// global norm (the step's one host sync). Then discard() (an overflowing step is skipped) or
+// apply(): clip, inner step, copy the master into the 16-bit partition, all-gather partitions.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "comm/process_group.h"
+#include "zero/flat_params.h"
+#include "zero/gradient_reducer.h"
+
+namespace strata::zero {
+
+struct PartitionedOptions {
+  int64_t stage = 0;  // 0, 1 or 2
+  torch::ScalarType comm_dtype = torch::kFloat;
+  int64_t reduce_bucket_numel = 0;
+};
+
+struct GradientSummary {
+  bool overflow = false;   // an inf or NaN anywhere, on any rank
+  double grad_norm = 0.0;  // global norm of the unscaled gradient
+};
+
+// This rank's bytes of model states, by the engine's own accounting.
+struct ModelStateBytes {
+  int64_t params = 0, grads = 0, master = 0, optimizer = 0;
+  int64_t total() const { return params + grads + master + optimizer; }
+};
+
+class PartitionedOptimizer {
+ public:
+  using InnerBuilder =
+      std::function<std::shared_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+
+  PartitionedOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr group,
+                       PartitionedOptions options, const InnerBuilder& make_inner);
+
+  void begin_backward(bool boundary);
+  // After every micro-step's backward: completes that micro-step's gradient reduction.
+  void end_micro_step();
+  // At the accumulation boundary: the gradients carry `loss_scale`.
+  GradientSummary prepare(double loss_scale);
+  // The prepared step: scale the gradient by clip_coef (1 = no clipping), step, share results.
+  void apply(double clip_coef);
+  // The prepared step is skipped: gradients dropped, nothing else changes.
+  void discard();
+
+  const std::shared_ptr<torch::optim::Optimizer>& inner() const { return inner_; }
+  // Parameters, gradients and master weights (the inner optimizer's state is counted by the
+  // caller, which knows the optimizer types).
+  ModelStateBytes state_bytes() const;
+
+ private:
+  void own_local_gradients();  // stage 0, 1: every .grad is its view of grad_flat_ again
+  torch::Tensor partition_gradient() const;
+  void zero_gradients();
+
+  PartitionedOptions options_;
+  comm::GroupPtr group_;
+  int64_t rank_ = 0;
+  FlatParams flat_;
+  torch::Tensor grad_flat_;       // stage 0, 1: full gradients, model dtype
+  torch::Tensor grad_partition_;  // stage 2: this rank's gradients, model dtype
+  torch::Tensor master_;          // fp32 partition (stage 0: everything)
+  std::shared_ptr<torch::optim::Optimizer> inner_;
+  std::shared_ptr<GradientReducer> reducer_;
+  torch::Tensor grad_;  // the prepared fp32 gradient of the partition
+};
+
+}  // namespace strata::zero
