@@ -151,6 +151,8 @@ int run(const Args& args) {
         "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | elapsed {} | ETA {}", step + 1,
         std::to_string(steps).size(), steps, loss, lr, tokens_per_s, format_duration(elapsed),
         format_duration(elapsed / (step + 1) * (steps - step - 1))));
+    engine->write_monitor_events(
+        {{"Train/Samples/tokens_per_s", tokens_per_s, engine->global_samples()}});
     if (metrics.is_open()) {
       nlohmann::json row = {{"step", step + 1},      {"loss", loss},
                             {"lr", lr},              {"tokens_per_s", tokens_per_s},

@@ -113,6 +113,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     }
   }
   configure_lr_scheduler(options);
+  monitored_ = config_.tensorboard.enabled || config_.csv_monitor.enabled;
+  monitor_ = monitor::make_monitors(config_, data_parallel_rank());
   for (const auto& w : config_.warnings) log::info("[strata] warning: {}", w);
 }
 
@@ -191,6 +193,10 @@ void Engine::backward(const torch::Tensor& loss) {
                             loss.defined() ? "shape " + c10::str(loss.sizes())
                                            : std::string("an undefined tensor")));
   const bool boundary = is_gradient_accumulation_boundary();
+  if (monitored_) {
+    const auto l = loss.detach().to(torch::kFloat).reshape({});
+    window_loss_ = window_loss_.defined() ? window_loss_ + l : l;
+  }
   if (reducer_) reducer_->begin_backward(boundary);
   if (partitioned_) partitioned_->begin_backward(boundary);
   // fp16: the loss scale; accumulation: 1/gas, so the window's gradients sum to the mean.
@@ -225,9 +231,31 @@ void Engine::step() {
     else
       plain_step();
     ++global_steps_;
+    if (monitored_) write_step_events();
     if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
   }
   ++micro_steps_;
+}
+
+void Engine::write_step_events() {
+  // The window's mean loss over every rank (a collective: every rank takes part).
+  auto loss = window_loss_.defined() ? window_loss_ / double(gradient_accumulation_steps())
+                                     : torch::zeros({});
+  window_loss_ = torch::Tensor();
+  if (group_) group_->all_reduce(loss, comm::ReduceOp::Avg);
+  if (!monitors_enabled()) return;
+  const int64_t x = global_samples();
+  std::vector<monitor::Event> events = {
+      {"Train/Samples/train_loss", loss.item<double>(), x},
+      {"Train/Samples/lr", get_lr().at(0), x},
+      {"Train/Samples/loss_scale", loss_scale(), x},
+      {"Train/Samples/model_state_MiB", model_state_bytes().total() / 1048576.0, x}};
+  if (!std::isnan(last_grad_norm_)) events.push_back({"Train/Samples/grad_norm", last_grad_norm_, x});
+  monitor_->write_events(events);
+}
+
+void Engine::write_monitor_events(const std::vector<monitor::Event>& events) {
+  if (monitors_enabled()) monitor_->write_events(events);
 }
 
 void Engine::plain_step() {

@@ -20,6 +20,7 @@
 
 #include "comm/process_group.h"
 #include "runtime/config/config.h"
+#include "runtime/monitor/monitor.h"
 #include "runtime/precision/loss_scaler.h"
 #include "runtime/sched/lr_scheduler.h"
 #include "zero/partitioned_optimizer.h"
@@ -84,6 +85,11 @@ class Engine {
   bool last_step_skipped() const { return last_step_skipped_; }
   // This rank's bytes of parameters, gradients, master weights and optimizer state.
   zero::ModelStateBytes model_state_bytes() const;
+  // The config's monitors (tensorboard, csv_monitor): the engine writes train_loss, lr,
+  // loss_scale, grad_norm and model-state memory at every optimizer step (x axis: samples, as
+  // DeepSpeed); a program adds its own events (e.g. tokens/s) here. Only rank 0 writes.
+  void write_monitor_events(const std::vector<monitor::Event>& events);
+  bool monitors_enabled() const { return monitor_ && monitor_->enabled(); }
 
   const Config& config() const { return config_; }
   // The data-parallel group (null when single-process), its size and this process's rank in it.
@@ -102,6 +108,7 @@ class Engine {
   void partitioned_step();  // mixed precision and ZeRO 1-2
   void clip_gradients();
   void log_step() const;
+  void write_step_events();
 
   std::shared_ptr<torch::nn::Module> module_;
   Config config_;
@@ -113,6 +120,9 @@ class Engine {
   std::shared_ptr<LRScheduler> lr_scheduler_;
   LossScaler scaler_;
   bool skip_on_overflow_ = false;
+  std::unique_ptr<monitor::MonitorMaster> monitor_;  // enabled on rank 0 only
+  bool monitored_ = false;     // some monitor is on in the config (every rank then agrees)
+  torch::Tensor window_loss_;  // sum of this window's micro-step losses, kept only when monitored
   int64_t global_steps_ = 0;
   int64_t micro_steps_ = 0;
   int64_t skipped_steps_ = 0;

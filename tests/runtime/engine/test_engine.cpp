@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "runtime/engine.h"
 #include "runtime/error.h"
@@ -316,6 +320,49 @@ TEST(EngineConfig, AutoValuesComeFromTheProgram) {
   auto engine = strata::initialize(net, config, options);
   EXPECT_EQ(engine->train_batch_size(), 8);
   EXPECT_DOUBLE_EQ(engine->get_lr().at(0), 0.0123);
+}
+
+}  // namespace
+
+namespace {
+
+// The config's monitors get the engine's events at every optimizer step, x axis = samples.
+TEST(EngineMonitors, CsvAndTensorBoardReceiveTheTrainingScalars) {
+  auto [net, ref] = twin_nets();
+  const std::string dir = testing::TempDir() + "/engine_monitors_" + std::to_string(getpid());
+  auto config = base_config(8, 2);
+  config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.05}}}};
+  config["csv_monitor"] = {{"enabled", true}, {"output_path", dir}, {"job_name", "run"}};
+  config["tensorboard"] = {{"enabled", true}, {"output_path", dir}, {"job_name", "tb"}};
+  auto engine = strata::initialize(net, config);
+  std::vector<double> losses;
+  for (int64_t step = 0; step < 4; ++step) {
+    auto d = batch(step, 16);
+    double sum = 0;
+    for (int64_t m = 0; m < 2; ++m) {
+      auto loss = engine->forward(d.x.narrow(0, 8 * m, 8), d.y.narrow(0, 8 * m, 8));
+      sum += loss.item<double>();
+      engine->backward(loss);
+      engine->step();
+    }
+    losses.push_back(sum / 2);
+  }
+  std::ifstream csv(dir + "/run/Train_Samples_train_loss.csv");
+  ASSERT_TRUE(csv.good());
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line.rfind("step,", 0), 0u) << line;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    ASSERT_TRUE(std::getline(csv, line));
+    const auto comma = line.find(',');
+    EXPECT_EQ(std::stoll(line.substr(0, comma)), int64_t(16 * (i + 1)));
+    EXPECT_NEAR(std::stod(line.substr(comma + 1)), losses[i], 1e-6);
+  }
+  bool event_file = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/tb"))
+    event_file |= e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  EXPECT_TRUE(event_file);
+  EXPECT_TRUE(std::ifstream(dir + "/run/Train_Samples_lr.csv").good());
 }
 
 }  // namespace
