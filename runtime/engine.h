@@ -85,6 +85,14 @@ class Engine {
   bool last_step_skipped() const { return last_step_skipped_; }
   // This rank's bytes of parameters, gradients, master weights and optimizer state.
   zero::ModelStateBytes model_state_bytes() const;
+  // Checkpoints (runtime/checkpoint's layout: DIR/TAG/ with a manifest, DIR/latest): model
+  // states, this rank's master weights and optimizer state, the loss scaler, the LR schedule,
+  // the step counters and the program's own `client_state` (e.g. its data position). Every rank
+  // calls both. The tag defaults to "global_step<N>". load_checkpoint returns the client state;
+  // a checkpoint saved at another data-parallel world size is re-partitioned.
+  void save_checkpoint(const std::string& dir, std::string tag = "",
+                       const json& client_state = json::object());
+  json load_checkpoint(const std::string& dir, const std::string& tag = "latest");
   // The config's monitors (tensorboard, csv_monitor): the engine writes train_loss, lr,
   // loss_scale, grad_norm and model-state memory at every optimizer step (x axis: samples, as
   // DeepSpeed); a program adds its own events (e.g. tokens/s) here. Only rank 0 writes.

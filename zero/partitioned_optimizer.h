@@ -64,6 +64,11 @@ class PartitionedOptimizer {
   void discard();
 
   const std::shared_ptr<torch::optim::Optimizer>& inner() const { return inner_; }
+  const FlatParams& flat() const { return flat_; }
+  // The fp32 master weights of partition partition_index() of flat() (the inner optimizer's
+  // one parameter); a checkpoint restores them in place.
+  const torch::Tensor& master() const { return master_; }
+  int64_t partition_index() const { return flat_.partitions() > 1 ? rank_ : 0; }
   // Parameters, gradients and master weights (the inner optimizer's state is counted by the
   // caller, which knows the optimizer types).
   ModelStateBytes state_bytes() const;

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "runtime/error.h"
-#include "runtime/monitor/crc32c.h"
+#include "runtime/util/crc32c.h"
 
 namespace strata::monitor {
 

@@ -17,6 +17,10 @@
 
 namespace strata::monitor {
 
+// TFRecord's masked CRC32C (TensorBoard's record framing).
+inline uint32_t mask_crc(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+
+
 // "brain.Event:2": the version TensorBoard expects in the first record of a file.
 extern const char* const kEventFileVersion;
 

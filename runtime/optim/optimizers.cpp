@@ -6,11 +6,14 @@
 
 #include <cmath>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "runtime/error.h"
 #include "runtime/optim/adam.h"
 #include "runtime/optim/sgd.h"
+#include "runtime/optim/state_bytes.h"
+#include "runtime/optim/state_io.h"
 #include "runtime/optim/state_key.h"
 
 namespace strata::optim {
@@ -294,7 +297,6 @@ void SGD::load(InputArchive& archive) { load_optimizer<SGDParamState, SGDOptions
 
 }  // namespace strata::optim
 
-#include "runtime/optim/state_bytes.h"
 
 namespace strata::optim {
 namespace {
@@ -320,6 +322,78 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
     }
   }
   return bytes;
+}
+
+}  // namespace strata::optim
+
+
+namespace strata::optim {
+
+std::optional<ParamState> export_param_state(const torch::optim::Optimizer& optimizer,
+                                             const torch::Tensor& param) {
+  const auto& states = optimizer.state();
+  const auto it = states.find(detail::state_key<std::decay_t<decltype(states)>>(param));
+  ParamState out;
+  if (it == states.end()) {
+    out.type = "none";
+    return out;
+  }
+  const auto* state = it->second.get();
+  if (const auto* s = dynamic_cast<const AdamParamState*>(state)) {
+    out.type = "adam";
+    out.tensors = {{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
+    out.scalars["step"] = s->step();
+    return out;
+  }
+  if (const auto* s = dynamic_cast<const SGDParamState*>(state)) {
+    out.type = "sgd";
+    out.tensors = {{"momentum_buffer", s->momentum_buffer()}};
+    return out;
+  }
+  return std::nullopt;
+}
+
+void import_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                        const ParamState& state) {
+  auto& states = optimizer.state();
+  const auto key = detail::state_key<std::decay_t<decltype(states)>>(param);
+  auto tensor = [&](const std::string& name) {
+    for (const auto& [n, t] : state.tensors)
+      if (n == name) return t.to(param.options(), /*non_blocking=*/false, /*copy=*/true);
+    throw Error(fmt::format("optimizer state '{}' lacks tensor '{}'", state.type, name));
+  };
+  if (state.type == "none") {
+    states.erase(key);
+  } else if (state.type == "adam" && dynamic_cast<Adam*>(&optimizer)) {
+    auto s = std::make_unique<AdamParamState>();
+    s->step(state.scalars.at("step").get<int64_t>());
+    s->exp_avg(tensor("exp_avg"));
+    s->exp_avg_sq(tensor("exp_avg_sq"));
+    states[key] = std::move(s);
+  } else if (state.type == "sgd" && dynamic_cast<SGD*>(&optimizer)) {
+    auto s = std::make_unique<SGDParamState>();
+    s->momentum_buffer(tensor("momentum_buffer"));
+    states[key] = std::move(s);
+  } else {
+    throw Error(fmt::format("a checkpoint's '{}' optimizer state does not fit this optimizer; "
+                            "resume with the optimizer type the checkpoint was saved with",
+                            state.type));
+  }
+}
+
+std::string save_optimizer_archive(torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load_optimizer_archive(torch::optim::Optimizer& optimizer, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  optimizer.load(archive);
 }
 
 }  // namespace strata::optim

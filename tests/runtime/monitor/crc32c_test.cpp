@@ -5,7 +5,8 @@
 #include <random>
 #include <string>
 
-#include "runtime/monitor/crc32c.h"
+#include "runtime/monitor/event_file.h"
+#include "runtime/util/crc32c.h"
 #include "tests/runtime/monitor/event_reader.h"
 
 namespace strata::monitor {

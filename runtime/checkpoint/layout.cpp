@@ -1,0 +1,370 @@
+#include "runtime/checkpoint/layout.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <set>
+
+#include <sys/stat.h>
+
+#include <fmt/format.h>
+
+#include "runtime/checkpoint/atomic_file.h"
+#include "runtime/error.h"
+
+namespace strata::checkpoint {
+namespace {
+
+constexpr const char* kFormat = "strata-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kLatest = "latest";
+
+std::string staging_name(const std::string& tag) { return "." + tag + ".partial"; }
+std::string old_name(const std::string& tag) { return "." + tag + ".old"; }  // replace_folder
+
+void check_kind(const std::string& kind) {
+  const bool ok = !kind.empty() && std::all_of(kind.begin(), kind.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+  if (!ok)
+    throw Error(fmt::format("checkpoint: state kind '{}' must be [a-z0-9_]+ (e.g. optim_states)",
+                            kind));
+}
+
+enum class PathKind { kMissing, kFolder, kOther };
+PathKind stat_kind(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return PathKind::kMissing;
+    throw Error(fmt::format("checkpoint: cannot inspect '{}': {}", path, errno_text(errno)));
+  }
+  return S_ISDIR(st.st_mode) ? PathKind::kFolder : PathKind::kOther;
+}
+
+std::string trim(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t\r\n") - first + 1);
+}
+
+FileEntry entry_of(const TensorFileInfo& info, std::string kind, int rank) {
+  FileEntry e;
+  e.file = info.path.substr(info.path.find_last_of('/') + 1);
+  e.kind = std::move(kind);
+  e.rank = rank;
+  e.bytes = info.bytes;
+  e.crc32c = info.crc32c;
+  e.tensors = info.tensors;
+  return e;
+}
+
+}  // namespace
+
+// --- names -------------------------------------------------------------------------------------
+
+std::string shared_file_name(const std::string& kind) {
+  check_kind(kind);
+  return kind + ".ckpt";
+}
+
+std::string partition_file_name(const std::string& kind, int rank) {
+  check_kind(kind);
+  return fmt::format("zero_pp_rank_{}_{}.ckpt", rank, kind);
+}
+
+void check_tag(const std::string& tag) {
+  const bool ok = !tag.empty() && tag.size() <= 200 && tag[0] != '.' && tag != kLatest &&
+                  trim(tag) == tag &&
+                  std::none_of(tag.begin(), tag.end(), [](char c) {
+                    return c == '/' || c == '\0' || c == '\n' || c == '\r';
+                  });
+  if (!ok)
+    throw Error(fmt::format("checkpoint: tag '{}' is not a plain folder name (not empty, no '/', "
+                            "no leading '.', no surrounding spaces, not 'latest')",
+                            tag));
+}
+
+std::optional<std::string> find_latest(const std::string& dir) {
+  const std::string path = dir + "/" + kLatest;
+  if (stat_kind(path) == PathKind::kMissing) return std::nullopt;
+  std::string tag = trim(read_file(path));
+  try {
+    check_tag(tag);
+  } catch (const Error&) {
+    throw Error(fmt::format("checkpoint: '{}' holds '{}', which is not a tag", path, tag));
+  }
+  return tag;
+}
+
+// --- manifest ----------------------------------------------------------------------------------
+
+json Manifest::to_json() const {
+  std::set<std::string> dtypes;
+  json files_json = json::array();
+  for (const auto& f : files) {
+    json tensors = json::array();
+    for (const auto& t : f.tensors) {
+      tensors.push_back(spec_to_json(t));
+      dtypes.insert(dtype_name(t.dtype));
+    }
+    files_json.push_back({{"file", f.file},
+                          {"kind", f.kind},
+                          {"rank", f.rank < 0 ? json(nullptr) : json(f.rank)},
+                          {"bytes", f.bytes},
+                          {"crc32c", f.crc32c},
+                          {"tensors", std::move(tensors)}});
+  }
+  return {{"format", kFormat},
+          {"version", kVersion},
+          {"tag", tag},
+          {"world_size", world_size},
+          {"zero_stage", info.zero_stage},
+          {"compute_dtype", info.compute_dtype},
+          {"master_dtype", info.master_dtype},
+          {"dtypes", dtypes},
+          {"extra", info.extra},
+          {"files", std::move(files_json)}};
+}
+
+Manifest Manifest::from_json(const json& j, const std::string& where) {
+  Manifest m;
+  try {
+    if (j.at("format") != kFormat)
+      throw Error(fmt::format("{}: format {} is not \"{}\"", where, j.at("format").dump(), kFormat));
+    if (j.at("version") != kVersion)
+      throw Error(fmt::format("{}: version {} is not supported (this build reads {})", where,
+                              j.at("version").dump(), kVersion));
+    m.tag = j.at("tag").get<std::string>();
+    m.world_size = j.at("world_size").get<int>();
+    m.info.zero_stage = j.at("zero_stage").get<int>();
+    m.info.compute_dtype = j.at("compute_dtype").get<std::string>();
+    m.info.master_dtype = j.at("master_dtype").get<std::string>();
+    m.info.extra = j.at("extra");
+    for (const auto& f : j.at("files")) {
+      FileEntry e;
+      e.file = f.at("file").get<std::string>();
+      e.kind = f.at("kind").get<std::string>();
+      e.rank = f.at("rank").is_null() ? -1 : f.at("rank").get<int>();
+      e.bytes = f.at("bytes").get<uint64_t>();
+      e.crc32c = f.at("crc32c").get<uint32_t>();
+      for (const auto& t : f.at("tensors")) e.tensors.push_back(spec_from_json(t, where));
+      if (e.file != (e.rank < 0 ? shared_file_name(e.kind) : partition_file_name(e.kind, e.rank)))
+        throw Error(fmt::format("{}: file '{}' does not match its kind '{}' and rank {}", where,
+                                e.file, e.kind, e.rank));
+      m.files.push_back(std::move(e));
+    }
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{}: malformed manifest ({})", where, e.what()));
+  }
+  if (m.world_size < 1) throw Error(fmt::format("{}: world_size {} < 1", where, m.world_size));
+  return m;
+}
+
+const FileEntry* Manifest::find(const std::string& kind, int rank) const {
+  for (const auto& f : files)
+    if (f.kind == kind && f.rank == rank) return &f;
+  return nullptr;
+}
+
+// --- writer ------------------------------------------------------------------------------------
+
+CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, int rank, int world_size)
+    : dir_(std::move(dir)), tag_(std::move(tag)), rank_(rank), world_size_(world_size) {
+  check_tag(tag_);
+  if (world_size_ < 1 || rank_ < 0 || rank_ >= world_size_)
+    throw Error(fmt::format("checkpoint: rank {} is outside a world of {}", rank_, world_size_));
+  staging_ = dir_ + "/" + staging_name(tag_);
+  make_directories(staging_);
+}
+
+FileEntry CheckpointWriter::write(const std::string& kind, int file_rank,
+                                  const NamedTensors& tensors, const json& scalars) {
+  if (committed_) throw Error(fmt::format("checkpoint '{}': already committed", tag_));
+  for (const auto& f : written_)
+    if (f.kind == kind && f.rank == file_rank)
+      throw Error(fmt::format("checkpoint '{}': '{}' was already written", tag_, f.file));
+  const std::string name =
+      file_rank < 0 ? shared_file_name(kind) : partition_file_name(kind, file_rank);
+  remove_stale_temporaries(staging_, name);
+  written_.push_back(entry_of(save_tensor_file(staging_ + "/" + name, tensors, scalars), kind,
+                              file_rank));
+  return written_.back();
+}
+
+FileEntry CheckpointWriter::write_partition(const std::string& kind, const NamedTensors& tensors,
+                                            const json& scalars) {
+  return write(kind, rank_, tensors, scalars);
+}
+
+FileEntry CheckpointWriter::write_shared(const std::string& kind, const NamedTensors& tensors,
+                                         const json& scalars) {
+  if (rank_ != 0)
+    throw Error(fmt::format("checkpoint '{}': rank {} wrote shared state '{}'; only rank 0 writes "
+                            "shared files",
+                            tag_, rank_, kind));
+  return write(kind, -1, tensors, scalars);
+}
+
+Manifest CheckpointWriter::commit(const RunInfo& info) {
+  if (rank_ != 0)
+    throw Error(fmt::format("checkpoint '{}': rank {} called commit(); only rank 0 commits", tag_,
+                            rank_));
+  if (committed_) throw Error(fmt::format("checkpoint '{}': already committed", tag_));
+  dtype_from_name(info.compute_dtype, "checkpoint: RunInfo.compute_dtype");
+  dtype_from_name(info.master_dtype, "checkpoint: RunInfo.master_dtype");
+
+  // 1. Every expected file: rank 0's own, and each other rank's partition of each kind rank 0
+  // wrote (footers only: the whole checkpoint is not read back here).
+  Manifest manifest;
+  manifest.tag = tag_;
+  manifest.world_size = world_size_;
+  manifest.info = info;
+  for (const auto& mine : written_) {
+    manifest.files.push_back(mine);
+    if (mine.rank < 0) continue;
+    for (int r = 1; r < world_size_; ++r) {
+      const std::string path = staging_ + "/" + partition_file_name(mine.kind, r);
+      if (stat_kind(path) == PathKind::kMissing)
+        throw Error(fmt::format("checkpoint '{}': rank {}'s file '{}' is missing at commit; every "
+                                "rank must write its partitions before rank 0 commits (barrier)",
+                                tag_, r, path));
+      manifest.files.push_back(entry_of(read_tensor_file_info(path), mine.kind, r));
+    }
+  }
+
+  // 2. The manifest, and nothing else, in the staging folder (a crashed earlier save may have
+  // left files of another world size there).
+  write_file_atomic(staging_ + "/" + kManifest, manifest.to_json().dump(1) + "\n");
+  std::set<std::string> keep{kManifest};
+  for (const auto& f : manifest.files) keep.insert(f.file);
+  for (const auto& name : list_folder(staging_))
+    if (!keep.count(name)) remove_tree(staging_ + "/" + name);
+
+  // 3. Publish the folder as DIR/TAG: one atomic swap when it exists already.
+  const std::string leftover = replace_folder(staging_, dir_ + "/" + tag_);
+
+  // 4. `latest`, last.
+  remove_stale_temporaries(dir_, kLatest);
+  write_file_atomic(dir_ + "/" + kLatest, tag_);
+  if (!leftover.empty()) remove_tree(leftover);
+  committed_ = true;
+  return manifest;
+}
+
+// --- reader ------------------------------------------------------------------------------------
+
+CheckpointReader::CheckpointReader(std::string dir, std::string tag, ReadOptions options)
+    : dir_(std::move(dir)) {
+  if (stat_kind(dir_) != PathKind::kFolder)
+    throw Error(fmt::format("checkpoint: folder '{}' does not exist", dir_));
+  if (tag == kLatest) {
+    auto latest = find_latest(dir_);
+    if (!latest)
+      throw Error(fmt::format("checkpoint: '{}/{}' is missing: no checkpoint was committed in '{}' "
+                              "(or name a tag)",
+                              dir_, kLatest, dir_));
+    tag = *latest;
+  }
+  check_tag(tag);
+  folder_ = dir_ + "/" + tag;
+  if (stat_kind(folder_) != PathKind::kFolder) {
+    std::string hint;
+    if (stat_kind(dir_ + "/" + old_name(tag)) == PathKind::kFolder)
+      hint = fmt::format("; a commit was interrupted while swapping folders: the previous "
+                         "checkpoint is '{}/{}', rename it to '{}'",
+                         dir_, old_name(tag), folder_);
+    else if (stat_kind(dir_ + "/" + staging_name(tag)) == PathKind::kFolder)
+      hint = "; a save to this tag started but was never committed";
+    throw Error(fmt::format("checkpoint: tag folder '{}' does not exist{}", folder_, hint));
+  }
+  const std::string manifest_path = folder_ + "/" + kManifest;
+  if (stat_kind(manifest_path) == PathKind::kMissing)
+    throw Error(fmt::format("checkpoint: '{}' is missing: '{}' is not a committed Strata checkpoint",
+                            manifest_path, folder_));
+  json j;
+  try {
+    j = json::parse(read_file(manifest_path));
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("checkpoint: '{}' does not parse: {}", manifest_path, e.what()));
+  }
+  manifest_ = Manifest::from_json(j, manifest_path);
+  if (manifest_.tag != tag)
+    throw Error(fmt::format("checkpoint: '{}' names tag '{}', not '{}'", manifest_path,
+                            manifest_.tag, tag));
+
+  for (const auto& f : manifest_.files) {
+    const std::string path = path_of(f);
+    if (stat_kind(path) == PathKind::kMissing)
+      throw Error(fmt::format("checkpoint: file '{}' ({}{}) listed in '{}' is missing", path,
+                              f.kind, f.rank < 0 ? "" : fmt::format(", rank {}", f.rank),
+                              manifest_path));
+    const uint64_t size = FileReader(path).size();
+    if (size != f.bytes)
+      throw Error(fmt::format("checkpoint file '{}' is {} bytes but its manifest says {}: it is "
+                              "truncated or from another save",
+                              path, size, f.bytes));
+  }
+  if (options.verify_checksums) verify();
+}
+
+void CheckpointReader::verify() const {
+  for (const auto& f : manifest_.files) {
+    const auto info = verify_tensor_file(path_of(f));
+    if (info.crc32c != f.crc32c)
+      throw Error(fmt::format("checkpoint file '{}' has CRC32C 0x{:08x} but its manifest says "
+                              "0x{:08x}: it is from another save",
+                              info.path, info.crc32c, f.crc32c));
+  }
+}
+
+void CheckpointReader::check_world_size(int world_size, bool can_repartition,
+                                        const std::string& kind) const {
+  if (world_size == manifest_.world_size || can_repartition) return;
+  throw Error(fmt::format("checkpoint '{}' was saved by {} ranks (ZeRO stage {}) but this run has "
+                          "{}; its {} cannot be re-partitioned: resume with {} ranks",
+                          folder_, manifest_.world_size, manifest_.info.zero_stage, world_size,
+                          kind, manifest_.world_size));
+}
+
+bool CheckpointReader::has_shared(const std::string& kind) const {
+  return manifest_.find(kind, -1) != nullptr;
+}
+
+bool CheckpointReader::has_partition(const std::string& kind) const {
+  return manifest_.find(kind, 0) != nullptr;
+}
+
+const FileEntry& CheckpointReader::entry(const std::string& kind, int rank) const {
+  if (const FileEntry* e = manifest_.find(kind, rank)) return *e;
+  if (rank < 0)
+    throw Error(fmt::format("checkpoint '{}' holds no shared '{}' file", folder_, kind));
+  throw Error(fmt::format("checkpoint '{}' holds no '{}' partition for rank {} (saved by {} ranks)",
+                          folder_, kind, rank, manifest_.world_size));
+}
+
+TensorFile CheckpointReader::load(const FileEntry& e, const std::vector<TensorSpec>* expected) const {
+  const std::string path = path_of(e);
+  TensorFile file = expected ? load_tensor_file(path, *expected) : load_tensor_file(path);
+  if (file.crc32c != e.crc32c)
+    throw Error(fmt::format("checkpoint file '{}' has CRC32C 0x{:08x} but its manifest says "
+                            "0x{:08x}: it is from another save",
+                            path, file.crc32c, e.crc32c));
+  return file;
+}
+
+TensorFile CheckpointReader::load_shared(const std::string& kind) const {
+  return load(entry(kind, -1), nullptr);
+}
+TensorFile CheckpointReader::load_shared(const std::string& kind,
+                                         const std::vector<TensorSpec>& expected) const {
+  return load(entry(kind, -1), &expected);
+}
+TensorFile CheckpointReader::load_partition(const std::string& kind, int rank) const {
+  return load(entry(kind, rank), nullptr);
+}
+TensorFile CheckpointReader::load_partition(const std::string& kind, int rank,
+                                            const std::vector<TensorSpec>& expected) const {
+  return load(entry(kind, rank), &expected);
+}
+
+}  // namespace strata::checkpoint

@@ -1,0 +1,202 @@
+// Engine::save_checkpoint / load_checkpoint: what the engine's state is, in which file.
+//   model_states (rank 0): the module's parameters and buffers as trained (16-bit under mixed
+//     precision), the step counters, loss scaler, LR schedule and the program's client state;
+//   optim_states: the fp32 master weights and optimizer state in the flat layout, one file per
+//     rank's partition at stages 1-2 (shared otherwise), so that another world size can
+//     re-partition them; the plain fp32 stage-0 path stores its per-parameter state instead.
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/checkpoint/layout.h"
+#include "runtime/engine.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+#include "runtime/optim/state_io.h"
+
+namespace strata {
+namespace {
+
+using checkpoint::NamedTensors;
+
+NamedTensors model_tensors(torch::nn::Module& module) {
+  NamedTensors out;
+  for (const auto& p : module.named_parameters()) out.emplace_back("param." + p.key(), p.value());
+  for (const auto& b : module.named_buffers()) out.emplace_back("buffer." + b.key(), b.value());
+  return out;
+}
+
+// One parameter's optimizer state into `out` and `scalars` under `prefix`.
+void put_state(const optim::ParamState& state, const std::string& prefix, NamedTensors& out,
+               json& scalars) {
+  scalars[prefix + "type"] = state.type;
+  for (const auto& item : state.scalars.items()) scalars[prefix + item.key()] = item.value();
+  for (const auto& [name, t] : state.tensors) out.emplace_back(prefix + name, t.detach());
+}
+
+// LibTorch's optimizer archive travels as a uint8 tensor (JSON strings must be UTF-8).
+torch::Tensor bytes_tensor(const std::string& bytes) {
+  auto t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::string tensor_bytes(const torch::Tensor& t) {
+  const auto c = t.contiguous().cpu();
+  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel()));
+}
+
+optim::ParamState get_state(const checkpoint::TensorFile& file, const std::string& prefix) {
+  optim::ParamState state;
+  state.type = file.scalars.at(prefix + "type").get<std::string>();
+  const std::string step = prefix + "step";
+  if (file.scalars.contains(step)) state.scalars["step"] = file.scalars.at(step);
+  for (const auto& [name, t] : file.tensors)
+    if (name.rfind(prefix, 0) == 0 && name.find('.', prefix.size()) == std::string::npos)
+      state.tensors.emplace_back(name.substr(prefix.size()), t);
+  return state;
+}
+
+}  // namespace
+
+void Engine::save_checkpoint(const std::string& dir, std::string tag, const json& client_state) {
+  torch::NoGradGuard no_grad;
+  if (tag.empty()) tag = fmt::format("global_step{}", global_steps_);
+  const int rank = data_parallel_rank(), world = data_parallel_size();
+  checkpoint::CheckpointWriter writer(dir, tag, rank, world);
+
+  json engine_state = {{"global_steps", global_steps_},
+                       {"micro_steps", micro_steps_},
+                       {"skipped_steps", skipped_steps_},
+                       {"loss_scaler", scaler_.state()},
+                       {"client_state", client_state}};
+  if (lr_scheduler_) engine_state["lr_scheduler"] = lr_scheduler_->state_dict();
+  if (rank == 0) writer.write_shared("model_states", model_tensors(*module_), engine_state);
+
+  NamedTensors optim;
+  json scalars = json::object();
+  if (partitioned_) {
+    scalars["layout"] = "flat";
+    scalars["flat_numel"] = partitioned_->flat().numel();
+    optim.emplace_back("master", partitioned_->master());
+    const auto state = optim::export_param_state(*optimizer_, partitioned_->master());
+    if (state) {
+      put_state(*state, "state.", optim, scalars);
+    } else {
+      scalars["archive"] = true;
+      optim.emplace_back("archive", bytes_tensor(optim::save_optimizer_archive(*optimizer_)));
+    }
+  } else {
+    scalars["layout"] = "per_param";
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto state = optim::export_param_state(*optimizer_, params_[i]);
+      if (!state) {
+        optim = {{"archive", bytes_tensor(optim::save_optimizer_archive(*optimizer_))}};
+        scalars = {{"layout", "archive"}, {"archive", true}};
+        break;
+      }
+      put_state(*state, fmt::format("state.{}.", i), optim, scalars);
+    }
+  }
+  const bool partitioned_files = partitioned_ && partitioned_->flat().partitions() > 1;
+  if (partitioned_files)
+    writer.write_partition("optim_states", optim, scalars);
+  else if (rank == 0)
+    writer.write_shared("optim_states", optim, scalars);
+
+  if (group_) group_->barrier();  // every rank's files are written
+  if (rank == 0) {
+    checkpoint::RunInfo info;
+    info.zero_stage = static_cast<int>(config_.zero_optimization.stage);
+    info.compute_dtype = checkpoint::dtype_name(params_.front().scalar_type());
+    info.extra = {{"global_steps", global_steps_}};
+    writer.commit(info);
+  }
+  if (group_) group_->barrier();  // `latest` names the new checkpoint before anyone goes on
+  log::info("[strata] saved checkpoint {}/{}", dir, tag);
+}
+
+json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  torch::NoGradGuard no_grad;
+  checkpoint::CheckpointReader reader(dir, tag, {/*verify_checksums=*/false});
+  const auto model = model_tensors(*module_);
+  const auto states = reader.load_shared("model_states", checkpoint::specs_of(model));
+  states.copy_to(model);
+  const json& engine_state = states.scalars;
+
+  const bool partitioned_files = reader.has_partition("optim_states");
+  const int saved_parts = partitioned_files ? reader.world_size() : 1;
+  auto optim_file = [&](int part) {
+    return partitioned_files ? reader.load_partition("optim_states", part)
+                             : reader.load_shared("optim_states");
+  };
+  if (partitioned_) {
+    const auto& flat = partitioned_->flat();
+    const int64_t parts = flat.partitions();
+    const auto first =
+        optim_file(parts == saved_parts ? static_cast<int>(partitioned_->partition_index()) : 0);
+    if (first.scalars.at("layout") != "flat")
+      throw Error(fmt::format("{}: saved by the plain fp32 stage-0 path; resume it with the same "
+                              "precision and ZeRO stage", reader.folder()));
+    if (first.scalars.at("flat_numel").get<int64_t>() != flat.numel())
+      throw Error(fmt::format("{}: {} trainable elements saved, this model has {}",
+                              reader.folder(), first.scalars.at("flat_numel").get<int64_t>(),
+                              flat.numel()));
+    if (parts == saved_parts) {
+      partitioned_->master().copy_(first.at("master"));
+      if (first.scalars.contains("archive"))
+        optim::load_optimizer_archive(*optimizer_, tensor_bytes(first.at("archive")));
+      else
+        optim::import_param_state(*optimizer_, partitioned_->master(), get_state(first, "state."));
+    } else {
+      // Another world size: concatenate the saved partitions into the flat layout and take
+      // this rank's range of the new padding.
+      if (first.scalars.contains("archive"))
+        throw Error(fmt::format("{}: this optimizer's state cannot be re-partitioned from {} to "
+                                "{} ranks (only Strata's Adam and SGD state can)",
+                                reader.folder(), saved_parts, parts));
+      std::vector<checkpoint::TensorFile> files;
+      for (int p = 0; p < saved_parts; ++p) files.push_back(optim_file(p));
+      const int64_t begin = flat.partition_begin(partitioned_->partition_index());
+      const int64_t n = flat.partition_numel();
+      auto slice = [&](const std::string& name) {
+        std::vector<torch::Tensor> pieces;
+        for (const auto& f : files) pieces.push_back(f.at(name));
+        auto full = torch::cat(pieces);
+        auto out = torch::zeros({n}, full.options());
+        const int64_t have = std::max<int64_t>(0, std::min(n, full.numel() - begin));
+        if (have > 0) out.narrow(0, 0, have).copy_(full.narrow(0, begin, have));
+        return out;
+      };
+      partitioned_->master().copy_(slice("master"));
+      auto state = get_state(files.front(), "state.");
+      for (auto& [name, t] : state.tensors) t = slice("state." + name);
+      optim::import_param_state(*optimizer_, partitioned_->master(), state);
+    }
+  } else {
+    const auto file = optim_file(0);
+    const auto layout = file.scalars.at("layout").get<std::string>();
+    if (layout == "flat")
+      throw Error(fmt::format("{}: saved with mixed precision or ZeRO; resume it with the same "
+                              "precision and a ZeRO stage of 1 or 2 (or the same stage 0 "
+                              "precision)", reader.folder()));
+    if (layout == "archive")
+      optim::load_optimizer_archive(*optimizer_, tensor_bytes(file.at("archive")));
+    else
+      for (size_t i = 0; i < params_.size(); ++i)
+        optim::import_param_state(*optimizer_, params_[i],
+                                  get_state(file, fmt::format("state.{}.", i)));
+  }
+
+  global_steps_ = engine_state.at("global_steps").get<int64_t>();
+  micro_steps_ = engine_state.at("micro_steps").get<int64_t>();
+  skipped_steps_ = engine_state.at("skipped_steps").get<int64_t>();
+  scaler_.load_state(engine_state.at("loss_scaler"));
+  if (lr_scheduler_ && engine_state.contains("lr_scheduler"))
+    lr_scheduler_->load_state_dict(engine_state.at("lr_scheduler"));
+  log::info("[strata] loaded checkpoint {} (step {}, saved by {} rank(s))", reader.folder(),
+            global_steps_, reader.world_size());
+  return engine_state.at("client_state");
+}
+
+}  // namespace strata

@@ -1,0 +1,153 @@
+// Exact resume: 10 steps, save, a fresh engine on a differently initialised model loads and
+// trains 10 more; the parameters equal 20 straight steps bit for bit, at every stage, with the
+// LR schedule, the step counters and the program's data position restored.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/checkpoint/atomic_file.h"
+#include "runtime/engine.h"
+#include "runtime/error.h"
+
+namespace {
+
+using strata::json;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 32));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    auto out = fc2(norm(torch::tanh(fc1(x.to(fc1->weight.scalar_type())))));
+    return (out.to(torch::kFloat) - y).pow(2).mean();
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+};
+TORCH_MODULE(Net);
+
+struct RunSetup {
+  int stage;
+  bool bf16;
+  const char* optimizer;
+};
+
+json config_for(const RunSetup& s) {
+  json c = {{"train_micro_batch_size_per_gpu", 8},
+            {"gradient_accumulation_steps", 2},
+            {"steps_per_print", 1000},
+            {"gradient_clipping", 1.0},
+            {"zero_optimization", {{"stage", s.stage}}},
+            {"optimizer", {{"type", s.optimizer}, {"params", {{"lr", 1e-2}}}}},
+            {"scheduler",
+             {{"type", "WarmupCosineLR"},
+              {"params", {{"total_num_steps", 20}, {"warmup_num_steps", 5}}}}}};
+  if (std::string(s.optimizer) == "SGD") c["optimizer"]["params"]["momentum"] = 0.9;
+  if (s.bf16) c["bf16"] = {{"enabled", true}};
+  return c;
+}
+
+// Trains steps [from, to) of a fixed data stream.
+template <class E>
+void train(E& engine, int64_t from, int64_t to) {
+  for (int64_t step = from; step < to; ++step) {
+    torch::manual_seed(900 + step);
+    auto x = torch::randn({16, 8});
+    auto y = x.sum(1, true).cos();
+    for (int64_t m = 0; m < 2; ++m) {
+      engine->backward(engine->forward(x.narrow(0, 8 * m, 8), y.narrow(0, 8 * m, 8)));
+      engine->step();
+    }
+  }
+}
+
+class ExactResume : public testing::TestWithParam<RunSetup> {};
+
+TEST_P(ExactResume, TenPlusTenEqualsTwentyBitForBit) {
+  const RunSetup setup = GetParam();
+  const std::string dir = testing::TempDir() + "/resume_" + std::to_string(getpid()) + "_" +
+                          std::to_string(setup.stage) + (setup.bf16 ? "bf16" : "") +
+                          setup.optimizer;
+  strata::checkpoint::remove_tree(dir);  // not std::filesystem: pip LibTorch 2.x exports a clashing copy
+
+  torch::manual_seed(1);
+  Net straight;
+  auto a = strata::initialize(straight, config_for(setup));
+  train(a, 0, 20);
+
+  {
+    torch::manual_seed(1);
+    Net first;
+    auto b = strata::initialize(first, config_for(setup));
+    train(b, 0, 10);
+    b->save_checkpoint(dir, "", {{"data_step", 10}});
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir + "/global_step10/manifest.json"));
+  torch::manual_seed(2);  // another initialisation: everything must come from the checkpoint
+  Net resumed;
+  auto c = strata::initialize(resumed, config_for(setup));
+  const json client = c->load_checkpoint(dir);
+  ASSERT_EQ(client.at("data_step").get<int64_t>(), 10);
+  EXPECT_EQ(c->global_steps(), 10);
+  EXPECT_EQ(c->get_lr(), [&] {
+    torch::manual_seed(1);
+    Net probe;
+    auto p = strata::initialize(probe, config_for(setup));
+    train(p, 0, 10);
+    return p->get_lr();
+  }());
+  train(c, client.at("data_step").get<int64_t>(), 20);
+
+  auto pa = straight->parameters(), pc = resumed->parameters();
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(torch::equal(pa[i], pc[i])) << "parameter " << i << " differs by "
+                                            << (pa[i] - pc[i]).abs().max().item<double>();
+  EXPECT_EQ(a->global_steps(), c->global_steps());
+  EXPECT_EQ(a->get_lr(), c->get_lr());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stages, ExactResume,
+    testing::Values(RunSetup{0, false, "AdamW"}, RunSetup{0, false, "SGD"}, RunSetup{0, true, "AdamW"},
+                    RunSetup{1, false, "AdamW"}, RunSetup{2, false, "AdamW"}, RunSetup{2, true, "SGD"}));
+
+TEST(CheckpointErrors, MissingOrMismatchedCheckpointsNameTheFile) {
+  const std::string dir = testing::TempDir() + "/ckpt_errors_" + std::to_string(getpid());
+  strata::checkpoint::remove_tree(dir);  // not std::filesystem: pip LibTorch 2.x exports a clashing copy
+  torch::manual_seed(1);
+  Net net;
+  auto engine = strata::initialize(net, config_for({0, false, "AdamW"}));
+  try {
+    engine->load_checkpoint(dir);
+    FAIL() << "expected strata::Error";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir), std::string::npos) << e.what();
+  }
+  train(engine, 0, 2);
+  engine->save_checkpoint(dir, "t");
+  // A model of another shape: the error names the tensor.
+  struct OtherImpl : torch::nn::Module {
+    OtherImpl() { fc1 = register_module("fc1", torch::nn::Linear(8, 16)); }
+    torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+      return (fc1(x).sum(1, true) - y).pow(2).mean();
+    }
+    torch::nn::Linear fc1{nullptr};
+  };
+  auto other = std::make_shared<OtherImpl>();
+  auto e2 = strata::initialize(torch::nn::ModuleHolder<OtherImpl>(other),
+                               config_for({0, false, "AdamW"}));
+  try {
+    e2->load_checkpoint(dir, "t");
+    FAIL() << "expected strata::Error";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fc1.weight"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
