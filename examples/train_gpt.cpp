@@ -3,6 +3,7 @@
 //
 //   build/bin/train_gpt --config configs/gpt_tiny.json [--model tiny] [--steps N] [--seed S]
 //                       [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]
+//                       [--save-dir DIR] [--save-every N] [--resume DIR]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -31,11 +32,15 @@ struct Args {
   std::string data;
   std::string metrics_jsonl;
   std::string device;
+  std::string save_dir;
+  int64_t save_every = 0;  // 0: only at the end
+  std::string resume;
 };
 
 const char* kUsage =
     "usage: train_gpt --config FILE [--model tiny|small|dense-350M] [--steps N] [--seed S]\n"
-    "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n";
+    "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n"
+    "                 [--save-dir DIR] [--save-every N] [--resume DIR]\n";
 
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
   try {
@@ -64,9 +69,14 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--data") args.data = value;
     else if (flag == "--metrics-jsonl") args.metrics_jsonl = value;
     else if (flag == "--device") args.device = value;
+    else if (flag == "--save-dir") args.save_dir = value;
+    else if (flag == "--save-every") args.save_every = parse_int(flag, value, 1);
+    else if (flag == "--resume") args.resume = value;
     else throw Error(fmt::format("unknown option {}\n{}", flag, kUsage));
   }
   if (args.config.empty()) throw Error(fmt::format("--config FILE is required\n{}", kUsage));
+  if (args.save_every > 0 && args.save_dir.empty())
+    throw Error("--save-every needs --save-dir DIR");
   return args;
 }
 
@@ -121,9 +131,21 @@ int run(const Args& args) {
                                           args.metrics_jsonl));
   }
 
+  // Resuming: the checkpoint restores the model, optimizer, schedule and loss scale; its client
+  // state says which step's data comes next (batches are a function of the step).
+  int64_t first_step = 0;
+  if (!args.resume.empty()) {
+    first_step = engine->load_checkpoint(args.resume).at("next_step").get<int64_t>();
+    strata::log::info("train_gpt: resumed from {} at step {}", args.resume, first_step);
+  }
+  auto save = [&](int64_t next_step) {
+    engine->save_checkpoint(args.save_dir, fmt::format("step{}", next_step),
+                            {{"next_step", next_step}, {"seed", args.seed}});
+  };
+
   const auto start = Clock::now();
   double first_loss = 0.0, last_loss = 0.0;
-  for (int64_t step = 0; step < steps; ++step) {
+  for (int64_t step = first_step; step < steps; ++step) {
     const auto step_start = Clock::now();
     auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
     for (int64_t m = 0; m < gas; ++m) {
@@ -144,13 +166,13 @@ int run(const Args& args) {
     const double step_s = std::chrono::duration<double>(now - step_start).count();
     const double elapsed = std::chrono::duration<double>(now - start).count();
     const double tokens_per_s = tokens_per_step / step_s;
-    if (step == 0) first_loss = loss;
+    if (step == first_step) first_loss = loss;
     last_loss = loss;
 
     strata::log::status(fmt::format(
         "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | elapsed {} | ETA {}", step + 1,
         std::to_string(steps).size(), steps, loss, lr, tokens_per_s, format_duration(elapsed),
-        format_duration(elapsed / (step + 1) * (steps - step - 1))));
+        format_duration(elapsed / (step + 1 - first_step) * (steps - step - 1))));
     engine->write_monitor_events(
         {{"Train/Samples/tokens_per_s", tokens_per_s, engine->global_samples()}});
     if (metrics.is_open()) {
@@ -168,11 +190,14 @@ int run(const Args& args) {
     if (!std::isfinite(loss))
       throw Error(fmt::format("the loss became {} at step {}; lower the learning rate", loss,
                               step + 1));
+    const bool last = step + 1 == steps;
+    if (!args.save_dir.empty() && (last || (args.save_every > 0 && (step + 1) % args.save_every == 0)))
+      save(step + 1);
   }
   strata::log::end_status();
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
   strata::log::info("train_gpt: loss {:.4f} -> {:.4f} in {} steps, {}", first_loss, last_loss,
-                    steps, format_duration(total));
+                    steps - first_step, format_duration(total));
   return 0;
 }
 

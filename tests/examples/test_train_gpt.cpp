@@ -129,6 +129,73 @@ TEST(TrainGpt, TwoRanksGiveTheLossOfOneRankWithTheSameGlobalBatch) { expect_two_
 TEST(TrainGpt, TwoRanksAtZeroStage1GiveTheSameLoss) { expect_two_ranks_match_one(1); }
 TEST(TrainGpt, TwoRanksAtZeroStage2GiveTheSameLoss) { expect_two_ranks_match_one(2); }
 
+std::string launch(int ranks, const std::string& args) {
+  const std::string command = std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus " +
+                              std::to_string(ranks) + " -- " + STRATA_BIN_DIR +
+                              "/train_gpt --device cpu " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return "popen failed";
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  return pclose(pipe) == 0 ? std::string() : output;
+}
+
+// --save-dir / --resume: 10 steps, save, resume for 10 more = 20 straight, bit for bit.
+TEST(TrainGpt, ResumeContinuesExactly) {
+  const std::string tag = std::to_string(getpid());
+  const std::string dir = testing::TempDir() + "/train_gpt_ckpt_" + tag;
+  const std::string full = testing::TempDir() + "/train_gpt_full_" + tag + ".jsonl";
+  const std::string resumed = testing::TempDir() + "/train_gpt_resumed_" + tag + ".jsonl";
+  ASSERT_EQ(run("--config " + kConfig + " --steps 20 --metrics-jsonl " + full).exit_code, 0);
+  auto r = run("--config " + kConfig + " --steps 10 --save-dir " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run("--config " + kConfig + " --steps 20 --resume " + dir + " --metrics-jsonl " + resumed);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  const auto a = read_jsonl(full), b = read_jsonl(resumed);
+  ASSERT_EQ(b.size(), 10u);
+  for (size_t i = 0; i < b.size(); ++i) {
+    EXPECT_EQ(b[i].at("step").get<int64_t>(), a[10 + i].at("step").get<int64_t>());
+    EXPECT_EQ(b[i].at("loss").get<double>(), a[10 + i].at("loss").get<double>()) << "step " << i + 11;
+  }
+}
+
+// A ZeRO-2 checkpoint saved by 2 ranks resumes on 4 ranks and on 1 (re-partitioned) with the
+// losses of the uninterrupted 2-rank run.
+TEST(TrainGpt, ZeroCheckpointResumesAtAnotherWorldSize) {
+  nlohmann::json config;
+  std::ifstream(std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json") >> config;
+  config["zero_optimization"] = {{"stage", 2}};
+  config.erase("launcher");
+  const std::string tag = std::to_string(getpid());
+  const std::string path = testing::TempDir() + "/train_gpt_z2_" + tag + ".json";
+  std::ofstream(path) << config.dump();
+  const std::string dir = testing::TempDir() + "/train_gpt_z2ckpt_" + tag;
+  const std::string full = testing::TempDir() + "/train_gpt_z2full_" + tag + ".jsonl";
+  ASSERT_EQ(launch(2, "--config " + path + " --steps 20 --metrics-jsonl " + full), "");
+  ASSERT_EQ(launch(2, "--config " + path + " --steps 10 --save-dir " + dir), "");
+  const auto reference = read_jsonl(full);
+  for (int ranks : {4, 1}) {
+    const std::string out = testing::TempDir() + "/train_gpt_z2res" + std::to_string(ranks) + "_" +
+                            tag + ".jsonl";
+    const std::string args = "--config " + path + " --steps 20 --resume " + dir +
+                             " --metrics-jsonl " + out;
+    if (ranks == 1) {
+      const auto r = run(args);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+    } else {
+      ASSERT_EQ(launch(ranks, args), "");
+    }
+    const auto b = read_jsonl(out);
+    ASSERT_EQ(b.size(), 10u);
+    for (size_t i = 0; i < b.size(); ++i) {
+      const double la = reference[10 + i].at("loss").get<double>(), lb = b[i].at("loss").get<double>();
+      EXPECT_LE(std::abs(la - lb) / la, 1e-5) << ranks << " ranks, step " << i + 11;
+    }
+  }
+}
+
 TEST(TrainGpt, BadArgumentsAreClearErrors) {
   auto r = run("--config " + kConfig + " --model huge");
   EXPECT_EQ(r.exit_code, 1);
