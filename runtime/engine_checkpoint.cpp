@@ -78,6 +78,11 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
   if (partitioned_) {
     scalars["layout"] = "flat";
     scalars["flat_numel"] = partitioned_->flat().numel();
+    // Which parameter each range of the flat layout is (strata-ckpt consolidates by it).
+    json names = json::array();
+    for (const auto& p : module_->named_parameters())
+      if (p.value().requires_grad()) names.push_back(p.key());
+    scalars["flat_params"] = names;
     optim.emplace_back("master", partitioned_->master());
     const auto state = optim::export_param_state(*optimizer_, partitioned_->master());
     if (state) {

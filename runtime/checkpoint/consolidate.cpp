@@ -1,0 +1,96 @@
+#include "runtime/checkpoint/consolidate.h"
+
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "runtime/checkpoint/atomic_file.h"
+#include "runtime/checkpoint/layout.h"
+#include "runtime/error.h"
+
+namespace strata::checkpoint {
+
+NamedTensors consolidate(const std::string& dir, const std::string& tag,
+                         torch::ScalarType dtype) {
+  CheckpointReader reader(dir, tag);
+  const auto model = reader.load_shared("model_states");
+  NamedTensors out;
+  const bool partitioned = reader.has_partition("optim_states");
+  const auto optim0 = partitioned ? reader.load_partition("optim_states", 0)
+                                  : reader.load_shared("optim_states");
+  std::map<std::string, torch::Tensor> master;  // parameter name -> fp32 full value
+  if (optim0.scalars.value("layout", "") == "flat") {
+    std::vector<torch::Tensor> pieces;
+    const int parts = partitioned ? reader.world_size() : 1;
+    for (int p = 0; p < parts; ++p)
+      pieces.push_back((p == 0 ? optim0 : reader.load_partition("optim_states", p)).at("master"));
+    const auto flat = torch::cat(pieces);
+    int64_t offset = 0;
+    for (const auto& name : optim0.scalars.at("flat_params")) {
+      const auto& saved = model.at("param." + name.get<std::string>());
+      master[name] = flat.narrow(0, offset, saved.numel()).view(saved.sizes());
+      offset += saved.numel();
+    }
+  }
+  // Parameters from the fp32 master when there is one; frozen ones and buffers as saved.
+  for (const auto& [key, tensor] : model.tensors) {
+    const bool param = key.rfind("param.", 0) == 0;
+    const std::string name = key.substr(key.find('.') + 1);
+    const auto it = master.find(name);
+    const auto& value = param && it != master.end() ? it->second : tensor;
+    out.emplace_back(key, value.is_floating_point() ? value.to(dtype) : value);
+  }
+  return out;
+}
+
+namespace {
+
+// A module of the archive tree: its own tensors and its children by name.
+struct Node {
+  NamedTensors parameters, buffers;
+  std::map<std::string, std::unique_ptr<Node>> children;
+  std::vector<std::string> order;  // children in first-seen order
+};
+
+void insert(Node& root, const std::string& dotted, const torch::Tensor& t, bool buffer) {
+  Node* node = &root;
+  size_t start = 0;
+  for (size_t dot; (dot = dotted.find('.', start)) != std::string::npos; start = dot + 1) {
+    const auto part = dotted.substr(start, dot - start);
+    auto& child = node->children[part];
+    if (!child) {
+      child = std::make_unique<Node>();
+      node->order.push_back(part);
+    }
+    node = child.get();
+  }
+  (buffer ? node->buffers : node->parameters).emplace_back(dotted.substr(start), t);
+}
+
+void write(const Node& node, torch::serialize::OutputArchive& archive) {
+  for (const auto& [name, t] : node.parameters) archive.write(name, t);
+  for (const auto& [name, t] : node.buffers) archive.write(name, t, /*is_buffer=*/true);
+  for (const auto& name : node.order) {
+    torch::serialize::OutputArchive child(archive.compilation_unit());
+    write(*node.children.at(name), child);
+    archive.write(name, child);
+  }
+}
+
+}  // namespace
+
+void save_module_archive(const std::string& path, const NamedTensors& parameters,
+                         const NamedTensors& buffers) {
+  Node root;
+  for (const auto& [name, t] : parameters) insert(root, name, t, false);
+  for (const auto& [name, t] : buffers) insert(root, name, t, true);
+  torch::serialize::OutputArchive archive;
+  write(root, archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  write_file_atomic(path, bytes.str());
+}
+
+}  // namespace strata::checkpoint

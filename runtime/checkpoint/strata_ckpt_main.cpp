@@ -1,0 +1,75 @@
+// strata-ckpt: a Strata checkpoint as one file of full weights.
+//   strata-ckpt consolidate DIR [--tag TAG] [--dtype fp32|bf16|fp16] [--out FILE]
+//                               [--safetensors FILE]
+// --out writes LibTorch's module archive (torch::load(model, FILE) in plain LibTorch);
+// --safetensors writes the safetensors format. Exit 0 done, 1 error, 2 bad command line.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/error.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: strata-ckpt consolidate DIR [--tag TAG] [--dtype fp32|bf16|fp16] [--out FILE]\n"
+    "                               [--safetensors FILE]\n";
+
+struct Usage : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+int run(const std::vector<std::string>& args) {
+  if (args.size() < 2 || args[0] != "consolidate") throw Usage("expected: consolidate DIR");
+  const std::string dir = args[1];
+  std::string tag = "latest", dtype_name = "fp32", out, safetensors;
+  for (size_t i = 2; i < args.size(); i += 2) {
+    if (i + 1 >= args.size()) throw Usage(args[i] + ": missing value");
+    const auto& flag = args[i];
+    const auto& value = args[i + 1];
+    if (flag == "--tag") tag = value;
+    else if (flag == "--dtype") dtype_name = value;
+    else if (flag == "--out") out = value;
+    else if (flag == "--safetensors") safetensors = value;
+    else throw Usage("unknown option " + flag);
+  }
+  if (out.empty() && safetensors.empty()) throw Usage("give --out FILE, --safetensors FILE or both");
+  torch::ScalarType dtype;
+  if (dtype_name == "fp32") dtype = torch::kFloat;
+  else if (dtype_name == "bf16") dtype = torch::kBFloat16;
+  else if (dtype_name == "fp16") dtype = torch::kHalf;
+  else throw Usage("--dtype " + dtype_name + ": expected fp32, bf16 or fp16");
+
+  const auto tensors = strata::checkpoint::consolidate(dir, tag, dtype);
+  strata::checkpoint::NamedTensors params, buffers, flat;
+  for (const auto& [key, t] : tensors) {
+    const bool param = key.rfind("param.", 0) == 0;
+    const auto name = key.substr(key.find('.') + 1);
+    (param ? params : buffers).emplace_back(name, t);
+    flat.emplace_back(name, t);
+  }
+  if (!out.empty()) strata::checkpoint::save_module_archive(out, params, buffers);
+  if (!safetensors.empty())
+    strata::checkpoint::save_safetensors(safetensors, flat, {{"format", "pt"}});
+  std::printf("strata-ckpt: %zu parameters, %zu buffers (%s) from %s/%s\n", params.size(),
+              buffers.size(), dtype_name.c_str(), dir.c_str(), tag.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const Usage& e) {
+    std::fprintf(stderr, "strata-ckpt: %s\n%s", e.what(), kUsage);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata-ckpt: error: %s\n", e.what());
+    return 1;
+  }
+}
