@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "runtime/engine.h"
@@ -180,6 +181,44 @@ TEST(EngineDataParallelWorker, Bf16ModelStateBytesFollowZeroFormulas) {
   }
 }
 
+// Elementwise only: LibTorch's CPU kernels have no fp16 matrix product.
+struct ScaleNetImpl : torch::nn::Module {
+  ScaleNetImpl() { w = register_parameter("w", torch::ones({8})); }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    return ((x.to(w.scalar_type()) * w).sum(1, true).to(torch::kFloat) - y).pow(2).mean();
+  }
+  torch::Tensor w;
+};
+TORCH_MODULE(ScaleNet);
+
+// fp16 at stage 1: only the last rank's gradient overflows at step 2, and every rank skips the
+// step (the flag is all-reduced) and halves its scale; the other steps proceed everywhere.
+TEST(EngineDataParallelWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
+  if (!is_worker()) GTEST_SKIP() << "runs under strata-run (see EngineDataParallel.*)";
+  const int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
+  ScaleNet net;
+  json config = {{"train_micro_batch_size_per_gpu", 4},
+                 {"steps_per_print", 1000},
+                 {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}}},
+                 {"zero_optimization", {{"stage", 1}}},
+                 {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.01}}}}}};
+  strata::InitOptions options;
+  options.group = world_group();
+  auto engine = strata::initialize(net, config, options);
+  for (int64_t step = 0; step < 4; ++step) {
+    const auto b = global_batch(step, 4);
+    auto loss = engine->forward(b.x, b.y);
+    if (step == 2 && rank == world - 1) loss = loss * std::numeric_limits<float>::infinity();
+    const auto before = net->w.detach().clone();
+    engine->backward(loss);
+    engine->step();
+    EXPECT_EQ(engine->last_step_skipped(), step == 2) << "rank " << rank << " step " << step;
+    EXPECT_EQ(torch::equal(net->w.detach(), before), step == 2) << "rank " << rank;
+  }
+  EXPECT_EQ(engine->loss_scale(), 128.0);
+  EXPECT_EQ(engine->skipped_steps(), 1);
+}
+
 int launch_workers(int ranks, std::string* output) {
   const std::string command = std::string("STRATA_DP_WORKER=1 STRATA_TIMEOUT=60 ") +
                               STRATA_BIN_DIR + "/strata-run --nproc-per-node " +
@@ -199,7 +238,7 @@ TEST_P(EngineDataParallel, RanksReachTheSingleProcessParameters) {
   if (is_worker()) GTEST_SKIP();
   std::string output;
   EXPECT_EQ(launch_workers(GetParam(), &output), 0) << output;
-  EXPECT_NE(output.find("[  PASSED  ] 5 tests"), std::string::npos) << output;
+  EXPECT_NE(output.find("[  PASSED  ] 6 tests"), std::string::npos) << output;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, EngineDataParallel, testing::Values(2, 3, 4));
