@@ -21,6 +21,12 @@ void connect(InitOptions& options) {
   if (env.world_size > 1) options.group = comm::init_process_group();
 }
 
+// Mixed precision and ZeRO 1-2 run through the partitioned optimizer (fp32 master weights over
+// a flat buffer); plain fp32 stage 0 optimizes the module's own tensors.
+bool uses_partitioned_optimizer(const Config& config) {
+  return config.zero_optimization.stage >= 1 || config.fp16.enabled || config.bf16.enabled;
+}
+
 // The dtype gradients travel in: communication_data_type, else fp16 under fp16 and fp32
 // otherwise (DeepSpeed's defaults).
 torch::ScalarType comm_dtype(const Config& config) {
@@ -94,7 +100,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
   }
 
   const auto& zero = config_.zero_optimization;
-  if (zero.stage >= 1 || fp16 || bf16) {
+  if (uses_partitioned_optimizer(config_)) {
     zero::PartitionedOptions po;
     po.stage = zero.stage;
     po.comm_dtype = comm_dtype(config_);
@@ -137,8 +143,7 @@ std::shared_ptr<torch::optim::Optimizer> Engine::make_optimizer_over(
     return built;
   }
   if (options.optimizer) {
-    if (partitioned_ || config_.zero_optimization.stage >= 1 || config_.fp16.enabled ||
-        config_.bf16.enabled)
+    if (uses_partitioned_optimizer(config_))
       throw Error(fmt::format(
           "{}: with mixed precision or ZeRO the optimizer must run on the engine's fp32 master "
           "partition: pass InitOptions::optimizer_builder instead of an optimizer instance",
