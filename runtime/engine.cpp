@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -14,11 +15,18 @@
 namespace strata {
 namespace {
 
-// Creates the data-parallel group when the environment names a world of several ranks.
+// Creates the data-parallel group when the environment names a world of several ranks. The
+// group the environment describes is created once per process and kept (as torch.distributed
+// keeps its default group): a second engine in the same program joins the same group instead
+// of meeting the other ranks again on the same port.
 void connect(InitOptions& options) {
   if (options.group) return;
-  const auto env = comm::read_rank_env();
-  if (env.world_size > 1) options.group = comm::init_process_group();
+  if (comm::read_rank_env().world_size <= 1) return;
+  static std::mutex mutex;
+  static comm::GroupPtr world;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!world) world = comm::init_process_group();
+  options.group = world;
 }
 
 // Mixed precision and ZeRO 1-2 run through the partitioned optimizer (fp32 master weights over

@@ -44,12 +44,6 @@ Batch global_batch(int64_t step, int64_t n) {
   return {x, (x * torch::arange(8).to(torch::kFloat)).sum(1, true).cos()};
 }
 
-// One world group per process, passed explicitly to each engine.
-const strata::comm::GroupPtr& world_group() {
-  static const strata::comm::GroupPtr group = strata::comm::init_process_group();
-  return group;
-}
-
 // Trains the engine on this rank's slices and LibTorch's `reference` optimizer on the whole
 // batch in this process; parameters must agree after every step.
 void run_worker(const json& optimizer, double clipping,
@@ -75,9 +69,9 @@ void run_worker(const json& optimizer, double clipping,
                  {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 100}}},
                  {"optimizer", optimizer}};
   if (clipping > 0) config["gradient_clipping"] = clipping;
-  strata::InitOptions options;
-  options.group = world_group();
-  auto engine = strata::initialize(net, config, options);
+  // No group passed: the engine meets the other ranks from the environment, once per process
+  // (every worker test here initializes engines again in the same process).
+  auto engine = strata::initialize(net, config);
   ASSERT_EQ(engine->data_parallel_size(), world);
   ASSERT_EQ(engine->data_parallel_rank(), rank);
   ASSERT_EQ(engine->train_micro_batch_size_per_gpu(), micro);
@@ -150,8 +144,7 @@ TEST(EngineDataParallelWorker, ZeroStage2MatchesTheFullBatch) {
 // (2/N). Counted over the padded flat buffer (numel rounded up to N x 64).
 TEST(EngineDataParallelWorker, Bf16ModelStateBytesFollowZeroFormulas) {
   if (!is_worker()) GTEST_SKIP() << "runs under strata-run (see EngineDataParallel.*)";
-  const auto& group = world_group();
-  const int64_t world = group->size();
+  const int64_t world = env_int("WORLD_SIZE");
   for (int64_t stage : {1, 2}) {
     torch::manual_seed(1);
     Net net;
@@ -163,9 +156,7 @@ TEST(EngineDataParallelWorker, Bf16ModelStateBytesFollowZeroFormulas) {
                    {"bf16", {{"enabled", true}}},
                    {"zero_optimization", {{"stage", stage}}},
                    {"optimizer", adamw()}};
-    strata::InitOptions options;
-    options.group = group;
-    auto engine = strata::initialize(net, config, options);
+    auto engine = strata::initialize(net, config);
     const auto b = global_batch(0, 4);
     // LibTorch's CPU mse_loss has no bf16 kernel: the loss in fp32 from the bf16 output.
     const auto out = net->fc2(torch::tanh(net->fc1(b.x.to(torch::kBFloat16))));
@@ -202,9 +193,7 @@ TEST(EngineDataParallelWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
                  {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}}},
                  {"zero_optimization", {{"stage", 1}}},
                  {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.01}}}}}};
-  strata::InitOptions options;
-  options.group = world_group();
-  auto engine = strata::initialize(net, config, options);
+  auto engine = strata::initialize(net, config);
   for (int64_t step = 0; step < 4; ++step) {
     const auto b = global_batch(step, 4);
     auto loss = engine->forward(b.x, b.y);
