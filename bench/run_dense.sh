@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# dense-350M on the GPUs of this machine: Strata (strata-bench) beside the PyTorch peer
+# (../shared/bench/peer_torch_gpt.py), in the same run, with the ratios.
+#   bench/run_dense.sh PEER_SCRIPT [BUILD_DIR]      (BUILD_DIR default: build)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+peer="$1"
+bin="${2:-build}/bin"
+out=$(mktemp -d)
+gpus=$(nvidia-smi -L | wc -l)
+
+python3 "$peer" | tee "$out/peer1.jsonl"
+"$bin/strata-bench" gpt --config configs/bench_dense_bf16.json --model dense-350M | tee "$out/strata1.jsonl"
+if [[ $gpus -ge 2 ]]; then
+  torchrun --nproc-per-node 2 "$peer" --fsdp --no-reshard | tee "$out/peer2_noreshard.jsonl"
+  torchrun --nproc-per-node 2 "$peer" --fsdp | tee "$out/peer2.jsonl"
+  "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
+    --config configs/bench_dense_bf16.json | tee "$out/strata2_stage0.jsonl"
+  "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
+    --config configs/bench_dense_bf16_zero2.json | tee "$out/strata2_stage2.jsonl"
+fi
+
+python3 - "$out" <<'PY'
+import json, os, re, sys
+out = sys.argv[1]
+def rows(name):
+    p = os.path.join(out, name)
+    if not os.path.exists(p): return []
+    found = []
+    for line in open(p):
+        m = re.search(r"\{.*\}", line)
+        if m:
+            try: found.append(json.loads(m.group(0)))
+            except ValueError: pass
+    return found
+def pick(name, key):
+    return next((r for r in rows(name) if key in r.get("name", "")), None)
+eager = pick("peer1.jsonl", "dense-350M eager")
+s1 = pick("strata1.jsonl", "dense-350M")
+if eager and s1:
+    print(f"1 GPU  stage 0 bf16: Strata {s1['tok_s']:.0f} tok/s, {s1['mem_GiB']:.1f} GiB; "
+          f"PyTorch eager {eager['tok_s']} tok/s, {eager['mem_GiB']} GiB; ratio {s1['tok_s'] / eager['tok_s']:.3f}")
+nr, fs = pick("peer2_noreshard.jsonl", "fsdp2"), pick("peer2.jsonl", "fsdp2")
+s20, s22 = pick("strata2_stage0.jsonl", "dense-350M"), pick("strata2_stage2.jsonl", "dense-350M")
+for label, s in (("stage 0 (DP)", s20), ("stage 2", s22)):
+    if s and nr:
+        print(f"2 GPUs {label}: Strata {s['tok_s']:.0f} tok/s/GPU, {s['mem_GiB']:.1f} GiB; FSDP2 no-reshard "
+              f"{nr['tok_s']} ({nr['mem_GiB']} GiB): ratio {s['tok_s'] / nr['tok_s']:.3f}"
+              + (f"; FSDP2 {fs['tok_s']}: ratio {s['tok_s'] / fs['tok_s']:.3f}" if fs else "")
+              + (f"; vs Strata 1 GPU {s['tok_s'] / s1['tok_s']:.3f}" if s1 else ""))
+PY

@@ -1,0 +1,151 @@
+// strata-bench gpt: the benchmark models of ../shared/bench/README.md (the example GPT, wrapped by
+// the engine from a JSON config) trained on random tokens; prints tokens/s, model TFLOP/s, MFU
+// against a matrix product measured in the same run, and peak GPU memory, as one JSON line in
+// the PyTorch peer's format (bench/run_dense.sh prints both side by side).
+//   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3]
+//                    [--device cuda|cpu]
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#if STRATA_BENCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "examples/gpt.h"
+#include "runtime/engine.h"
+#include "runtime/error.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string config, model = "dense-350M", device;
+  int64_t steps = 20, warmup = 3;
+};
+
+Args parse(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) != "gpt")
+    throw strata::Error("usage: strata-bench gpt --config FILE [--model NAME] [--steps N] "
+                        "[--warmup N] [--device cuda|cpu]");
+  Args a;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--config") a.config = value;
+    else if (flag == "--model") a.model = value;
+    else if (flag == "--steps") a.steps = std::stoll(value);
+    else if (flag == "--warmup") a.warmup = std::stoll(value);
+    else if (flag == "--device") a.device = value;
+    else throw strata::Error("strata-bench: unknown option " + flag);
+  }
+  if (a.config.empty()) throw strata::Error("strata-bench: --config FILE is required");
+  return a;
+}
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
+
+// The peak of a square matrix product in this run (bf16 on GPUs, fp32 on CPUs), TFLOP/s.
+double matmul_peak(const torch::Device& device) {
+  const int64_t n = device.is_cuda() ? 8192 : 1024;
+  const auto options = torch::TensorOptions().device(device).dtype(
+      device.is_cuda() ? torch::kBFloat16 : torch::kFloat);
+  auto a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
+  for (int i = 0; i < 3; ++i) torch::mm(a, b);
+  synchronize(device);
+  const auto t0 = Clock::now();
+  const int reps = 10;
+  for (int i = 0; i < reps; ++i) torch::mm(a, b);
+  synchronize(device);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return reps * 2.0 * n * n * n / s / 1e12;
+}
+
+double peak_memory_gib(const torch::Device& device) {
+#if STRATA_BENCH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    return stats.allocated_bytes[0].peak / double(1 << 30);
+  }
+#endif
+  return 0.0;
+}
+
+void reset_peak_memory(const torch::Device& device) {
+#if STRATA_BENCH_CUDA
+  if (device.is_cuda())
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+#endif
+}
+
+int run(const Args& args) {
+  using namespace strata::examples;
+  const auto cfg = GPTConfig::by_name(args.model);
+  torch::Device device = torch::kCPU;
+  if (args.device == "cuda" || (args.device.empty() && torch::cuda::is_available()))
+    device = torch::Device(torch::kCUDA, 0);
+  const double peak = matmul_peak(device);
+
+  torch::manual_seed(0);
+  GPT model(cfg);
+  model->to(device);
+  auto engine = strata::initialize(model, args.config);
+  const int64_t batch = engine->train_micro_batch_size_per_gpu(), seq = cfg.seq_len;
+  const auto tokens = torch::randint(0, cfg.vocab, {batch, seq},
+                                     torch::TensorOptions().dtype(torch::kLong).device(device));
+  const auto targets = torch::randint(0, cfg.vocab, {batch, seq},
+                                      torch::TensorOptions().dtype(torch::kLong).device(device));
+  auto step = [&] {
+    torch::Tensor loss;
+    for (int64_t m = 0; m < engine->gradient_accumulation_steps(); ++m) {
+      loss = engine->forward(tokens, targets);
+      engine->backward(loss);
+      engine->step();
+    }
+    return loss;
+  };
+  const auto w0 = Clock::now();
+  for (int64_t i = 0; i < args.warmup; ++i) step();
+  synchronize(device);
+  const double warm = std::chrono::duration<double>(Clock::now() - w0).count();
+  reset_peak_memory(device);
+  const auto t0 = Clock::now();
+  torch::Tensor loss;
+  for (int64_t i = 0; i < args.steps; ++i) loss = step();
+  synchronize(device);
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count() / args.steps;
+
+  // The peer's arithmetic: 6 x active parameters x tokens + causal attention counted half.
+  const double tok = double(batch * seq * engine->gradient_accumulation_steps());
+  const int64_t k = cfg.experts > 0 ? cfg.top_k : 1;
+  const double V = cfg.vocab, d = cfg.d_model, L = cfg.layers, f = cfg.ffn;
+  const double active = V * d * 2 + L * (4 * d * d + 2 * d * f * k);
+  const double flops = 6 * active * tok + 12 * L * d * seq * tok / 2;
+  const double tflops = flops / dt / 1e12;
+  nlohmann::json r = {{"name", "strata " + args.model + " stage " +
+                                   std::to_string(engine->config().zero_optimization.stage) +
+                                   " x" + std::to_string(engine->data_parallel_size()) +
+                                   " (per GPU)"},
+                      {"B", batch}, {"T", seq}, {"step_ms", dt * 1e3},
+                      {"tok_s", tok / dt}, {"tflops", tflops}, {"mfu", tflops / peak},
+                      {"peak_tflops", peak}, {"mem_GiB", peak_memory_gib(device)},
+                      {"warm_s", warm}, {"loss", loss.item<double>()}};
+  if (engine->data_parallel_rank() == 0) std::printf("%s\n", r.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata-bench: error: %s\n", e.what());
+    return 1;
+  }
+}
