@@ -24,7 +24,7 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
       group_(group && group->size() > 1 ? std::move(group) : nullptr),
       rank_(group_ ? group_->rank() : 0),
       flat_(std::move(params), partitions_for(options.stage, group_)) {
-  const int64_t part = flat_.partitions() > 1 ? rank_ : 0;
+  const int64_t part = partition_index();
   const auto model_dtype = flat_.data().scalar_type();
   {
     torch::NoGradGuard no_grad;
@@ -80,8 +80,7 @@ void PartitionedOptimizer::own_local_gradients() {
 
 torch::Tensor PartitionedOptimizer::partition_gradient() const {
   if (options_.stage == 2) return grad_partition_.to(torch::kFloat, false, /*copy=*/true);
-  const int64_t part = flat_.partitions() > 1 ? rank_ : 0;
-  return flat_.partition(grad_flat_, part).to(torch::kFloat, false, /*copy=*/true);
+  return flat_.partition(grad_flat_, partition_index()).to(torch::kFloat, false, /*copy=*/true);
 }
 
 void PartitionedOptimizer::zero_gradients() {
@@ -113,10 +112,10 @@ void PartitionedOptimizer::apply(double clip_coef) {
   if (clip_coef < 1.0) grad_.mul_(clip_coef);
   master_.mutable_grad() = grad_;
   inner_->step();
-  const int64_t part = flat_.partitions() > 1 ? rank_ : 0;
-  flat_.partition(flat_.data(), part).copy_(master_);
+  auto mine = flat_.partition(flat_.data(), partition_index());
+  mine.copy_(master_);
   if (group_ && flat_.partitions() > 1) {
-    const auto mine = flat_.partition(flat_.data(), part).clone();
+    mine = mine.clone();  // the all-gather's input may not alias its output
     group_->all_gather(flat_.data(), mine);
   }
   zero_gradients();

@@ -22,18 +22,21 @@ struct Run {
   std::string output;
 };
 
-Run run(const std::string& args) {
-  // CPU: these tests check the trainer's behaviour and bit-for-bit determinism, which CUDA
-  // kernels with atomics do not promise; the GPU suite runs the trainer on GPUs.
-  const std::string command =
-      std::string(STRATA_BIN_DIR) + "/train_gpt --device cpu " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
+// Runs a shell command, returning its exit code and its output (stdout and stderr).
+Run capture(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return {-1, "popen failed"};
   std::string output;
   char buffer[4096];
   while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+Run run(const std::string& args) {
+  // CPU: these tests check the trainer's behaviour and bit-for-bit determinism, which CUDA
+  // kernels with atomics do not promise; the GPU suite runs the trainer on GPUs.
+  return capture(std::string(STRATA_BIN_DIR) + "/train_gpt --device cpu " + args);
 }
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {
@@ -101,16 +104,11 @@ void expect_two_ranks_match_one(int stage) {
   const std::string base = std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json";
   const auto single = run("--config " + base + " --steps 30 --metrics-jsonl " + one);
   ASSERT_EQ(single.exit_code, 0) << single.output;
-  const std::string launch = std::string(STRATA_BIN_DIR) + "/strata-run --config " + path +
-                             " -- " + STRATA_BIN_DIR + "/train_gpt --device cpu --steps 30 " +
-                             "--metrics-jsonl " + two + " 2>&1";
-  FILE* pipe = popen(launch.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  ASSERT_EQ(pclose(pipe), 0) << output;
-  EXPECT_NE(output.find("x 2 ranks"), std::string::npos) << output;
+  const auto launched = capture(std::string(STRATA_BIN_DIR) + "/strata-run --config " + path +
+                                " -- " + STRATA_BIN_DIR + "/train_gpt --device cpu --steps 30 " +
+                                "--metrics-jsonl " + two);
+  ASSERT_EQ(launched.exit_code, 0) << launched.output;
+  EXPECT_NE(launched.output.find("x 2 ranks"), std::string::npos) << launched.output;
 
   const auto a = read_jsonl(one), b = read_jsonl(two);
   ASSERT_EQ(a.size(), 30u);
@@ -131,16 +129,12 @@ TEST(TrainGpt, TwoRanksGiveTheLossOfOneRankWithTheSameGlobalBatch) { expect_two_
 TEST(TrainGpt, TwoRanksAtZeroStage1GiveTheSameLoss) { expect_two_ranks_match_one(1); }
 TEST(TrainGpt, TwoRanksAtZeroStage2GiveTheSameLoss) { expect_two_ranks_match_one(2); }
 
+// train_gpt on `ranks` processes through strata-run: "" on success, else the output.
 std::string launch(int ranks, const std::string& args) {
-  const std::string command = std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus " +
-                              std::to_string(ranks) + " -- " + STRATA_BIN_DIR +
-                              "/train_gpt --device cpu " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return "popen failed";
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  return pclose(pipe) == 0 ? std::string() : output;
+  const auto r = capture(std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus " +
+                         std::to_string(ranks) + " -- " + STRATA_BIN_DIR +
+                         "/train_gpt --device cpu " + args);
+  return r.exit_code == 0 ? std::string() : r.output;
 }
 
 // --save-dir / --resume: 10 steps, save, resume for 10 more = 20 straight, bit for bit.
