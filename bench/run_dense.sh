@@ -9,6 +9,7 @@ bin="${2:-build}/bin"
 out=$(mktemp -d)
 gpus=$(nvidia-smi -L | wc -l)
 
+"$bin/strata-bench" adam | tee "$out/adam.jsonl"
 python3 "$peer" | tee "$out/peer1.jsonl"
 "$bin/strata-bench" gpt --config configs/bench_dense_bf16.json --model dense-350M | tee "$out/strata1.jsonl"
 if [[ $gpus -ge 2 ]]; then

@@ -4,6 +4,7 @@
 // the PyTorch peer's format (bench/run_dense.sh prints both side by side).
 //   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3]
 //                    [--device cuda|cpu]
+//   strata-bench adam [--numel N] [--steps N] [--device cuda|cpu]   (bench/adam_bench.h)
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -15,6 +16,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include "bench/adam_bench.h"
 #include "examples/gpt.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
@@ -31,7 +33,8 @@ struct Args {
 Args parse(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) != "gpt")
     throw strata::Error("usage: strata-bench gpt --config FILE [--model NAME] [--steps N] "
-                        "[--warmup N] [--device cuda|cpu]");
+                        "[--warmup N] [--device cuda|cpu]\n       strata-bench adam [--numel N] "
+                        "[--steps N] [--device cuda|cpu]");
   Args a;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -143,6 +146,7 @@ int run(const Args& args) {
 
 int main(int argc, char** argv) {
   try {
+    if (argc >= 2 && std::string(argv[1]) == "adam") return strata::bench::run_adam(argc, argv);
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata-bench: error: %s\n", e.what());

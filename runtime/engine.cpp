@@ -7,6 +7,7 @@
 
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/optim/adam.h"
 #include "runtime/optim/registry.h"
 #include "runtime/optim/state_bytes.h"
 #include "runtime/sched/registry.h"
@@ -117,6 +118,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
         params_, group_, po,
         [&](std::vector<torch::Tensor> master) { return make_optimizer_over(master, options); });
     optimizer_ = partitioned_->inner();
+    // Strata's Adam steps the flat master in one fused pass (a CUDA kernel on GPUs).
+    if (auto adam = std::dynamic_pointer_cast<optim::Adam>(optimizer_); adam && adam->can_step_flat())
+      partitioned_->use_flat_step(
+          [adam](const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out) {
+            adam->step_flat(grad, grad_scale, copy_out);
+          });
   } else {
     optimizer_ = make_optimizer_over(params_, options);
     if (group_) {

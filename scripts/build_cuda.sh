@@ -17,6 +17,10 @@ if [[ -n "${DEPS_PREFIX:-}" ]]; then
   export LD_LIBRARY_PATH="$DEPS_PREFIX/usr/lib/x86_64-linux-gnu:$DEPS_PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 fi
 [[ -n "$nccl_home" ]] && export NCCL_HOME="$nccl_home"
+# Strata's kernels need nvcc; CUDA images keep it in /usr/local/cuda/bin, not always on PATH.
+if [[ -z "${CUDACXX:-}" ]] && ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export CUDACXX=/usr/local/cuda/bin/nvcc
+fi
 build_dir="${BUILD_DIR:-build-cuda}"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix" \
   ${CMAKE_ARGS:-}

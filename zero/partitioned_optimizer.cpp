@@ -1,5 +1,6 @@
 #include "zero/partitioned_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -79,8 +80,8 @@ void PartitionedOptimizer::own_local_gradients() {
 }
 
 torch::Tensor PartitionedOptimizer::partition_gradient() const {
-  if (options_.stage == 2) return grad_partition_.to(torch::kFloat, false, /*copy=*/true);
-  return flat_.partition(grad_flat_, partition_index()).to(torch::kFloat, false, /*copy=*/true);
+  if (options_.stage == 2) return grad_partition_;
+  return flat_.partition(grad_flat_, partition_index());
 }
 
 void PartitionedOptimizer::zero_gradients() {
@@ -96,24 +97,39 @@ void PartitionedOptimizer::zero_gradients() {
 GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   torch::NoGradGuard no_grad;
   if (options_.stage <= 1) own_local_gradients();
-  grad_ = partition_gradient();
-  if (loss_scale != 1.0) grad_.mul_(1.0 / loss_scale);
   // A sum of squares is finite iff every element is: one reduction gives the overflow flag
   // and the norm.
-  auto sum_squares = grad_.pow(2).sum().to(torch::kDouble);
+  torch::Tensor sum_squares;
+  if (flat_step_) {
+    // Reduced in fp32 straight from the model's dtype; the loss scale comes out on the host.
+    grad_ = partition_gradient();
+    grad_scale_ = 1.0 / loss_scale;
+    sum_squares = at::linalg_vector_norm(grad_, 2, c10::nullopt, false, torch::kFloat)
+                      .to(torch::kDouble)
+                      .pow(2);
+  } else {
+    grad_ = partition_gradient().to(torch::kFloat, false, /*copy=*/true);
+    if (loss_scale != 1.0) grad_.mul_(1.0 / loss_scale);
+    sum_squares = grad_.pow(2).sum().to(torch::kDouble);
+  }
   if (group_ && flat_.partitions() > 1) group_->all_reduce(sum_squares, comm::ReduceOp::Sum);
-  const double total = sum_squares.item<double>();  // the step's one host sync
+  double total = sum_squares.item<double>();  // the step's one host sync
+  if (flat_step_) total *= grad_scale_ * grad_scale_;
   return {!std::isfinite(total), std::sqrt(total)};
 }
 
 void PartitionedOptimizer::apply(double clip_coef) {
   torch::NoGradGuard no_grad;
   if (!grad_.defined()) throw Error("PartitionedOptimizer::apply without prepare");
-  if (clip_coef < 1.0) grad_.mul_(clip_coef);
-  master_.mutable_grad() = grad_;
-  inner_->step();
   auto mine = flat_.partition(flat_.data(), partition_index());
-  mine.copy_(master_);
+  if (flat_step_) {
+    flat_step_(grad_, grad_scale_ * std::min(clip_coef, 1.0), mine);
+  } else {
+    if (clip_coef < 1.0) grad_.mul_(clip_coef);
+    master_.mutable_grad() = grad_;
+    inner_->step();
+    mine.copy_(master_);
+  }
   if (group_ && flat_.partitions() > 1) {
     mine = mine.clone();  // the all-gather's input may not alias its output
     group_->all_gather(flat_.data(), mine);

@@ -9,10 +9,16 @@
 //     micro-step the reducer averages them over the data-parallel group;
 //   - stage 2: every micro-step's gradients are averaged in buckets during backward and only this
 //     rank's slice is accumulated (in the model's dtype); no full gradient buffer exists.
-// At the boundary the engine (which owns the loss scaler) calls prepare(): the partition's fp32
-// gradient, unscaled; one sum of squares, all-reduced, gives both the overflow flag and the
-// global norm (the step's one host sync). Then discard() (an overflowing step is skipped) or
-// apply(): clip, inner step, copy the master into the 16-bit partition, all-gather partitions.
+// At the boundary the engine (which owns the loss scaler) calls prepare(): one sum of squares of
+// the partition's gradient, all-reduced, gives both the overflow flag and the global norm (the
+// step's one host sync). Then discard() (an overflowing step is skipped) or apply(): unscale and
+// clip, inner step, copy the master into the 16-bit partition, all-gather partitions.
+//
+// Two ways to run the inner step. By default the partition's gradient is materialised in fp32 as
+// the master's .grad and the inner optimizer's step() runs (any torch::optim::Optimizer). With a
+// flat step (use_flat_step: Strata's Adam, fused_adam.h) the step reads the gradient in the
+// model's dtype with the unscale/clip factor applied on the fly and writes the 16-bit partition in
+// the same pass: no fp32 gradient copy, no separate copy-out.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +55,10 @@ class PartitionedOptimizer {
  public:
   using InnerBuilder =
       std::function<std::shared_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+  // The inner optimizer's fused step over master(): (gradient in the model's dtype, factor to
+  // apply to it, tensor that receives the new weights in the model's dtype or undefined).
+  using FlatStep = std::function<void(const torch::Tensor& grad, double grad_scale,
+                                      const torch::Tensor& copy_out)>;
 
   PartitionedOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr group,
                        PartitionedOptions options, const InnerBuilder& make_inner);
@@ -56,6 +66,9 @@ class PartitionedOptimizer {
   void begin_backward(bool boundary);
   // After every micro-step's backward: completes that micro-step's gradient reduction.
   void end_micro_step();
+  // Use the inner optimizer's fused flat step from now on (set before the first step).
+  void use_flat_step(FlatStep step) { flat_step_ = std::move(step); }
+  bool uses_flat_step() const { return static_cast<bool>(flat_step_); }
   // At the accumulation boundary: the gradients carry `loss_scale`.
   GradientSummary prepare(double loss_scale);
   // The prepared step: scale the gradient by clip_coef (1 = no clipping), step, share results.
@@ -75,7 +88,7 @@ class PartitionedOptimizer {
 
  private:
   void own_local_gradients();  // stage 0, 1: every .grad is its view of grad_flat_ again
-  torch::Tensor partition_gradient() const;
+  torch::Tensor partition_gradient() const;  // in the model's dtype, no copy
   void zero_gradients();
 
   PartitionedOptions options_;
@@ -87,7 +100,9 @@ class PartitionedOptimizer {
   torch::Tensor master_;          // fp32 partition (stage 0: everything)
   std::shared_ptr<torch::optim::Optimizer> inner_;
   std::shared_ptr<GradientReducer> reducer_;
-  torch::Tensor grad_;  // the prepared fp32 gradient of the partition
+  FlatStep flat_step_;
+  torch::Tensor grad_;       // the prepared gradient of the partition (fp32 unless flat_step_)
+  double grad_scale_ = 1.0;  // flat step: the factor still to apply to grad_ (1 / loss scale)
 };
 
 }  // namespace strata::zero

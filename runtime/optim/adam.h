@@ -62,8 +62,17 @@ class Adam : public torch::optim::Optimizer {
   explicit Adam(std::vector<torch::Tensor> params, AdamOptions defaults = {});
 
   torch::Tensor step(LossClosure closure = nullptr) override;
+  // Whether step_flat() can run: one group holding one contiguous fp32 tensor.
+  bool can_step_flat() const;
+  // One fused step of that tensor (its .grad is ignored): the gradient `grad` (same length,
+  // fp32/bf16/fp16) is read times `grad_scale`; the new weights are also written into
+  // `copy_out` when it is defined (e.g. the bf16 model copy). Same state as step().
+  void step_flat(const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out);
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+
+ private:
+  AdamParamState& state_of(const torch::Tensor& p);  // created (zero moments) on first use
 };
 
 }  // namespace strata::optim

@@ -11,6 +11,7 @@
 
 #include "runtime/error.h"
 #include "runtime/optim/adam.h"
+#include "runtime/optim/fused_adam.h"
 #include "runtime/optim/sgd.h"
 #include "runtime/optim/state_bytes.h"
 #include "runtime/optim/state_io.h"
@@ -148,6 +149,54 @@ Adam::Adam(std::vector<torch::Tensor> params, AdamOptions defaults)
                std::move(params))},
            std::move(defaults)) {}
 
+AdamParamState& Adam::state_of(const torch::Tensor& p) {
+  const auto key = detail::state_key<decltype(state_)>(p);
+  if (state_.find(key) == state_.end()) {
+    auto fresh = std::make_unique<AdamParamState>();
+    fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    state_[key] = std::move(fresh);
+  }
+  return static_cast<AdamParamState&>(*state_[key]);
+}
+
+bool Adam::can_step_flat() const {
+  if (param_groups_.size() != 1 || param_groups_[0].params().size() != 1) return false;
+  const auto& p = param_groups_[0].params()[0];
+  return p.scalar_type() == torch::kFloat && p.is_contiguous();
+}
+
+void Adam::step_flat(const torch::Tensor& grad, double grad_scale,
+                     const torch::Tensor& copy_out) {
+  if (!can_step_flat())
+    throw Error("strata::optim::Adam::step_flat needs one param group holding one contiguous "
+                "fp32 tensor");
+  torch::NoGradGuard no_grad;
+  auto& group = param_groups_[0];
+  const auto& o = group_options<AdamOptions>(group, 0, "Adam");
+  auto& p = group.params()[0];
+  auto& state = state_of(p);
+  state.step(state.step() + 1);
+  const auto [beta1, beta2] = o.betas();
+  AdamScalars s;
+  s.grad_scale = static_cast<float>(grad_scale);
+  s.lr = static_cast<float>(o.lr());
+  s.beta1 = static_cast<float>(beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.eps = static_cast<float>(o.eps());
+  s.weight_decay = static_cast<float>(o.weight_decay());
+  s.adam_w_mode = o.adam_w_mode();
+  s.decay_factor = static_cast<float>(1 - o.lr() * o.weight_decay());
+  double correction1 = 1.0, correction2 = 1.0;
+  if (o.bias_correction()) {
+    correction1 = 1 - std::pow(beta1, static_cast<double>(state.step()));
+    correction2 = 1 - std::pow(beta2, static_cast<double>(state.step()));
+  }
+  s.step_size = static_cast<float>(o.lr() / correction1);
+  s.sqrt_c2 = static_cast<float>(std::sqrt(correction2));
+  fused_adam_step(p, state.exp_avg(), state.exp_avg_sq(), grad, copy_out, s);
+}
+
 torch::Tensor Adam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss;
@@ -164,14 +213,7 @@ torch::Tensor Adam::step(LossClosure closure) {
       if (grad.is_sparse())
         throw Error("strata::optim::Adam does not support sparse gradients; use dense ones");
 
-      const auto key = detail::state_key<decltype(state_)>(p);
-      if (state_.find(key) == state_.end()) {
-        auto fresh = std::make_unique<AdamParamState>();
-        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        state_[key] = std::move(fresh);
-      }
-      auto& state = static_cast<AdamParamState&>(*state_[key]);
+      auto& state = state_of(p);
       state.step(state.step() + 1);
 
       if (o.weight_decay() != 0) {
