@@ -2,6 +2,8 @@
 # dense-350M on the GPUs of this machine: Strata (strata-bench) beside the PyTorch peer
 # (../shared/bench/peer_torch_gpt.py), in the same run, with the ratios.
 #   bench/run_dense.sh PEER_SCRIPT [BUILD_DIR]      (BUILD_DIR default: build)
+# COMPILE=1 adds the peer's torch.compile run on one GPU. On two GPUs it also runs stage 2 with
+# one gradient bucket (reduction after backward, no overlap) beside the bucketed default.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 peer="$1"
@@ -10,7 +12,7 @@ out=$(mktemp -d)
 gpus=$(nvidia-smi -L | wc -l)
 
 "$bin/strata-bench" adam | tee "$out/adam.jsonl"
-python3 "$peer" | tee "$out/peer1.jsonl"
+python3 "$peer" ${COMPILE:+--compile} | tee "$out/peer1.jsonl"
 "$bin/strata-bench" gpt --config configs/bench_dense_bf16.json --model dense-350M | tee "$out/strata1.jsonl"
 if [[ $gpus -ge 2 ]]; then
   torchrun --nproc-per-node 2 "$peer" --fsdp --no-reshard | tee "$out/peer2_noreshard.jsonl"
@@ -19,6 +21,10 @@ if [[ $gpus -ge 2 ]]; then
     --config configs/bench_dense_bf16.json | tee "$out/strata2_stage0.jsonl"
   "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
     --config configs/bench_dense_bf16_zero2.json | tee "$out/strata2_stage2.jsonl"
+  python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["zero_optimization"]["reduce_bucket_size"]=2**31-1; json.dump(c,open(sys.argv[2],"w"))' \
+    configs/bench_dense_bf16_zero2.json "$out/zero2_one_bucket.json"
+  "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
+    --config "$out/zero2_one_bucket.json" | tee "$out/strata2_stage2_one_bucket.jsonl"
 fi
 
 python3 - "$out" <<'PY'
@@ -37,10 +43,13 @@ def rows(name):
 def pick(name, key):
     return next((r for r in rows(name) if key in r.get("name", "")), None)
 eager = pick("peer1.jsonl", "dense-350M eager")
+compiled = pick("peer1.jsonl", "dense-350M compile")
 s1 = pick("strata1.jsonl", "dense-350M")
 if eager and s1:
     print(f"1 GPU  stage 0 bf16: Strata {s1['tok_s']:.0f} tok/s, {s1['mem_GiB']:.1f} GiB; "
-          f"PyTorch eager {eager['tok_s']} tok/s, {eager['mem_GiB']} GiB; ratio {s1['tok_s'] / eager['tok_s']:.3f}")
+          f"PyTorch eager {eager['tok_s']} tok/s, {eager['mem_GiB']} GiB; ratio {s1['tok_s'] / eager['tok_s']:.3f}"
+          + (f"; torch.compile {compiled['tok_s']} tok/s ({compiled['tok_s'] / eager['tok_s']:.3f}x eager): "
+             f"Strata/compile {s1['tok_s'] / compiled['tok_s']:.3f}" if compiled else ""))
 nr, fs = pick("peer2_noreshard.jsonl", "fsdp2"), pick("peer2.jsonl", "fsdp2")
 s20, s22 = pick("strata2_stage0.jsonl", "dense-350M"), pick("strata2_stage2.jsonl", "dense-350M")
 for label, s in (("stage 0 (DP)", s20), ("stage 2", s22)):
@@ -49,4 +58,8 @@ for label, s in (("stage 0 (DP)", s20), ("stage 2", s22)):
               f"{nr['tok_s']} ({nr['mem_GiB']} GiB): ratio {s['tok_s'] / nr['tok_s']:.3f}"
               + (f"; FSDP2 {fs['tok_s']}: ratio {s['tok_s'] / fs['tok_s']:.3f}" if fs else "")
               + (f"; vs Strata 1 GPU {s['tok_s'] / s1['tok_s']:.3f}" if s1 else ""))
+one = pick("strata2_stage2_one_bucket.jsonl", "dense-350M")
+if one and s22:
+    print(f"2 GPUs stage 2, overlap: bucketed {s22['step_ms']:.1f} ms/step, one bucket after backward "
+          f"{one['step_ms']:.1f} ms/step: overlap saves {one['step_ms'] - s22['step_ms']:.1f} ms ({one['step_ms'] / s22['step_ms']:.3f}x)")
 PY

@@ -11,8 +11,10 @@
 #include <iostream>
 #include <optional>
 
+#include <c10/core/DeviceGuard.h>
 #include <torch/torch.h>
 
+#include "comm/env.h"
 #include "examples/data.h"
 #include "examples/gpt.h"
 #include "runtime/engine.h"
@@ -100,10 +102,20 @@ int run(const Args& args) {
   const auto model_config = GPTConfig::by_name(args.model);
   const auto data = args.data.empty() ? TokenData::synthetic() : TokenData::from_file(args.data);
   torch::Device device = torch::kCPU;
-  if (args.device == "cuda" || (args.device.empty() && torch::cuda::is_available()))
-    device = torch::Device(torch::kCUDA);
-  else if (!args.device.empty() && args.device != "cpu")
+  if (args.device == "cuda" || (args.device.empty() && torch::cuda::is_available())) {
+    // One GPU per rank. strata-run shows each rank only its own GPU (cuda:0 then); launchers
+    // that show every GPU of the node to every rank (mpirun, srun) need the local rank to pick.
+    const auto visible = static_cast<int>(torch::cuda::device_count());
+    if (visible == 0)
+      throw Error("--device cuda: no CUDA device here (or this LibTorch was built without CUDA)");
+    const int local_rank = strata::comm::read_rank_env().local_rank;
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % visible));
+  } else if (!args.device.empty() && args.device != "cpu") {
     throw Error(fmt::format("--device {}: expected cpu or cuda", args.device));
+  }
+  // The current device too, for whatever allocates on "the" GPU without naming one.
+  std::optional<c10::DeviceGuard> on_device;
+  if (device.is_cuda()) on_device.emplace(device);
 
   torch::manual_seed(args.seed);
   GPT model(model_config);

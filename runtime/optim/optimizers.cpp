@@ -183,6 +183,8 @@ void Adam::step_flat(const torch::Tensor& grad, double grad_scale,
   s.lr = static_cast<float>(o.lr());
   s.beta1 = static_cast<float>(beta1);
   s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta1 = static_cast<float>(1 - beta1);
+  s.one_minus_beta2 = static_cast<float>(1 - beta2);
   s.eps = static_cast<float>(o.eps());
   s.weight_decay = static_cast<float>(o.weight_decay());
   s.adam_w_mode = o.adam_w_mode();

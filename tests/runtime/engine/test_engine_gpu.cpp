@@ -1,0 +1,703 @@
+// The engine on CUDA tensors (label `gpu`). One GPU: fp32 at ZeRO stages 0-2 equals LibTorch's
+// AdamW on the same GPU step for step; bf16 and fp16 train the example GPT and track fp32, with
+// ZeRO's model-state bytes. Two GPUs (NCCL, ranks started by strata-run, one GPU each): train_gpt
+// at bf16 ZeRO 1 and 2 gives the losses of stage 0, fp32 on 2 GPUs those of 1 GPU with the same
+// global batch, an fp16 overflow on one rank skips the step on both (this binary re-run as the
+// ranks), and a ZeRO-2 checkpoint of 2 GPUs resumes exactly on 2 and re-partitioned on 1.
+//
+// Every test skips (GTEST_SKIP, with the reason) when this LibTorch has no CUDA, the machine has
+// fewer GPUs than the test needs, or (two GPUs) this build has no NCCL. Every process started is
+// bounded by a timeout (and every collective in it by STRATA_TIMEOUT).
+//
+// STRATA_ENGINE_GPU_TESTS_ON_CPU=1 runs the same tests and assertions on the CPU (Gloo, and
+// train_gpt --device cpu), skipping only what LibTorch's CPU kernels lack (fp16 matrix products):
+// a way to check the suite itself on a machine without GPUs. Never set by the build or CI.
+#include <c10/core/DeviceGuard.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "examples/data.h"
+#include "examples/gpt.h"
+#include "runtime/engine.h"
+#include "tests/runtime/checkpoint/scratch_dir.h"
+
+extern char** environ;
+
+namespace {
+
+using strata::json;
+using strata::test::ScratchDir;
+
+// --- where the tests run ------------------------------------------------------------------------
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == value;
+}
+
+bool on_cpu_for_development() { return env_is("STRATA_ENGINE_GPU_TESTS_ON_CPU", "1"); }
+
+int cuda_devices() {
+  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
+
+// Why a test that needs `gpus` GPUs cannot run here; empty when it can.
+std::string missing_gpus(int gpus) {
+  if (on_cpu_for_development()) return "";
+  if (!torch::cuda::is_available())
+    return "no CUDA: this LibTorch was built without CUDA or sees no GPU";
+  if (gpus > 1 && !strata::comm::nccl_available())
+    return "this build of Strata has no NCCL (multi-GPU runs need it)";
+  if (cuda_devices() < gpus)
+    return "needs " + std::to_string(gpus) + " GPUs, this machine has " +
+           std::to_string(cuda_devices());
+  return "";
+}
+
+#define REQUIRE_GPUS(n)                                      \
+  do {                                                       \
+    const std::string why_not = missing_gpus(n);             \
+    if (!why_not.empty()) GTEST_SKIP() << why_not;           \
+  } while (0)
+
+// The device of the in-process tests.
+torch::Device test_device() {
+  return on_cpu_for_development() ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
+}
+
+// LibTorch 1.13's CPU kernels have no fp16 matrix product (CUDA has).
+bool fp16_matmul_here() { return !on_cpu_for_development(); }
+
+std::string device_flag() { return on_cpu_for_development() ? "cpu" : "cuda"; }
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : -1;
+}
+
+double relative(double a, double reference) {
+  return std::abs(a - reference) / std::max(std::abs(reference), 1e-12);
+}
+
+// --- processes ----------------------------------------------------------------------------------
+
+struct Run {
+  int exit_code = -1;  // 128 + signal when killed; -1 when it outlived its timeout
+  std::string output;  // stdout and stderr
+  double seconds = 0;
+};
+
+// Runs `command` through /bin/sh with `env` added, collecting its output. After `timeout_s` the
+// whole process group gets SIGTERM (strata-run forwards it to the ranks, which also die with the
+// launcher: PR_SET_PDEATHSIG), then SIGKILL 10 s later. Never waits longer than that.
+Run run_command(const std::string& command, double timeout_s,
+                const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  Run run;
+  // The child's environment and arguments are built here: after fork() in a threaded program
+  // the child only calls async-signal-safe functions.
+  std::vector<std::string> entries;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    bool replaced = false;
+    for (const auto& kv : env) replaced = replaced || entry.rfind(kv.first + "=", 0) == 0;
+    if (!replaced) entries.push_back(entry);
+  }
+  for (const auto& [name, value] : env) entries.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (auto& entry : entries) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  std::string shell = "/bin/sh", dash_c = "-c", script = command;
+  char* argv[] = {shell.data(), dash_c.data(), script.data(), nullptr};
+
+  int out[2];
+  if (::pipe(out) != 0) return {-1, "pipe failed", 0};
+  const pid_t pid = ::fork();
+  if (pid < 0) return {-1, "fork failed", 0};
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(out[1], STDERR_FILENO);
+    ::close(out[0]);
+    ::close(out[1]);
+    ::execve(argv[0], argv, envp.data());
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so the kill below cannot miss the group
+  ::close(out[1]);
+  ::fcntl(out[0], F_SETFL, ::fcntl(out[0], F_GETFL) | O_NONBLOCK);
+
+  const auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  bool timed_out = false, killed = false;
+  double term_at = 0;
+  for (;;) {
+    pollfd p{out[0], POLLIN, 0};
+    ::poll(&p, 1, 200);
+    char buffer[8192];
+    ssize_t n;
+    bool eof = false;
+    while ((n = ::read(out[0], buffer, sizeof buffer)) > 0) run.output.append(buffer, size_t(n));
+    if (n == 0) eof = true;
+    if (eof) break;
+    if (!timed_out && elapsed() > timeout_s) {
+      timed_out = true;
+      term_at = elapsed();
+      ::kill(-pid, SIGTERM);
+    }
+    if (timed_out && !killed && elapsed() > term_at + 10) {
+      killed = true;
+      ::kill(-pid, SIGKILL);
+    }
+    // Grandchildren that escaped the group could hold the pipe open: stop reading then.
+    if (killed && elapsed() > term_at + 15) break;
+  }
+  ::close(out[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, killed ? 0 : WNOHANG) == 0) {
+    if (!timed_out && elapsed() > timeout_s) {
+      timed_out = true;
+      ::kill(-pid, SIGTERM);
+      term_at = elapsed();
+    }
+    if (timed_out && !killed && elapsed() > term_at + 10) {
+      killed = true;
+      ::kill(-pid, SIGKILL);
+    }
+    ::usleep(50000);
+  }
+  run.seconds = elapsed();
+  if (timed_out) {
+    run.exit_code = -1;
+    run.output += "\n[test] stopped after " + std::to_string(timeout_s) + " s: " + command + "\n";
+  } else {
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  return run;
+}
+
+// The multi-GPU tests start train_gpt or this binary; each launch gets this long.
+constexpr double kLaunchTimeout = 180;
+// Every collective of the ranks: a rank that does not come fails the run with its name.
+const std::vector<std::pair<std::string, std::string>> kRankEnv = {{"STRATA_TIMEOUT", "60"}};
+
+std::string bin(const std::string& name) { return std::string(STRATA_BIN_DIR) + "/" + name; }
+
+// train_gpt on `gpus` GPUs: through strata-run (one GPU per rank: it sets CUDA_VISIBLE_DEVICES
+// for each) when several, directly when one.
+Run train_gpt(int gpus, const std::string& config, const std::string& args) {
+  std::string command;
+  if (gpus > 1) command = bin("strata-run") + " --num_gpus " + std::to_string(gpus) + " -- ";
+  command += bin("train_gpt") + " --device " + device_flag() + " --model tiny --config " + config +
+             " " + args;
+  return run_command(command, kLaunchTimeout, kRankEnv);
+}
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::vector<json> rows;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) rows.push_back(json::parse(line));
+  return rows;
+}
+
+std::vector<double> column(const std::vector<json>& rows, const char* key) {
+  std::vector<double> values;
+  for (const auto& r : rows) values.push_back(r.at(key).get<double>());
+  return values;
+}
+
+double mean(const std::vector<double>& v, size_t from, size_t to) {
+  double sum = 0;
+  for (size_t i = from; i < to; ++i) sum += v[i];
+  return sum / double(to - from);
+}
+
+std::string write_config(const ScratchDir& dir, const std::string& name, const json& config) {
+  const std::string path = dir.str() + "/" + name + ".json";
+  std::ofstream(path) << config.dump(2);
+  return path;
+}
+
+// train_gpt's config for the multi-GPU runs: a fixed global batch of 16 (8 per rank on 2 GPUs),
+// AdamW with clipping and a warmup-cosine schedule.
+json gpt_config(int stage, const std::string& precision, int64_t total_steps) {
+  json c = {{"train_batch_size", 16},
+            {"gradient_accumulation_steps", 1},
+            {"steps_per_print", 1000},
+            {"gradient_clipping", 1.0},
+            {"zero_optimization", {{"stage", stage}}},
+            {"optimizer",
+             {{"type", "AdamW"},
+              {"params", {{"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}}}}},
+            {"scheduler",
+             {{"type", "WarmupCosineLR"},
+              {"params", {{"total_num_steps", total_steps}, {"warmup_num_steps", 3}}}}}};
+  if (precision == "bf16") c["bf16"] = {{"enabled", true}};
+  if (precision == "fp16") c["fp16"] = {{"enabled", true}};
+  return c;
+}
+
+// --- a small model ------------------------------------------------------------------------------
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(16, 64));
+    fc2 = register_module("fc2", torch::nn::Linear(64, 64));
+    fc3 = register_module("fc3", torch::nn::Linear(64, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    // In the parameters' dtype (fp16 matrix products on the GPU); fp16 on the CPU (development
+    // runs only) computes in fp32, which LibTorch's CPU kernels have.
+    const auto dtype = fc1->weight.scalar_type();
+    const auto compute = fc1->weight.is_cpu() && dtype == torch::kHalf ? torch::kFloat : dtype;
+    auto layer = [&](torch::nn::Linear& l, const torch::Tensor& h) {
+      return torch::nn::functional::linear(h, l->weight.to(compute), l->bias.to(compute));
+    };
+    auto h = torch::tanh(layer(fc1, x.to(compute)));
+    h = torch::tanh(layer(fc2, h));
+    return torch::mse_loss(layer(fc3, h).to(torch::kFloat), y);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+// Two models with the same initial parameters, on `device`.
+std::pair<Mlp, Mlp> twin_mlps(torch::Device device) {
+  torch::manual_seed(3);
+  Mlp a, b;
+  {
+    torch::NoGradGuard no_grad;
+    auto pa = a->parameters(), pb = b->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) pb[i].copy_(pa[i]);
+  }
+  a->to(device);
+  b->to(device);
+  return {a, b};
+}
+
+struct Batch {
+  torch::Tensor x, y;
+};
+// Made on the CPU from a seed (the same numbers whatever the device), then moved.
+Batch mlp_batch(int64_t seed, int64_t n, torch::Device device) {
+  torch::manual_seed(77 + seed);
+  auto x = torch::randn({n, 16});
+  auto y = (x.narrow(1, 0, 4) * x.narrow(1, 4, 4)).sin() + x.narrow(1, 8, 4).cos();
+  return {x.to(device), y.to(device)};
+}
+
+// --- 1. fp32 on one GPU equals LibTorch's AdamW ------------------------------------------------
+
+class EngineGpuFp32 : public testing::TestWithParam<std::tuple<int, int>> {};
+
+// The engine (AdamW from the config, clipping at 0.5, `gas` micro-batches per step) against
+// torch::optim::AdamW and clip_grad_norm_ on the whole batch, on the same GPU and data: the
+// parameters agree after every one of 10 steps. Stage 0 trains the module's own CUDA tensors;
+// stages 1-2 (one rank) go through the flat fp32 master buffer on the GPU.
+TEST_P(EngineGpuFp32, MatchesLibTorchAdamWOnTheSameGpuStepForStep) {
+  REQUIRE_GPUS(1);
+  const auto [stage, gas] = GetParam();
+  const auto device = test_device();
+  auto [net, ref] = twin_mlps(device);
+  const int64_t global = 32, micro = global / gas;
+  const double max_norm = 0.5;
+  const json config = {
+      {"train_micro_batch_size_per_gpu", micro},
+      {"gradient_accumulation_steps", gas},
+      {"steps_per_print", 1000},
+      {"gradient_clipping", max_norm},
+      {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 2000}}},
+      {"optimizer",
+       {{"type", "AdamW"},
+        {"params",
+         {{"lr", 1e-2}, {"betas", {0.9, 0.999}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}}};
+  auto engine = strata::initialize(net, config);
+  ASSERT_EQ(engine->data_parallel_size(), 1);
+  torch::optim::AdamW opt(ref->parameters(), torch::optim::AdamWOptions(1e-2)
+                                                 .betas(std::make_tuple(0.9, 0.999))
+                                                 .eps(1e-8)
+                                                 .weight_decay(0.1));
+  int clipped = 0;
+  for (int64_t step = 0; step < 10; ++step) {
+    const auto d = mlp_batch(step, global, device);
+    for (int64_t m = 0; m < gas; ++m) {
+      engine->backward(engine->forward(d.x.narrow(0, m * micro, micro),
+                                       d.y.narrow(0, m * micro, micro)));
+      engine->step();
+    }
+    opt.zero_grad();
+    ref->forward(d.x, d.y).backward();
+    const double norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm);
+    opt.step();
+    clipped += norm > max_norm;
+    EXPECT_NEAR(engine->last_grad_norm(), norm, 1e-5 * norm) << "step " << step;
+    auto pn = net->parameters(), pr = ref->parameters();
+    ASSERT_EQ(pn.size(), pr.size());
+    for (size_t i = 0; i < pn.size(); ++i) {
+      ASSERT_EQ(pn[i].device(), device) << "parameter " << i;
+      const auto a = pn[i].detach().cpu(), b = pr[i].detach().cpu();
+      ASSERT_TRUE(torch::allclose(a, b, 1e-5, 1e-6))
+          << "stage " << stage << " gas " << gas << " step " << step << " parameter " << i
+          << " differs by " << (a - b).abs().max().item<double>() << " (relative "
+          << ((a - b).abs() / b.abs().clamp_min(1e-30)).max().item<double>() << ", at |value| "
+          << b.abs().flatten()[(a - b).abs().argmax()].item<double>() << ")";
+    }
+  }
+  EXPECT_GT(clipped, 0) << "the clipping threshold never bit: the test would not check it";
+  EXPECT_EQ(engine->global_steps(), 10);
+  EXPECT_EQ(net->fc1->weight.scalar_type(), torch::kFloat);
+}
+
+INSTANTIATE_TEST_SUITE_P(StageAndAccumulation, EngineGpuFp32,
+                         testing::Combine(testing::Values(0, 1, 2), testing::Values(1, 2)),
+                         [](const testing::TestParamInfo<std::tuple<int, int>>& info) {
+                           return "Stage" + std::to_string(std::get<0>(info.param)) + "Gas" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// --- 2. bf16 and fp16 train the GPT on one GPU -------------------------------------------------
+
+struct GptRun {
+  std::vector<double> losses;
+  strata::zero::ModelStateBytes bytes;
+  int64_t numel = 0;
+  int64_t skipped = 0;
+  torch::ScalarType dtype = torch::kFloat;
+  bool on_device = false;
+};
+
+// The example GPT ("tiny") trained by the engine for `steps` steps at stage 0 on one device.
+GptRun train_tiny_gpt(const std::string& precision, torch::Device device, int64_t steps) {
+  using namespace strata::examples;
+  static const auto data = TokenData::synthetic(size_t{1} << 20);
+  const auto model_config = GPTConfig::by_name("tiny");
+  torch::manual_seed(1234);
+  GPT model(model_config);
+  model->to(device);
+  json config = {{"train_micro_batch_size_per_gpu", 16},
+                 {"gradient_accumulation_steps", 1},
+                 {"steps_per_print", 1000},
+                 {"gradient_clipping", 1.0},
+                 {"optimizer",
+                  {{"type", "AdamW"},
+                   {"params", {{"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}}}}}};
+  if (precision == "bf16") config["bf16"] = {{"enabled", true}};
+  if (precision == "fp16") config["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
+  auto engine = strata::initialize(model, config);
+  GptRun run;
+  for (const auto& p : model->parameters()) run.numel += p.numel();
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto b = data.batch(7, step, 0, 16, model_config.seq_len);
+    auto loss = engine->forward(b.tokens.to(device), b.targets.to(device));
+    engine->backward(loss);
+    engine->step();
+    run.losses.push_back(loss.item<double>());
+  }
+  run.bytes = engine->model_state_bytes();
+  run.skipped = engine->skipped_steps();
+  run.dtype = model->parameters().front().scalar_type();
+  run.on_device = true;
+  for (const auto& p : model->parameters()) run.on_device = run.on_device && p.device() == device;
+  return run;
+}
+
+// bf16 and fp16 (stage 0, fp32 master weights, fp16 with dynamic loss scaling) on the GPU: the
+// loss falls, every step stays within 5% of the fp32 run's, and the model states take ZeRO's
+// 16 bytes per parameter at stage 0 (2 + 2 for the 16-bit parameters and gradients, 4 + 8 for
+// the fp32 master and Adam's moments; over the flat buffer, padded to a multiple of 64).
+TEST(EngineGpu, Bf16AndFp16TrainTheGptAndTrackFp32) {
+  REQUIRE_GPUS(1);
+  const auto device = test_device();
+  const int64_t steps = 30;
+  const auto fp32 = train_tiny_gpt("fp32", device, steps);
+  ASSERT_EQ(fp32.losses.size(), size_t(steps));
+  EXPECT_TRUE(fp32.on_device);
+  EXPECT_GT(mean(fp32.losses, 0, 3), 5.0);  // ~ln 256 before training
+  EXPECT_LT(mean(fp32.losses, steps - 5, steps), mean(fp32.losses, 0, 5) - 1.0);
+  // fp32 at stage 0 trains the module's own tensors: 4 + 4 + 8 bytes per parameter, no padding.
+  EXPECT_EQ(fp32.bytes.total(), 16 * fp32.numel);
+  EXPECT_EQ(fp32.bytes.optimizer, 8 * fp32.numel);
+
+  std::vector<std::string> precisions = {"bf16"};
+  if (fp16_matmul_here()) precisions.push_back("fp16");
+  for (const auto& precision : precisions) {
+    SCOPED_TRACE(precision);
+    const auto run = train_tiny_gpt(precision, device, steps);
+    ASSERT_EQ(run.losses.size(), size_t(steps));
+    EXPECT_TRUE(run.on_device);
+    EXPECT_EQ(run.dtype, precision == "bf16" ? torch::kBFloat16 : torch::kHalf);
+    double worst = 0;
+    for (int64_t i = 0; i < steps; ++i) {
+      ASSERT_TRUE(std::isfinite(run.losses[i])) << "step " << i + 1;
+      worst = std::max(worst, relative(run.losses[i], fp32.losses[i]));
+    }
+    std::cout << "[ INFO     ] " << precision << ": loss " << mean(run.losses, 0, 5) << " -> "
+              << mean(run.losses, steps - 5, steps) << " (fp32 " << mean(fp32.losses, 0, 5)
+              << " -> " << mean(fp32.losses, steps - 5, steps) << "), worst gap to fp32 " << worst
+              << ", skipped " << run.skipped << "\n";
+    EXPECT_LT(worst, 0.05) << precision << " drifted from fp32 by " << worst;
+    EXPECT_LT(mean(run.losses, steps - 5, steps), mean(run.losses, 0, 5) - 1.0);
+    EXPECT_LE(run.skipped, precision == "fp16" ? 2 : 0);
+    const auto& b = run.bytes;
+    EXPECT_GE(b.params, 2 * run.numel);
+    EXPECT_LT(b.params, 2 * (run.numel + 64));
+    EXPECT_EQ(b.grads, b.params);
+    EXPECT_EQ(b.master, 2 * b.params);
+    EXPECT_EQ(b.optimizer, 4 * b.params);
+    EXPECT_EQ(b.total(), 8 * b.params);  // 16 bytes per (padded) parameter
+  }
+}
+
+// --- 3. two GPUs: ZeRO stages and data parallelism through train_gpt -------------------------
+
+// bf16 on 2 GPUs at ZeRO stages 0, 1 and 2: the same elementwise math on the same global batch,
+// so stages 1 and 2 give stage 0's loss at every step (to 1e-3, relative); the loss falls, no
+// step is skipped, and the model states shrink as ZeRO's formulas say (per rank, Psi
+// parameters, N = 2: 16 Psi at stage 0, 4 Psi + 12 Psi / N at stage 1, 2 Psi + 14 Psi / N at 2).
+TEST(EngineGpu, TwoGpusBf16ZeroStages1And2GiveTheLossesOfStage0) {
+  REQUIRE_GPUS(2);
+  ScratchDir dir;
+  const int64_t steps = 20;
+  std::vector<std::vector<json>> runs;
+  for (int stage : {0, 1, 2}) {
+    const std::string name = "bf16_zero" + std::to_string(stage);
+    const auto config = write_config(dir, name, gpt_config(stage, "bf16", steps));
+    const std::string metrics = dir.str() + "/" + name + ".jsonl";
+    const auto r = train_gpt(2, config,
+                             "--steps " + std::to_string(steps) + " --seed 5 --metrics-jsonl " +
+                                 metrics);
+    ASSERT_EQ(r.exit_code, 0) << "stage " << stage << "\n" << r.output;
+    EXPECT_NE(r.output.find("x 2 ranks"), std::string::npos) << r.output;
+    runs.push_back(read_jsonl(metrics));
+    ASSERT_EQ(runs.back().size(), size_t(steps)) << "stage " << stage;
+  }
+  const auto z0 = column(runs[0], "loss");
+  for (int stage : {1, 2}) {
+    const auto zs = column(runs[stage], "loss");
+    double worst = 0;
+    for (int64_t i = 0; i < steps; ++i) {
+      worst = std::max(worst, relative(zs[i], z0[i]));
+      EXPECT_LE(relative(zs[i], z0[i]), 1e-3)
+          << "stage " << stage << " step " << i + 1 << ": " << zs[i] << " vs " << z0[i];
+    }
+    std::cout << "[ INFO     ] stage " << stage << ": worst gap to stage 0 " << worst << "\n";
+  }
+  std::cout << "[ INFO     ] stage 0: loss " << mean(z0, 0, 5) << " -> "
+            << mean(z0, steps - 5, steps) << "\n";
+  EXPECT_LT(mean(z0, steps - 5, steps), mean(z0, 0, 5) - 0.5);
+  for (const auto& run : runs)
+    for (const auto& row : run) {
+      EXPECT_FALSE(row.at("skipped").get<bool>()) << "step " << row.at("step");
+      EXPECT_TRUE(std::isfinite(row.at("loss").get<double>()));
+    }
+  const double b0 = runs[0].back().at("model_state_bytes").get<double>();
+  const double b1 = runs[1].back().at("model_state_bytes").get<double>();
+  const double b2 = runs[2].back().at("model_state_bytes").get<double>();
+  EXPECT_NEAR(b1 / b0, 10.0 / 16.0, 0.01) << b1 << " vs " << b0;
+  EXPECT_NEAR(b2 / b0, 9.0 / 16.0, 0.01) << b2 << " vs " << b0;
+}
+
+// fp32 stage 0: 2 GPUs with 8 samples each give the losses of 1 GPU with all 16 (to 1e-4,
+// relative: only the order of the gradient sums differs).
+TEST(EngineGpu, TwoGpusFp32GiveTheLossesOfOneGpuWithTheSameGlobalBatch) {
+  REQUIRE_GPUS(2);
+  ScratchDir dir;
+  const int64_t steps = 20;
+  const auto config = write_config(dir, "fp32", gpt_config(0, "fp32", steps));
+  const std::string one = dir.str() + "/one.jsonl", two = dir.str() + "/two.jsonl";
+  const std::string args = "--steps " + std::to_string(steps) + " --seed 6 --metrics-jsonl ";
+  const auto r1 = train_gpt(1, config, args + one);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(r1.output.find("16 micro x 1 accumulation x 1 ranks"), std::string::npos)
+      << r1.output;
+  const auto r2 = train_gpt(2, config, args + two);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  EXPECT_NE(r2.output.find("8 micro x 1 accumulation x 2 ranks"), std::string::npos)
+      << r2.output;
+  const auto a = column(read_jsonl(one), "loss"), b = column(read_jsonl(two), "loss");
+  ASSERT_EQ(a.size(), size_t(steps));
+  ASSERT_EQ(b.size(), size_t(steps));
+  double worst = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    worst = std::max(worst, relative(b[i], a[i]));
+    EXPECT_LE(relative(b[i], a[i]), 1e-4) << "step " << i + 1 << ": " << b[i] << " vs " << a[i];
+  }
+  std::cout << "[ INFO     ] loss " << mean(a, 0, 5) << " -> " << mean(a, steps - 5, steps)
+            << "; worst gap of 2 GPUs to 1: " << worst << "\n";
+  EXPECT_LT(mean(a, steps - 5, steps), mean(a, 0, 5) - 0.5);
+}
+
+// --- 4. fp16 overflow on one of two GPUs -------------------------------------------------------
+
+bool is_worker() { return std::getenv("STRATA_ENGINE_GPU_WORKER") != nullptr; }
+
+// The rank's GPU: strata-run leaves it only its own (cuda:0); with every GPU visible, the
+// local rank's.
+torch::Device worker_device() {
+  if (on_cpu_for_development()) return torch::kCPU;
+  const int local = std::max(0, env_int("LOCAL_RANK"));
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local % cuda_devices()));
+}
+
+// Runs as each of 2 ranks (EngineGpu.TwoGpusFp16OverflowOnOneRankIsSkippedOnBoth starts them).
+// fp16 at ZeRO stages 0, 1 and 2 on NCCL: at step 3 only the last rank's loss is inf; both ranks
+// skip that step (parameters unchanged, scale halved with hysteresis 1) and take every other;
+// at the end the ranks hold the same parameters.
+TEST(EngineGpuWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
+  if (!is_worker())
+    GTEST_SKIP() << "runs as a rank under strata-run (EngineGpu.TwoGpusFp16OverflowOnOneRank...)";
+  const int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
+  ASSERT_EQ(world, 2);
+  ASSERT_TRUE(on_cpu_for_development() || torch::cuda::is_available());
+  const auto device = worker_device();
+  std::optional<c10::DeviceGuard> on_device;  // the current device too
+  if (device.is_cuda()) on_device.emplace(device);
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage) + ", rank " + std::to_string(rank));
+    torch::manual_seed(3);
+    Mlp net;
+    net->to(device);
+    const json config = {
+        {"train_micro_batch_size_per_gpu", 8},
+        {"steps_per_print", 1000},
+        {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}}},
+        {"zero_optimization", {{"stage", stage}}},
+        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}}}}}};
+    auto engine = strata::initialize(net, config);
+    ASSERT_EQ(engine->data_parallel_size(), world);
+    ASSERT_EQ(engine->data_parallel_rank(), rank);
+    ASSERT_EQ(net->fc1->weight.scalar_type(), torch::kHalf);
+    ASSERT_EQ(net->fc1->weight.device(), device);
+    EXPECT_EQ(engine->loss_scale(), 256.0);
+    for (int64_t step = 0; step < 5; ++step) {
+      const auto d = mlp_batch(100 * step + rank, 8, device);
+      auto loss = engine->forward(d.x, d.y);
+      const bool overflow_step = step == 2;
+      if (overflow_step && rank == world - 1)
+        loss = loss * std::numeric_limits<float>::infinity();
+      std::vector<torch::Tensor> before;
+      for (const auto& p : net->parameters()) before.push_back(p.detach().cpu().clone());
+      const double scale_before = engine->loss_scale();
+      engine->backward(loss);
+      engine->step();
+      EXPECT_EQ(engine->last_step_skipped(), overflow_step) << "step " << step + 1;
+      bool unchanged = true;
+      const auto after = net->parameters();
+      for (size_t i = 0; i < before.size(); ++i)
+        unchanged = unchanged && torch::equal(after[i].detach().cpu(), before[i]);
+      EXPECT_EQ(unchanged, overflow_step) << "step " << step + 1;
+      EXPECT_EQ(engine->loss_scale(), overflow_step ? scale_before / 2 : scale_before)
+          << "step " << step + 1;
+    }
+    EXPECT_EQ(engine->skipped_steps(), 1);
+    EXPECT_EQ(engine->global_steps(), 5);
+    EXPECT_EQ(engine->loss_scale(), 128.0);
+    // The same parameters on every rank: the elementwise max over ranks equals the min.
+    auto& group = engine->data_parallel_group();
+    ASSERT_TRUE(group != nullptr);
+    for (const auto& p : net->parameters()) {
+      auto hi = p.detach().to(torch::kFloat).contiguous().clone(), lo = hi.clone();
+      group->all_reduce(hi, strata::comm::ReduceOp::Max);
+      group->all_reduce(lo, strata::comm::ReduceOp::Min);
+      EXPECT_TRUE(torch::equal(hi.cpu(), lo.cpu()));
+    }
+  }
+}
+
+TEST(EngineGpu, TwoGpusFp16OverflowOnOneRankIsSkippedOnBoth) {
+  if (is_worker()) GTEST_SKIP() << "the driver does not run inside a rank";
+  REQUIRE_GPUS(2);
+  auto env = kRankEnv;
+  env.emplace_back("STRATA_ENGINE_GPU_WORKER", "1");
+  const auto r = run_command(bin("strata-run") + " --num_gpus 2 -- /proc/" +
+                                 std::to_string(::getpid()) +
+                                 "/exe --gtest_filter='EngineGpuWorker.*'",
+                             kLaunchTimeout, env);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  size_t passed = 0;
+  for (size_t at = 0; (at = r.output.find("[  PASSED  ] 1 test", at)) != std::string::npos; ++at)
+    ++passed;
+  EXPECT_EQ(passed, 2u) << "both ranks must run and pass the worker test\n" << r.output;
+}
+
+// --- 5. a ZeRO-2 bf16 checkpoint of 2 GPUs ------------------------------------------------------
+
+// 20 steps straight on 2 GPUs; 10 steps saved (--save-dir), then resumed (--resume) for steps
+// 11-20, on 2 GPUs and on 1 (the ZeRO-2 partitions re-partitioned for one rank).
+//
+// Same world: the resumed losses are expected to equal the straight run's bit for bit. Asserted
+// exactly at step 11 (one forward pass of the restored bf16 weights: deterministic kernels) and
+// to 1e-6 relative after it, since CUDA's attention backward (flash / memory-efficient SDPA) is
+// not promised deterministic. The learning rate is host arithmetic: exact. One GPU: another
+// micro-batch (16, not 8), so other rounding in bf16: 1e-3 relative.
+TEST(EngineGpu, TwoGpusZero2Bf16CheckpointResumesExactlyAndOnOneGpu) {
+  REQUIRE_GPUS(2);
+  ScratchDir dir;
+  const int64_t steps = 20;
+  const auto config = write_config(dir, "zero2_bf16", gpt_config(2, "bf16", steps));
+  const std::string ckpt = dir.str() + "/ckpt";
+  const std::string common = "--steps " + std::to_string(steps) + " --seed 9 ";
+  const std::string full = dir.str() + "/full.jsonl";
+  auto r = train_gpt(2, config, common + "--metrics-jsonl " + full);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train_gpt(2, config, "--steps 10 --seed 9 --save-dir " + ckpt);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(std::filesystem::exists(ckpt + "/step10/manifest.json")) << r.output;
+
+  const auto reference = read_jsonl(full);
+  ASSERT_EQ(reference.size(), size_t(steps));
+  for (int gpus : {2, 1}) {
+    SCOPED_TRACE(std::to_string(gpus) + " GPU(s)");
+    const std::string out = dir.str() + "/resumed" + std::to_string(gpus) + ".jsonl";
+    r = train_gpt(gpus, config, common + "--resume " + ckpt + " --metrics-jsonl " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+    const auto rows = read_jsonl(out);
+    ASSERT_EQ(rows.size(), 10u);
+    double worst = 0;
+    for (size_t i = 0; i < rows.size(); ++i)
+      worst = std::max(worst, relative(rows[i].at("loss").get<double>(),
+                                       reference[10 + i].at("loss").get<double>()));
+    std::cout << "[ INFO     ] resumed on " << gpus << " GPU(s): worst gap to the straight run "
+              << worst << "\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& a = reference[10 + i];
+      const auto& b = rows[i];
+      ASSERT_EQ(b.at("step").get<int64_t>(), a.at("step").get<int64_t>());
+      const double la = a.at("loss").get<double>(), lb = b.at("loss").get<double>();
+      if (gpus == 2) {
+        if (i == 0) {
+          EXPECT_EQ(lb, la) << "step 11: the restored weights' loss";
+        }
+        EXPECT_LE(relative(lb, la), 1e-6) << "step " << i + 11 << ": " << lb << " vs " << la;
+        EXPECT_EQ(b.at("lr").get<double>(), a.at("lr").get<double>()) << "step " << i + 11;
+      } else {
+        EXPECT_LE(relative(lb, la), 1e-3) << "step " << i + 11 << ": " << lb << " vs " << la;
+        EXPECT_DOUBLE_EQ(b.at("lr").get<double>(), a.at("lr").get<double>());
+      }
+      EXPECT_FALSE(b.at("skipped").get<bool>());
+    }
+  }
+}
+
+}  // namespace
