@@ -15,6 +15,13 @@ namespace {
 using strata::optim::Adam;
 using strata::optim::AdamOptions;
 
+// One name per binary: CTest keys test properties (labels) by name.
+#if STRATA_TEST_CUDA
+#define FUSED_ADAM_SUITE FusedAdamGpu
+#else
+#define FUSED_ADAM_SUITE FusedAdam
+#endif
+
 torch::Device test_device() {
 #if STRATA_TEST_CUDA
   return torch::Device(torch::kCUDA, 0);
@@ -76,27 +83,27 @@ void compare(const Case& c) {
   if (c.copy_out) EXPECT_TRUE(torch::equal(out.cpu(), fused_p.to(c.out_dtype).cpu()));
 }
 
-TEST(FusedAdam, AdamWBf16GradientWithBf16CopyOut) {
+TEST(FUSED_ADAM_SUITE, AdamWBf16GradientWithBf16CopyOut) {
   REQUIRE_DEVICE();
   compare({torch::kBFloat16, torch::kBFloat16, true, true, 0.1, 1.0, true});
 }
 
-TEST(FusedAdam, AdamWFp16GradientScaledWithFp16CopyOut) {
+TEST(FUSED_ADAM_SUITE, AdamWFp16GradientScaledWithFp16CopyOut) {
   REQUIRE_DEVICE();
   compare({torch::kHalf, torch::kHalf, true, true, 0.01, 1.0 / 1024, true});
 }
 
-TEST(FusedAdam, L2ModeFp32GradientWithFp32CopyOut) {
+TEST(FUSED_ADAM_SUITE, L2ModeFp32GradientWithFp32CopyOut) {
   REQUIRE_DEVICE();
   compare({torch::kFloat, torch::kFloat, false, true, 0.05, 0.5, true});
 }
 
-TEST(FusedAdam, WithoutBiasCorrectionOrCopyOut) {
+TEST(FUSED_ADAM_SUITE, WithoutBiasCorrectionOrCopyOut) {
   REQUIRE_DEVICE();
   compare({torch::kBFloat16, torch::kBFloat16, true, false, 0.0, 0.25, false});
 }
 
-TEST(FusedAdam, RejectsWhatItCannotStep) {
+TEST(FUSED_ADAM_SUITE, RejectsWhatItCannotStep) {
   REQUIRE_DEVICE();
   const auto dev = test_device();
   auto p = torch::zeros({8}, torch::TensorOptions().device(dev));
