@@ -1,14 +1,16 @@
 // Engine::save_checkpoint / load_checkpoint: what the engine's state is, in which file.
 //   model_states (rank 0): the module's parameters and buffers as trained (16-bit under mixed
 //     precision), the step counters, loss scaler, LR schedule and the program's client state;
-//   optim_states: the fp32 master weights and optimizer state in the flat layout, one file per
-//     rank's partition at stages 1-2 (shared otherwise), so that another world size can
+//   optim_states: the fp32 master weights and optimizer state of each rank's partition of the
+//     flat layout, one file per rank at stages 1-2 (shared otherwise), with the partition's
+//     place in the flat layout (shard_pieces.h), so that another world size or sharding can
 //     re-partition them; the plain fp32 stage-0 path stores its per-parameter state instead.
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "runtime/checkpoint/layout.h"
+#include "runtime/checkpoint/shard_pieces.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -18,6 +20,9 @@ namespace strata {
 namespace {
 
 using checkpoint::NamedTensors;
+using checkpoint::pieces_json;
+using checkpoint::saved_pieces;
+using checkpoint::saved_shard_map;
 
 NamedTensors model_tensors(torch::nn::Module& module) {
   NamedTensors out;
@@ -83,6 +88,9 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     for (const auto& p : module_->named_parameters())
       if (p.value().requires_grad()) names.push_back(p.key());
     scalars["flat_params"] = names;
+    // Where this partition's elements sit in the flat layout (zero/shard_map.h).
+    scalars["partition_numel"] = partitioned_->shards().partition_numel();
+    scalars["shard_pieces"] = pieces_json(partitioned_->shards().pieces(partitioned_->partition_index()));
     optim.emplace_back("master", partitioned_->master());
     const auto state = optim::export_param_state(*optimizer_, partitioned_->master());
     if (state) {
@@ -137,9 +145,9 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   };
   if (partitioned_) {
     const auto& flat = partitioned_->flat();
-    const int64_t parts = flat.partitions();
-    const auto first =
-        optim_file(parts == saved_parts ? static_cast<int>(partitioned_->partition_index()) : 0);
+    const auto& shards = partitioned_->shards();
+    const int64_t part = partitioned_->partition_index();
+    const auto first = optim_file(shards.parts() == saved_parts ? static_cast<int>(part) : 0);
     if (first.scalars.at("layout") != "flat")
       throw Error(fmt::format("{}: saved by the plain fp32 stage-0 path; resume it with the same "
                               "precision and ZeRO stage", reader.folder()));
@@ -147,35 +155,34 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
       throw Error(fmt::format("{}: {} trainable elements saved, this model has {}",
                               reader.folder(), first.scalars.at("flat_numel").get<int64_t>(),
                               flat.numel()));
-    if (parts == saved_parts) {
+    const bool same_layout = shards.parts() == saved_parts &&
+                             first.at("master").numel() == shards.partition_numel() &&
+                             saved_pieces(first, static_cast<int>(part)) == shards.pieces(part);
+    if (same_layout) {
       partitioned_->master().copy_(first.at("master"));
       if (first.scalars.contains("archive"))
         optim::load_optimizer_archive(*optimizer_, tensor_bytes(first.at("archive")));
       else
         optim::import_param_state(*optimizer_, partitioned_->master(), get_state(first, "state."));
     } else {
-      // Another world size: concatenate the saved partitions into the flat layout and take
-      // this rank's range of the new padding.
+      // Another world size or sharding: put the saved partitions back into the flat layout and
+      // cut this rank's partition out of it.
       if (first.scalars.contains("archive"))
-        throw Error(fmt::format("{}: this optimizer's state cannot be re-partitioned from {} to "
-                                "{} ranks (only Strata's Adam and SGD state can)",
-                                reader.folder(), saved_parts, parts));
+        throw Error(fmt::format("{}: this optimizer's state cannot be re-partitioned from {} "
+                                "rank(s) to {} or another sharding (only Strata's Adam and SGD "
+                                "state can)",
+                                reader.folder(), saved_parts, shards.parts()));
       std::vector<checkpoint::TensorFile> files;
       for (int p = 0; p < saved_parts; ++p) files.push_back(optim_file(p));
-      const int64_t begin = flat.partition_begin(partitioned_->partition_index());
-      const int64_t n = flat.partition_numel();
-      auto slice = [&](const std::string& name) {
-        std::vector<torch::Tensor> pieces;
-        for (const auto& f : files) pieces.push_back(f.at(name));
-        auto full = torch::cat(pieces);
-        auto out = torch::zeros({n}, full.options());
-        const int64_t have = std::max<int64_t>(0, std::min(n, full.numel() - begin));
-        if (have > 0) out.narrow(0, 0, have).copy_(full.narrow(0, begin, have));
-        return out;
+      const auto saved = saved_shard_map(files);
+      auto mine = [&](const std::string& name) {
+        std::vector<torch::Tensor> parts;
+        for (const auto& f : files) parts.push_back(f.at(name));
+        return shards.gather(saved.assemble(parts, flat.numel()), part);
       };
-      partitioned_->master().copy_(slice("master"));
+      partitioned_->master().copy_(mine("master"));
       auto state = get_state(files.front(), "state.");
-      for (auto& [name, t] : state.tensors) t = slice("state." + name);
+      for (auto& [name, t] : state.tensors) t = mine("state." + name);
       optim::import_param_state(*optimizer_, partitioned_->master(), state);
     }
   } else {

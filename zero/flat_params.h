@@ -1,7 +1,7 @@
 // One flat buffer for the model's trainable parameters (llm.c's layout): each parameter becomes a
-// view into it, so that a ZeRO partition is just a range of the buffer and collectives work on
-// flat ranges. The buffer is padded to a multiple of (partitions x alignment) elements so that
-// every rank's partition has the same size.
+// view into it, so that ZeRO partitions are ranges of the buffer (shard_map.h says which) and
+// collectives work on flat ranges. The buffer is padded to a multiple of (partitions x alignment)
+// elements so that contiguous partitions all have the same size.
 #pragma once
 
 #include <cstdint>
@@ -23,12 +23,6 @@ class FlatParams {
   int64_t numel() const { return numel_; }                  // without the padding
   int64_t padded_numel() const { return data_.numel(); }
   int64_t partitions() const { return partitions_; }
-  int64_t partition_numel() const { return padded_numel() / partitions_; }
-  int64_t partition_begin(int64_t rank) const { return rank * partition_numel(); }
-  // Partition `rank` of a tensor laid out like data().
-  torch::Tensor partition(const torch::Tensor& flat, int64_t rank) const {
-    return flat.narrow(0, partition_begin(rank), partition_numel());
-  }
   // A zero tensor laid out like data() whose slices are the parameters' shapes.
   torch::Tensor zeros_like_data(torch::ScalarType dtype) const;
   // Parameter `param`'s slice of a tensor laid out like data(), in the parameter's shape.

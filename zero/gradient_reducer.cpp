@@ -40,31 +40,66 @@ std::shared_ptr<GradientReducer> GradientReducer::create(std::vector<torch::Tens
   return reducer;
 }
 
+std::vector<std::vector<size_t>> GradientReducer::plan(const std::vector<torch::Tensor>& params,
+                                                       int64_t bucket_numel) {
+  std::vector<std::vector<size_t>> buckets;
+  int64_t fill = 0;
+  for (size_t k = params.size(); k-- > 0;) {
+    const auto& p = params[k];
+    const bool fits = !buckets.empty() && bucket_numel > 0 && fill + p.numel() <= bucket_numel &&
+                      params[buckets.back().front()].device() == p.device();
+    if (!fits) {
+      buckets.emplace_back();
+      fill = 0;
+    }
+    buckets.back().push_back(k);
+    fill += p.numel();
+  }
+  return buckets;
+}
+
 GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupPtr group,
                                  Options options)
     : params_(std::move(params)), group_(std::move(group)), options_(std::move(options)) {
   if (group_ && group_->size() == 1) group_.reset();
-  if (options_.mode == Mode::kPartition && options_.flat_offsets.size() != params_.size())
-    throw Error("GradientReducer: partition mode needs every parameter's flat offset");
+  const bool partition = options_.mode == Mode::kPartition;
+  auto plan = options_.plan.empty() ? GradientReducer::plan(params_, options_.bucket_numel)
+                                    : options_.plan;
+  if (partition) {
+    const int64_t parts = group_ ? group_->size() : 1;
+    if (options_.flat_offsets.size() != params_.size() ||
+        options_.shards.buckets().size() != plan.size() || options_.shards.parts() != parts ||
+        options_.partition_grad.numel() != options_.shards.partition_numel())
+      throw Error("GradientReducer: partition mode needs the bucket plan, every parameter's flat "
+                  "offset and a bucketed ShardMap of those buckets for this group");
+  }
   where_.resize(params_.size());
   staged_.assign(params_.size(), false);
-  // Reverse registration order; a bucket holds parameters of one device.
-  int64_t fill = 0;
-  for (size_t k = params_.size(); k-- > 0;) {
-    const auto& p = params_[k];
-    const bool fits = !buckets_.empty() && options_.bucket_numel > 0 &&
-                      fill + p.numel() <= options_.bucket_numel &&
-                      buckets_.back().flat.device() == p.device();
-    if (!fits) {
-      buckets_.emplace_back();
-      fill = 0;
+  for (size_t b = 0; b < plan.size(); ++b) {
+    auto& bucket = buckets_.emplace_back();
+    const auto& first = params_.at(plan[b].front());
+    int64_t fill = 0;
+    for (size_t k : plan[b]) {
+      where_.at(k) = {b, bucket.params.size()};
+      bucket.params.push_back(k);
+      if (partition) {
+        // Flat order inside the bucket: the reduce-scatter's chunk r is rank r's piece.
+        bucket.slots.push_back(options_.flat_offsets[k] - options_.shards.buckets()[b].lo);
+      } else {
+        bucket.slots.push_back(fill);
+        fill += params_[k].numel();
+      }
     }
-    auto& bucket = buckets_.back();
-    where_[k] = {buckets_.size() - 1, bucket.params.size()};
-    bucket.params.push_back(k);
-    bucket.slots.push_back(fill);
-    fill += p.numel();
-    bucket.flat = torch::empty({fill}, p.options().dtype(options_.comm_dtype));
+    const auto comm = first.options().dtype(options_.comm_dtype);
+    if (partition) {
+      const auto& shard = options_.shards.buckets()[b];
+      const int64_t parts = options_.shards.parts();
+      bucket.flat = torch::zeros({parts * shard.chunk}, comm);  // the padding stays zero
+      bucket.out = group_ ? torch::empty({shard.chunk}, comm) : bucket.flat;
+      bucket.accumulator = options_.partition_grad.narrow(0, shard.base, shard.chunk);
+    } else {
+      bucket.flat = torch::empty({fill}, comm);
+    }
   }
 }
 
@@ -115,29 +150,26 @@ void GradientReducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() &&
          buckets_[next_launch_].ready == buckets_[next_launch_].params.size()) {
     auto& bucket = buckets_[next_launch_++];
-    if (group_) bucket.work = group_->all_reduce_async(bucket.flat, comm::ReduceOp::Avg);
+    if (!group_) continue;
+    if (options_.mode == Mode::kPartition)
+      bucket.work = group_->reduce_scatter_async(bucket.out, bucket.flat, comm::ReduceOp::Avg);
+    else
+      bucket.work = group_->all_reduce_async(bucket.flat, comm::ReduceOp::Avg);
   }
 }
 
 void GradientReducer::deliver(Bucket& bucket) {
+  if (options_.mode == Mode::kPartition) {
+    bucket.accumulator.add_(bucket.out);
+    return;
+  }
   for (size_t i = 0; i < bucket.params.size(); ++i) {
-    const size_t k = bucket.params[i];
-    auto& p = params_[k];
+    auto& p = params_[bucket.params[i]];
     auto reduced = bucket.flat.narrow(0, bucket.slots[i], p.numel());
-    if (options_.mode == Mode::kFull) {
-      if (p.grad().defined())
-        p.mutable_grad().copy_(reduced.view_as(p));
-      else
-        p.mutable_grad() = reduced.view_as(p).to(p.scalar_type()).clone();
-      continue;
-    }
-    // The intersection of [offset, offset + numel) with this rank's [begin, end).
-    const int64_t offset = options_.flat_offsets[k];
-    const int64_t lo = std::max(offset, options_.partition_begin);
-    const int64_t hi = std::min(offset + p.numel(), options_.partition_end);
-    if (lo < hi)
-      options_.partition_grad.narrow(0, lo - options_.partition_begin, hi - lo)
-          .add_(reduced.narrow(0, lo - offset, hi - lo));
+    if (p.grad().defined())
+      p.mutable_grad().copy_(reduced.view_as(p));
+    else
+      p.mutable_grad() = reduced.view_as(p).to(p.scalar_type()).clone();
   }
 }
 

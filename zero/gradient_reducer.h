@@ -2,16 +2,18 @@
 //
 // A hook after each parameter's gradient accumulation (the AccumulateGrad node's post hook, as
 // LibTorch's DDP reducer uses) copies the gradient into its bucket, in the communication dtype;
-// a full bucket's all-reduce (average) is launched at once. Buckets launch strictly in bucket
-// order on every rank, since collectives must match across ranks; parameters are bucketed in
-// reverse registration order, roughly the order backward reaches them. finish() launches what
-// is left (a parameter that got no gradient contributes what its .grad holds, or zeros), waits,
-// and delivers the averages:
-//   - Mode::kFull (stage 0, 1): only on the micro-step that ends the accumulation window; the
-//     average is written back into each parameter's .grad.
+// a full bucket's collective is launched at once. Buckets launch strictly in bucket order on
+// every rank, since collectives must match across ranks; parameters are bucketed in reverse
+// registration order, roughly the order backward reaches them (plan()). finish() launches what is
+// left (a parameter that got no gradient contributes what its .grad holds, or zeros), waits, and
+// delivers:
+//   - Mode::kFull (stage 0, 1): only on the micro-step that ends the accumulation window; one
+//     all-reduce (average) per bucket, written back into each parameter's .grad.
 //   - Mode::kPartition (stage 2): on every micro-step; each .grad is freed as soon as it is in
-//     its bucket, and only the slice of the flat layout this rank owns is added into the
-//     partition's gradient accumulator, so no full-size gradient outlives its bucket.
+//     its bucket. A bucket holds its parameters in flat order and is sharded across the ranks as
+//     the ShardMap says (shard_map.h, bucketed()): one reduce-scatter (average) leaves this rank's
+//     chunk, which is added into the partition's gradient accumulator. No full-size gradient
+//     outlives its bucket, and each bucket moves half the bytes of an all-reduce.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include <torch/torch.h>
 
 #include "comm/process_group.h"
+#include "zero/shard_map.h"
 
 namespace strata::zero {
 
@@ -31,12 +34,19 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     Mode mode = Mode::kFull;
     int64_t bucket_numel = 0;  // DeepSpeed's reduce_bucket_size; 0 = one bucket per parameter
     torch::ScalarType comm_dtype = torch::kFloat;
-    // kPartition: each parameter's offset in the flat layout, this rank's range [begin, end) of
-    // it, and the accumulator for that range (partition_grad[i] is flat element begin + i).
+    // kPartition: the buckets (plan() of the same parameters and bucket_numel), each
+    // parameter's offset in the flat layout, the bucketed ShardMap of those buckets (bucket b is
+    // shards.buckets()[b]), and this rank's gradient accumulator (shards.partition_numel()).
+    std::vector<std::vector<size_t>> plan;
     std::vector<int64_t> flat_offsets;
-    int64_t partition_begin = 0, partition_end = 0;
+    ShardMap shards;
     torch::Tensor partition_grad;
   };
+
+  // Parameter indices per bucket: reverse registration order, at most bucket_numel elements per
+  // bucket (a larger parameter gets a bucket of its own), one device per bucket.
+  static std::vector<std::vector<size_t>> plan(const std::vector<torch::Tensor>& params,
+                                               int64_t bucket_numel);
 
   // The group may be null (one process): gradients still move into place, nothing is sent.
   static std::shared_ptr<GradientReducer> create(std::vector<torch::Tensor> params,
@@ -52,7 +62,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   struct Bucket {
     std::vector<size_t> params;
     std::vector<int64_t> slots;  // element offset of each parameter in `flat`
-    torch::Tensor flat;
+    torch::Tensor flat;          // what is sent (kPartition: parts x chunk, zero padding)
+    torch::Tensor out;           // kPartition: this rank's reduced chunk
+    torch::Tensor accumulator;   // kPartition: its place in the partition's gradient
     size_t ready = 0;
     comm::WorkPtr work;
   };

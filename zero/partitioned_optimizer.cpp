@@ -16,6 +16,23 @@ int64_t partitions_for(int64_t stage, const comm::GroupPtr& group) {
 
 int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
+// Stage 2 shards every gradient bucket across the ranks (one reduce-scatter per bucket); the
+// other stages split the flat layout into one contiguous range per rank.
+ShardMap shard_map_for(const FlatParams& flat, int64_t stage,
+                       const std::vector<std::vector<size_t>>& plan) {
+  if (stage < 2) return ShardMap::contiguous(flat.padded_numel(), flat.partitions());
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& bucket : plan) {
+    int64_t lo = flat.numel(), hi = 0;
+    for (size_t k : bucket) {
+      lo = std::min(lo, flat.offset(k));
+      hi = std::max(hi, flat.offset(k) + flat.params()[k].numel());
+    }
+    ranges.emplace_back(lo, hi);
+  }
+  return ShardMap::bucketed(ranges, flat.partitions());
+}
+
 }  // namespace
 
 PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
@@ -25,35 +42,32 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
       group_(group && group->size() > 1 ? std::move(group) : nullptr),
       rank_(group_ ? group_->rank() : 0),
       flat_(std::move(params), partitions_for(options.stage, group_)) {
-  const int64_t part = partition_index();
   const auto model_dtype = flat_.data().scalar_type();
+  const auto plan = GradientReducer::plan(flat_.params(), options_.reduce_bucket_numel);
+  shards_ = shard_map_for(flat_, options_.stage, plan);
   {
     torch::NoGradGuard no_grad;
-    master_ = flat_.partition(flat_.data(), part).to(torch::kFloat, /*non_blocking=*/false,
-                                                     /*copy=*/true);
+    master_ = shards_.gather(flat_.data(), partition_index()).to(torch::kFloat);
   }
   inner_ = make_inner({master_});
   if (!inner_) throw Error("the optimizer builder returned null");
 
+  GradientReducer::Options r;
+  r.bucket_numel = options_.reduce_bucket_numel;
+  r.comm_dtype = options_.comm_dtype;
+  r.plan = plan;
   if (options_.stage <= 1) {
     grad_flat_ = flat_.zeros_like_data(model_dtype);
     own_local_gradients();
     if (group_) {
-      GradientReducer::Options r;
       r.mode = GradientReducer::Mode::kFull;
-      r.bucket_numel = options_.reduce_bucket_numel;
-      r.comm_dtype = options_.comm_dtype;
       reducer_ = GradientReducer::create(flat_.params(), group_, r);
     }
   } else {
-    grad_partition_ = torch::zeros({flat_.partition_numel()}, flat_.data().options());
-    GradientReducer::Options r;
+    grad_partition_ = torch::zeros({shards_.partition_numel()}, flat_.data().options());
     r.mode = GradientReducer::Mode::kPartition;
-    r.bucket_numel = options_.reduce_bucket_numel;
-    r.comm_dtype = options_.comm_dtype;
     for (size_t i = 0; i < flat_.params().size(); ++i) r.flat_offsets.push_back(flat_.offset(i));
-    r.partition_begin = flat_.partition_begin(part);
-    r.partition_end = r.partition_begin + flat_.partition_numel();
+    r.shards = shards_;
     r.partition_grad = grad_partition_;
     reducer_ = GradientReducer::create(flat_.params(), group_, r);
   }
@@ -81,7 +95,9 @@ void PartitionedOptimizer::own_local_gradients() {
 
 torch::Tensor PartitionedOptimizer::partition_gradient() const {
   if (options_.stage == 2) return grad_partition_;
-  return flat_.partition(grad_flat_, partition_index());
+  // Contiguous: the partition is a range of the flat gradient.
+  return grad_flat_.narrow(0, partition_index() * shards_.partition_numel(),
+                           shards_.partition_numel());
 }
 
 void PartitionedOptimizer::zero_gradients() {
@@ -121,7 +137,11 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
 void PartitionedOptimizer::apply(double clip_coef) {
   torch::NoGradGuard no_grad;
   if (!grad_.defined()) throw Error("PartitionedOptimizer::apply without prepare");
-  auto mine = flat_.partition(flat_.data(), partition_index());
+  const int64_t n = shards_.partition_numel();
+  // The new 16-bit weights of this partition: written straight into the flat layout when the
+  // partition is a range of it, else into a buffer scattered into place after the all-gather.
+  auto mine = shards_.is_contiguous() ? flat_.data().narrow(0, partition_index() * n, n)
+                                      : torch::empty({n}, flat_.data().options());
   if (flat_step_) {
     flat_step_(grad_, grad_scale_ * std::min(clip_coef, 1.0), mine);
   } else {
@@ -130,9 +150,15 @@ void PartitionedOptimizer::apply(double clip_coef) {
     inner_->step();
     mine.copy_(master_);
   }
-  if (group_ && flat_.partitions() > 1) {
-    mine = mine.clone();  // the all-gather's input may not alias its output
-    group_->all_gather(flat_.data(), mine);
+  const int64_t parts = shards_.parts();
+  if (shards_.is_contiguous()) {
+    if (parts > 1) group_->all_gather(flat_.data(), mine.clone());  // input may not alias output
+  } else if (parts > 1) {
+    auto gathered = torch::empty({parts * n}, mine.options());
+    group_->all_gather(gathered, mine);
+    for (int64_t r = 0; r < parts; ++r) shards_.scatter(gathered.narrow(0, r * n, n), r, flat_.data());
+  } else {
+    shards_.scatter(mine, 0, flat_.data());
   }
   zero_gradients();
 }

@@ -4,15 +4,19 @@
 // The model's trainable parameters live in one flat buffer in the model's dtype (fp32, bf16 or
 // fp16). The fp32 master copy covers this rank's partition of that buffer (stage 1, 2) or all
 // of it (stage 0), and the inner optimizer (from the registry, or the program's) sees only that
-// fp32 master tensor, so its state is partitioned with it. Gradients:
+// fp32 master tensor, so its state is partitioned with it. Which flat elements a partition holds
+// is the ShardMap's business (shard_map.h): one contiguous range per rank at stage 0/1, every
+// gradient bucket cut across the ranks at stage 2. Gradients:
 //   - stage 0, 1: each .grad is a view into one flat gradient buffer; on the boundary
-//     micro-step the reducer averages them over the data-parallel group;
-//   - stage 2: every micro-step's gradients are averaged in buckets during backward and only this
-//     rank's slice is accumulated (in the model's dtype); no full gradient buffer exists.
+//     micro-step the reducer averages them over the data-parallel group (all-reduce);
+//   - stage 2: every micro-step's gradients are reduce-scattered in buckets during backward and
+//     this rank's chunk of each is accumulated (in the model's dtype); no full gradient buffer
+//     exists.
 // At the boundary the engine (which owns the loss scaler) calls prepare(): one sum of squares of
 // the partition's gradient, all-reduced, gives both the overflow flag and the global norm (the
 // step's one host sync). Then discard() (an overflowing step is skipped) or apply(): unscale and
-// clip, inner step, copy the master into the 16-bit partition, all-gather partitions.
+// clip, inner step, copy the master into the 16-bit partition, all-gather partitions (and put
+// each rank's pieces in place in the flat buffer).
 //
 // Two ways to run the inner step. By default the partition's gradient is materialised in fp32 as
 // the master's .grad and the inner optimizer's step() runs (any torch::optim::Optimizer). With a
@@ -31,6 +35,7 @@
 #include "comm/process_group.h"
 #include "zero/flat_params.h"
 #include "zero/gradient_reducer.h"
+#include "zero/shard_map.h"
 
 namespace strata::zero {
 
@@ -78,9 +83,10 @@ class PartitionedOptimizer {
 
   const std::shared_ptr<torch::optim::Optimizer>& inner() const { return inner_; }
   const FlatParams& flat() const { return flat_; }
-  // The fp32 master weights of partition partition_index() of flat() (the inner optimizer's
-  // one parameter); a checkpoint restores them in place.
+  // The fp32 master weights of partition partition_index() of flat(), laid out as shards()
+  // says (the inner optimizer's one parameter); a checkpoint restores them in place.
   const torch::Tensor& master() const { return master_; }
+  const ShardMap& shards() const { return shards_; }
   int64_t partition_index() const { return flat_.partitions() > 1 ? rank_ : 0; }
   // Parameters, gradients and master weights (the inner optimizer's state is counted by the
   // caller, which knows the optimizer types).
@@ -95,6 +101,7 @@ class PartitionedOptimizer {
   comm::GroupPtr group_;
   int64_t rank_ = 0;
   FlatParams flat_;
+  ShardMap shards_;
   torch::Tensor grad_flat_;       // stage 0, 1: full gradients, model dtype
   torch::Tensor grad_partition_;  // stage 2: this rank's gradients, model dtype
   torch::Tensor master_;          // fp32 partition (stage 0: everything)

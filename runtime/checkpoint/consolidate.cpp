@@ -8,6 +8,7 @@
 
 #include "runtime/checkpoint/atomic_file.h"
 #include "runtime/checkpoint/layout.h"
+#include "runtime/checkpoint/shard_pieces.h"
 #include "runtime/error.h"
 
 namespace strata::checkpoint {
@@ -22,11 +23,13 @@ NamedTensors consolidate(const std::string& dir, const std::string& tag,
                                   : reader.load_shared("optim_states");
   std::map<std::string, torch::Tensor> master;  // parameter name -> fp32 full value
   if (optim0.scalars.value("layout", "") == "flat") {
-    std::vector<torch::Tensor> pieces;
+    std::vector<TensorFile> files{optim0};
     const int parts = partitioned ? reader.world_size() : 1;
-    for (int p = 0; p < parts; ++p)
-      pieces.push_back((p == 0 ? optim0 : reader.load_partition("optim_states", p)).at("master"));
-    const auto flat = torch::cat(pieces);
+    for (int p = 1; p < parts; ++p) files.push_back(reader.load_partition("optim_states", p));
+    std::vector<torch::Tensor> masters;
+    for (const auto& f : files) masters.push_back(f.at("master"));
+    const auto flat = saved_shard_map(files).assemble(
+        masters, optim0.scalars.at("flat_numel").get<int64_t>());
     int64_t offset = 0;
     for (const auto& name : optim0.scalars.at("flat_params")) {
       const auto& saved = model.at("param." + name.get<std::string>());

@@ -157,16 +157,22 @@ TEST(TrainGpt, ResumeContinuesExactly) {
   }
 }
 
-// A ZeRO-2 checkpoint saved by 2 ranks resumes on 4 ranks and on 1 (re-partitioned) with the
+// A ZeRO-2 checkpoint saved by 2 ranks (gradients in several buckets, each sharded across the
+// ranks) resumes on 4 ranks with other buckets and on 1 with one bucket (re-partitioned) with the
 // losses of the uninterrupted 2-rank run.
 TEST(TrainGpt, ZeroCheckpointResumesAtAnotherWorldSize) {
   nlohmann::json config;
   std::ifstream(std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json") >> config;
-  config["zero_optimization"] = {{"stage", 2}};
   config.erase("launcher");
   const std::string tag = std::to_string(getpid());
-  const std::string path = testing::TempDir() + "/train_gpt_z2_" + tag + ".json";
-  std::ofstream(path) << config.dump();
+  auto write = [&](int64_t bucket) {
+    config["zero_optimization"] = {{"stage", 2}, {"reduce_bucket_size", bucket}};
+    const std::string file =
+        testing::TempDir() + "/train_gpt_z2_" + std::to_string(bucket) + "_" + tag + ".json";
+    std::ofstream(file) << config.dump();
+    return file;
+  };
+  const std::string path = write(3000);  // the tiny GPT has ~100k parameters: many buckets
   const std::string dir = testing::TempDir() + "/train_gpt_z2ckpt_" + tag;
   const std::string full = testing::TempDir() + "/train_gpt_z2full_" + tag + ".jsonl";
   ASSERT_EQ(launch(2, "--config " + path + " --steps 20 --metrics-jsonl " + full), "");
@@ -175,8 +181,8 @@ TEST(TrainGpt, ZeroCheckpointResumesAtAnotherWorldSize) {
   for (int ranks : {4, 1}) {
     const std::string out = testing::TempDir() + "/train_gpt_z2res" + std::to_string(ranks) + "_" +
                             tag + ".jsonl";
-    const std::string args = "--config " + path + " --steps 20 --resume " + dir +
-                             " --metrics-jsonl " + out;
+    const std::string args = "--config " + write(ranks == 1 ? 100000000 : 7000) + " --steps 20 --resume " +
+                             dir + " --metrics-jsonl " + out;
     if (ranks == 1) {
       const auto r = run(args);
       ASSERT_EQ(r.exit_code, 0) << r.output;
