@@ -154,9 +154,17 @@ void PartitionedOptimizer::apply(double clip_coef) {
   if (shards_.is_contiguous()) {
     if (parts > 1) group_->all_gather(flat_.data(), mine.clone());  // input may not alias output
   } else if (parts > 1) {
-    auto gathered = torch::empty({parts * n}, mine.options());
-    group_->all_gather(gathered, mine);
-    for (int64_t r = 0; r < parts; ++r) shards_.scatter(gathered.narrow(0, r * n, n), r, flat_.data());
+    // Bucket by bucket through one buffer of the largest: the step's extra memory is one
+    // bucket's 16-bit weights, not the model's.
+    int64_t largest = 0;
+    for (const auto& b : shards_.buckets()) largest = std::max(largest, b.chunk);
+    auto gathered = torch::empty({parts * largest}, mine.options());
+    for (size_t i = 0; i < shards_.buckets().size(); ++i) {
+      const auto& b = shards_.buckets()[i];
+      auto out = gathered.narrow(0, 0, parts * b.chunk);
+      group_->all_gather(out, mine.narrow(0, b.base, b.chunk));
+      shards_.scatter_bucket(out, i, flat_.data());
+    }
   } else {
     shards_.scatter(mine, 0, flat_.data());
   }

@@ -80,6 +80,17 @@ void ShardMap::scatter(const torch::Tensor& part, int64_t rank, const torch::Ten
   }
 }
 
+void ShardMap::scatter_bucket(const torch::Tensor& gathered, size_t bucket,
+                              const torch::Tensor& flat) const {
+  const auto& b = buckets_.at(bucket);
+  for (int64_t r = 0; r < parts(); ++r) {
+    const int64_t begin = b.lo + r * b.chunk;
+    if (begin >= b.hi) break;  // this rank's chunk and the rest are padding
+    const int64_t n = std::min(b.chunk, b.hi - begin);
+    flat.narrow(0, begin, n).copy_(gathered.narrow(0, r * b.chunk, n));
+  }
+}
+
 torch::Tensor ShardMap::assemble(const std::vector<torch::Tensor>& partitions,
                                  int64_t flat_numel) const {
   if (static_cast<int64_t>(partitions.size()) != parts())

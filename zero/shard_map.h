@@ -58,6 +58,9 @@ class ShardMap {
   // Writes partition tensor `part` of rank `rank` into its places in `flat` (what lies past the
   // end of `flat` is padding and dropped).
   void scatter(const torch::Tensor& part, int64_t rank, const torch::Tensor& flat) const;
+  // Writes bucket `bucket`'s chunks of every rank, as an all-gather of them returns them (rank
+  // after rank, parts() x chunk elements), into their places in `flat` (bucketed maps).
+  void scatter_bucket(const torch::Tensor& gathered, size_t bucket, const torch::Tensor& flat) const;
   // The flat layout (flat_numel elements) from every rank's partition.
   torch::Tensor assemble(const std::vector<torch::Tensor>& partitions, int64_t flat_numel) const;
 

@@ -54,6 +54,20 @@ TEST(ShardMap, GatherScatterAndAssembleRoundTrip) {
   EXPECT_TRUE(torch::equal(other.assemble(again, 103), flat));
 }
 
+TEST(ShardMap, ScatterBucketPlacesAnAllGatheredBucket) {
+  const auto map = ShardMap::bucketed({{40, 70}, {0, 40}}, 3, 4);
+  const auto flat = torch::arange(70, torch::kFloat);
+  auto rebuilt = torch::zeros({70});
+  for (size_t b = 0; b < map.buckets().size(); ++b) {
+    const auto& bucket = map.buckets()[b];
+    std::vector<torch::Tensor> chunks;  // what an all-gather of each rank's chunk returns
+    for (int64_t r = 0; r < 3; ++r)
+      chunks.push_back(map.gather(flat, r).narrow(0, bucket.base, bucket.chunk));
+    map.scatter_bucket(torch::cat(chunks), b, rebuilt);
+  }
+  EXPECT_TRUE(torch::equal(rebuilt, flat));
+}
+
 TEST(ShardMap, FromPiecesChecksThatPiecesFit) {
   const auto map = ShardMap::from_pieces({{{0, 4, 0}}, {{4, 4, 0}}}, 4);
   EXPECT_TRUE(map.is_contiguous());
