@@ -90,15 +90,18 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
         fill += params_[k].numel();
       }
     }
-    const auto comm = first.options().dtype(options_.comm_dtype);
+    bucket.options = first.options().dtype(options_.comm_dtype);
     if (partition) {
       const auto& shard = options_.shards.buckets()[b];
       const int64_t parts = options_.shards.parts();
-      bucket.flat = torch::zeros({parts * shard.chunk}, comm);  // the padding stays zero
-      bucket.out = group_ ? torch::empty({shard.chunk}, comm) : bucket.flat;
+      bucket.numel = parts * shard.chunk;
+      bucket.filled = shard.hi - shard.lo;  // the rest is padding, zeroed
+      bucket.out_numel = shard.chunk;
+      // In place: rank r's chunk of the bucket receives its reduction (NCCL's in-place form).
+      bucket.out_offset = group_ ? group_->rank() * shard.chunk : 0;
       bucket.accumulator = options_.partition_grad.narrow(0, shard.base, shard.chunk);
     } else {
-      bucket.flat = torch::empty({fill}, comm);
+      bucket.numel = bucket.filled = bucket.out_numel = fill;
     }
   }
 }
@@ -123,6 +126,13 @@ void GradientReducer::begin_backward(bool boundary) {
 void GradientReducer::stage(size_t k) {
   const auto [b, i] = where_[k];
   auto& bucket = buckets_[b];
+  if (!bucket.flat.defined()) {
+    // Allocated when its first gradient arrives and freed once delivered: only the buckets in
+    // flight hold memory, not a second full-size gradient.
+    bucket.flat = torch::empty({bucket.numel}, bucket.options);
+    if (bucket.filled < bucket.numel)
+      bucket.flat.narrow(0, bucket.filled, bucket.numel - bucket.filled).zero_();
+  }
   auto slot = bucket.flat.narrow(0, bucket.slots[i], params_[k].numel());
   const auto& grad = params_[k].grad();
   if (grad.defined())
@@ -150,27 +160,37 @@ void GradientReducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() &&
          buckets_[next_launch_].ready == buckets_[next_launch_].params.size()) {
     auto& bucket = buckets_[next_launch_++];
-    if (!group_) continue;
-    if (options_.mode == Mode::kPartition)
-      bucket.work = group_->reduce_scatter_async(bucket.out, bucket.flat, comm::ReduceOp::Avg);
-    else
-      bucket.work = group_->all_reduce_async(bucket.flat, comm::ReduceOp::Avg);
+    if (group_) {
+      if (options_.mode == Mode::kPartition)
+        bucket.work = group_->reduce_scatter_async(
+            bucket.flat.narrow(0, bucket.out_offset, bucket.out_numel), bucket.flat,
+            comm::ReduceOp::Avg);
+      else
+        bucket.work = group_->all_reduce_async(bucket.flat, comm::ReduceOp::Avg);
+    }
   }
+  // Deliver (and free) all but the last kInFlight launched buckets: their collectives have had
+  // a bucket's worth of backward to finish, so waiting on them rarely holds the compute stream.
+  while (next_deliver_ + kInFlight < next_launch_) deliver(buckets_[next_deliver_++]);
 }
 
 void GradientReducer::deliver(Bucket& bucket) {
+  if (bucket.work) bucket.work->wait();
+  const auto out = bucket.flat.narrow(0, bucket.out_offset, bucket.out_numel);
   if (options_.mode == Mode::kPartition) {
-    bucket.accumulator.add_(bucket.out);
-    return;
+    bucket.accumulator.add_(out);
+  } else {
+    for (size_t i = 0; i < bucket.params.size(); ++i) {
+      auto& p = params_[bucket.params[i]];
+      auto reduced = bucket.flat.narrow(0, bucket.slots[i], p.numel());
+      if (p.grad().defined())
+        p.mutable_grad().copy_(reduced.view_as(p));
+      else
+        p.mutable_grad() = reduced.view_as(p).to(p.scalar_type()).clone();
+    }
   }
-  for (size_t i = 0; i < bucket.params.size(); ++i) {
-    auto& p = params_[bucket.params[i]];
-    auto reduced = bucket.flat.narrow(0, bucket.slots[i], p.numel());
-    if (p.grad().defined())
-      p.mutable_grad().copy_(reduced.view_as(p));
-    else
-      p.mutable_grad() = reduced.view_as(p).to(p.scalar_type()).clone();
-  }
+  bucket.work.reset();
+  bucket.flat = torch::Tensor();  // stream-safe: the collective's stream use was recorded
 }
 
 void GradientReducer::finish() {
@@ -179,14 +199,10 @@ void GradientReducer::finish() {
   for (size_t k = 0; k < params_.size(); ++k)
     if (!staged_[k]) stage(k);  // no gradient this backward: contributes what .grad holds
   launch_ready_buckets();
-  for (auto& bucket : buckets_) {
-    if (bucket.work) bucket.work->wait();
-    deliver(bucket);
-    bucket.ready = 0;
-    bucket.work.reset();
-  }
+  while (next_deliver_ < buckets_.size()) deliver(buckets_[next_deliver_++]);
+  for (auto& bucket : buckets_) bucket.ready = 0;
   std::fill(staged_.begin(), staged_.end(), false);
-  next_launch_ = 0;
+  next_launch_ = next_deliver_ = 0;
 }
 
 }  // namespace strata::zero

@@ -14,6 +14,10 @@
 //     the ShardMap says (shard_map.h, bucketed()): one reduce-scatter (average) leaves this rank's
 //     chunk, which is added into the partition's gradient accumulator. No full-size gradient
 //     outlives its bucket, and each bucket moves half the bytes of an all-reduce.
+// A bucket's buffer exists from its first gradient until it is delivered; buckets are delivered
+// (the compute stream waits for their collective) as soon as kInFlight later ones have launched,
+// so a backward holds a few buckets' buffers at a time (DeepSpeed's double-buffered IPG
+// bucket), not a second copy of every gradient.
 #pragma once
 
 #include <cstdint>
@@ -62,12 +66,16 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   struct Bucket {
     std::vector<size_t> params;
     std::vector<int64_t> slots;  // element offset of each parameter in `flat`
-    torch::Tensor flat;          // what is sent (kPartition: parts x chunk, zero padding)
-    torch::Tensor out;           // kPartition: this rank's reduced chunk
+    torch::TensorOptions options;  // device and communication dtype
+    int64_t numel = 0;   // what is sent (kPartition: parts x chunk)
+    int64_t filled = 0;  // elements the parameters fill; the rest is zero padding
+    int64_t out_offset = 0, out_numel = 0;  // the reduced result within `flat`
+    torch::Tensor flat;          // allocated by the first gradient, freed when delivered
     torch::Tensor accumulator;   // kPartition: its place in the partition's gradient
     size_t ready = 0;
     comm::WorkPtr work;
   };
+  static constexpr size_t kInFlight = 2;  // launched buckets not yet delivered, at most
 
   GradientReducer(std::vector<torch::Tensor> params, comm::GroupPtr group, Options options);
   void attach_hooks();
@@ -83,7 +91,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<bool> staged_;
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
-  size_t next_launch_ = 0;
+  size_t next_launch_ = 0, next_deliver_ = 0;
   bool active_ = false;
 };
 
