@@ -113,11 +113,18 @@ Block make_zero() {
       .when([](const json& v) { return v.get<int64_t>() == 3; })
       .pending("ZeRO stage 3 (parameter partitioning)");
   b.add(&ZeroConfig::contiguous_gradients, "contiguous_gradients");
-  b.add(&ZeroConfig::reduce_scatter, "reduce_scatter");
+  // Both choose how gradients travel, not what they are: Strata always takes the faster way.
+  b.add(&ZeroConfig::reduce_scatter, "reduce_scatter")
+      .when([](const json& v) { return v.is_boolean() && !v.get<bool>(); })
+      .ignored("ZeRO-2 always reduce-scatters its gradient buckets (the same averages as the "
+               "all-reduce DeepSpeed uses when this is false)");
   b.add(&ZeroConfig::reduce_bucket_size, "reduce_bucket_size").min(0);  // 0: each gradient alone
   b.add(&ZeroConfig::allgather_partitions, "allgather_partitions");
   b.add(&ZeroConfig::allgather_bucket_size, "allgather_bucket_size").positive();
-  b.add(&ZeroConfig::overlap_comm, "overlap_comm");
+  b.add(&ZeroConfig::overlap_comm, "overlap_comm")
+      .when([](const json& v) { return v.is_boolean() && !v.get<bool>(); })
+      .ignored("every gradient bucket's reduction is launched during backward, overlapping it "
+               "(the results are the same)");
   b.add(&ZeroConfig::load_from_fp32_weights, "load_from_fp32_weights");
   b.add(&ZeroConfig::elastic_checkpoint, "elastic_checkpoint")
       .ignored("legacy in DeepSpeed, which points to universal checkpointing instead");

@@ -261,6 +261,15 @@ TEST(ConfigReads, OffloadBelowItsStageIsIgnoredLikeDeepSpeed) {
   EXPECT_CONTAINS(joined_warnings(c), "zero_optimization.offload_param.device = \"cpu\" has no effect at stage 2");
 }
 
+// Turning off overlap or reduce-scatter only slows DeepSpeed down; Strata says it does neither.
+TEST(ConfigReads, CommunicationSwitchesThatChangeNothingWarn) {
+  const Config c = load(with(R"("zero_optimization": {"stage": 2, "overlap_comm": false, "reduce_scatter": false})"));
+  const std::string w = joined_warnings(c);
+  EXPECT_CONTAINS(w, "zero_optimization.overlap_comm = false is accepted but has no effect");
+  EXPECT_CONTAINS(w, "zero_optimization.reduce_scatter = false is accepted but has no effect");
+  EXPECT_TRUE(load(with(R"("zero_optimization": {"stage": 2, "overlap_comm": true})")).warnings.empty());
+}
+
 TEST(ConfigReads, DeepSpeedReadsAutoAsTheDefaultInItsPydanticBlocks) {
   const Config c = load(with(R"("zero_optimization": {"stage": 3, "stage3_max_live_parameters": "auto"})"));
   EXPECT_EQ(c.zero_optimization.stage3_max_live_parameters, Config().zero_optimization.stage3_max_live_parameters);
