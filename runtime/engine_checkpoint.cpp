@@ -89,8 +89,8 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
       if (p.value().requires_grad()) names.push_back(p.key());
     scalars["flat_params"] = names;
     // Where this partition's elements sit in the flat layout (zero/shard_map.h).
-    scalars["partition_numel"] = partitioned_->shards().partition_numel();
-    scalars["shard_pieces"] = pieces_json(partitioned_->shards().pieces(partitioned_->partition_index()));
+    const auto& shards = partitioned_->shards();
+    scalars["shard_pieces"] = pieces_json(shards.pieces(partitioned_->partition_index()));
     optim.emplace_back("master", partitioned_->master());
     const auto state = optim::export_param_state(*optimizer_, partitioned_->master());
     if (state) {

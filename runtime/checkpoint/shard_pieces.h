@@ -1,7 +1,7 @@
 // How a checkpoint records where a saved partition's elements sit in the flat parameter layout
-// (zero/shard_map.h): the optim_states file of each rank carries "partition_numel" and
-// "shard_pieces" ([[flat_begin, length, offset], ...]). Files written before the pieces existed
-// hold contiguous partitions (rank r: [r*P, (r+1)*P), P = the master's length).
+// (zero/shard_map.h): the optim_states file of each rank carries "shard_pieces" ([[flat_begin,
+// length, offset], ...]; the partition's length is the master's). Files written before the
+// pieces existed hold contiguous partitions (rank r: [r*P, (r+1)*P), P = the master's length).
 #pragma once
 
 #include <vector>
