@@ -1,5 +1,7 @@
 #include "zero/flat_params.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "runtime/error.h"
@@ -43,6 +45,15 @@ FlatParams::FlatParams(std::vector<torch::Tensor> params, int64_t partitions, in
     p.set_(data_.storage(), data_.storage_offset() + offsets_[i], sizes,
            contiguous_strides(sizes));
   }
+}
+
+std::pair<int64_t, int64_t> FlatParams::range_of(const std::vector<size_t>& params) const {
+  int64_t lo = numel_, hi = 0;
+  for (size_t k : params) {
+    lo = std::min(lo, offsets_.at(k));
+    hi = std::max(hi, offsets_.at(k) + params_.at(k).numel());
+  }
+  return {lo, hi};
 }
 
 torch::Tensor FlatParams::zeros_like_data(torch::ScalarType dtype) const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -23,6 +24,8 @@ class FlatParams {
   int64_t numel() const { return numel_; }                  // without the padding
   int64_t padded_numel() const { return data_.numel(); }
   int64_t partitions() const { return partitions_; }
+  // The flat range [lo, hi) spanned by the parameters `params` (indices; e.g. one bucket).
+  std::pair<int64_t, int64_t> range_of(const std::vector<size_t>& params) const;
   // A zero tensor laid out like data() whose slices are the parameters' shapes.
   torch::Tensor zeros_like_data(torch::ScalarType dtype) const;
   // Parameter `param`'s slice of a tensor laid out like data(), in the parameter's shape.

@@ -130,6 +130,8 @@ void GradientReducer::stage(size_t k) {
     // Allocated when its first gradient arrives and freed once delivered: only the buckets in
     // flight hold memory, not a second full-size gradient.
     bucket.flat = torch::empty({bucket.numel}, bucket.options);
+    live_numel_ += bucket.numel;
+    peak_numel_ = std::max(peak_numel_, live_numel_);
     if (bucket.filled < bucket.numel)
       bucket.flat.narrow(0, bucket.filled, bucket.numel - bucket.filled).zero_();
   }
@@ -191,6 +193,7 @@ void GradientReducer::deliver(Bucket& bucket) {
   }
   bucket.work.reset();
   bucket.flat = torch::Tensor();  // stream-safe: the collective's stream use was recorded
+  live_numel_ -= bucket.numel;
 }
 
 void GradientReducer::finish() {

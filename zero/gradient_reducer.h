@@ -61,6 +61,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   // Called after each backward (every micro-step); a no-op when that backward reduced nothing.
   void finish();
   size_t bucket_count() const { return buckets_.size(); }
+  // Elements of bucket buffers held now, and the most held at once since creation.
+  int64_t live_bucket_numel() const { return live_numel_; }
+  int64_t peak_bucket_numel() const { return peak_numel_; }
 
  private:
   struct Bucket {
@@ -92,6 +95,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
   size_t next_launch_ = 0, next_deliver_ = 0;
+  int64_t live_numel_ = 0, peak_numel_ = 0;
   bool active_ = false;
 };
 

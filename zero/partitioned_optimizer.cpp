@@ -22,14 +22,7 @@ ShardMap shard_map_for(const FlatParams& flat, int64_t stage,
                        const std::vector<std::vector<size_t>>& plan) {
   if (stage < 2) return ShardMap::contiguous(flat.padded_numel(), flat.partitions());
   std::vector<std::pair<int64_t, int64_t>> ranges;
-  for (const auto& bucket : plan) {
-    int64_t lo = flat.numel(), hi = 0;
-    for (size_t k : bucket) {
-      lo = std::min(lo, flat.offset(k));
-      hi = std::max(hi, flat.offset(k) + flat.params()[k].numel());
-    }
-    ranges.emplace_back(lo, hi);
-  }
+  for (const auto& bucket : plan) ranges.push_back(flat.range_of(bucket));
   return ShardMap::bucketed(ranges, flat.partitions());
 }
 
