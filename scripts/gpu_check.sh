@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine (see README, "Building against a CUDA LibTorch"): build, run the whole test
-# suite, then train_gpt's precision and ZeRO comparisons on the GPUs. Logs go to LOG_DIR.
+# suite (and the gpu label once more on one GPU), then train_gpt's precision and ZeRO
+# comparisons on the GPUs. Logs go to LOG_DIR.
 #   DEPS_PREFIX=/tmp/deps LOG_DIR=/tmp/out scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,10 @@ nvidia-smi -L
 grep -E "Strata:|^real" "$log/build.log"
 ctest --test-dir "$BUILD_DIR" -j 12 --timeout 300 > "$log/ctest.log" 2>&1
 grep -E "tests passed|\(Failed\)|sec\*proc" "$log/ctest.log"
+# The GPU tests again on one GPU (the multi-GPU ones skip by name).
+CUDA_VISIBLE_DEVICES=0 ctest --test-dir "$BUILD_DIR" -L gpu -j 4 --timeout 300 \
+  > "$log/ctest_1gpu.log" 2>&1
+grep -E "tests passed|\(Failed\)" "$log/ctest_1gpu.log"
 
 bin="$BUILD_DIR/bin"
 steps="${STEPS:-300}"
