@@ -22,10 +22,13 @@
 #include "tests/runtime/checkpoint/child_process.h"
 #include "tests/runtime/checkpoint/crash_workload.h"
 #include "tests/runtime/checkpoint/scratch_dir.h"
+#include "tests/runtime/checkpoint/test_util.h"
 
 namespace ckpt = strata::checkpoint;
 namespace fs = std::filesystem;
 using strata::test::ScratchDir;
+using strata::test::error_of;
+using strata::test::same_bits;
 
 namespace {
 
@@ -48,16 +51,6 @@ int in_child(F body) {
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const strata::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

@@ -15,22 +15,15 @@
 #include "tests/runtime/checkpoint/child_process.h"
 #include "tests/runtime/checkpoint/crash_workload.h"
 #include "tests/runtime/checkpoint/scratch_dir.h"
+#include "tests/runtime/checkpoint/test_util.h"
 
 namespace ckpt = strata::checkpoint;
 namespace fs = std::filesystem;
 using strata::test::ScratchDir;
+using strata::test::error_of;
+using strata::test::same_bits;
 
 namespace {
-
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const strata::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

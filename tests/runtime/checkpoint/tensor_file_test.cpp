@@ -10,32 +10,18 @@
 #include "runtime/checkpoint/tensor_file.h"
 #include "runtime/error.h"
 #include "tests/runtime/checkpoint/scratch_dir.h"
+#include "tests/runtime/checkpoint/test_util.h"
 
 namespace ckpt = strata::checkpoint;
 namespace fs = std::filesystem;
 using strata::test::ScratchDir;
+using strata::test::error_of;
+using strata::test::same_bits;
 
 namespace {
 
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const strata::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 void write_bytes(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-// Equal bit for bit (NaN-safe, and the same for every dtype).
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const auto ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.numel() * ca.element_size()) == 0;
 }
 
 ckpt::NamedTensors every_dtype() {
