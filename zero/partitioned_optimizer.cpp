@@ -88,9 +88,7 @@ void PartitionedOptimizer::own_local_gradients() {
 
 torch::Tensor PartitionedOptimizer::partition_gradient() const {
   if (options_.stage == 2) return grad_partition_;
-  // Contiguous: the partition is a range of the flat gradient.
-  return grad_flat_.narrow(0, partition_index() * shards_.partition_numel(),
-                           shards_.partition_numel());
+  return shards_.range(grad_flat_, partition_index());  // stage 0, 1: contiguous
 }
 
 void PartitionedOptimizer::zero_gradients() {
@@ -133,7 +131,7 @@ void PartitionedOptimizer::apply(double clip_coef) {
   const int64_t n = shards_.partition_numel();
   // The new 16-bit weights of this partition: written straight into the flat layout when the
   // partition is a range of it, else into a buffer scattered into place after the all-gather.
-  auto mine = shards_.is_contiguous() ? flat_.data().narrow(0, partition_index() * n, n)
+  auto mine = shards_.is_contiguous() ? shards_.range(flat_.data(), partition_index())
                                       : torch::empty({n}, flat_.data().options());
   if (flat_step_) {
     flat_step_(grad_, grad_scale_ * std::min(clip_coef, 1.0), mine);

@@ -62,6 +62,12 @@ ShardMap ShardMap::from_pieces(std::vector<std::vector<ShardPiece>> per_rank,
   return map;
 }
 
+torch::Tensor ShardMap::range(const torch::Tensor& flat, int64_t rank) const {
+  if (!contiguous_)
+    throw Error("ShardMap::range: this map's partitions are not ranges of the flat layout");
+  return flat.narrow(0, rank * partition_numel_, partition_numel_);
+}
+
 torch::Tensor ShardMap::gather(const torch::Tensor& flat, int64_t rank) const {
   auto part = torch::zeros({partition_numel_}, flat.options());
   for (const auto& p : pieces(rank)) {

@@ -52,6 +52,8 @@ class ShardMap {
   // Rank r's partition is the flat range [r*P, (r+1)*P) (partition and flat layout coincide).
   bool is_contiguous() const { return contiguous_; }
 
+  // Rank `rank`'s partition of `flat` as a view of it (contiguous maps only).
+  torch::Tensor range(const torch::Tensor& flat, int64_t rank) const;
   // Rank `rank`'s partition of a tensor in the flat layout (a copy; padding, and pieces past the
   // end of `flat`, are zero).
   torch::Tensor gather(const torch::Tensor& flat, int64_t rank) const;

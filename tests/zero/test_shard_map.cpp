@@ -17,7 +17,12 @@ TEST(ShardMap, ContiguousGivesEachRankOneRange) {
   EXPECT_EQ(map.partition_numel(), 4);
   EXPECT_EQ(map.pieces(2), (std::vector<ShardPiece>{{8, 4, 0}}));
   EXPECT_TRUE(map.buckets().empty());
+  const auto flat = torch::arange(12);
+  auto view = map.range(flat, 1);
+  EXPECT_TRUE(torch::equal(view, torch::arange(4, 8)));
+  EXPECT_EQ(view.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + 4);  // a view, not a copy
   EXPECT_THROW(ShardMap::contiguous(10, 3), strata::Error);
+  EXPECT_THROW(ShardMap::bucketed({{0, 8}}, 2, 4).range(flat, 0), strata::Error);
 }
 
 TEST(ShardMap, BucketedCutsEveryBucketIntoOneChunkPerRank) {
