@@ -1,4 +1,5 @@
 #include "bench/adam_bench.h"
+#include "bench/bench_device.h"
 
 #include <chrono>
 #include <cstdio>
@@ -39,13 +40,12 @@ Args parse(int argc, char** argv) {
 
 // Milliseconds per call of fn, after two warm-up calls.
 double time_ms(const torch::Device& device, int64_t steps, const std::function<void()>& fn) {
-  auto sync = [&] { if (device.is_cuda()) torch::cuda::synchronize(); };
   fn();
   fn();
-  sync();
+  synchronize(device);
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < steps; ++i) fn();
-  sync();
+  synchronize(device);
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
 }
 
@@ -53,9 +53,7 @@ double time_ms(const torch::Device& device, int64_t steps, const std::function<v
 
 int run_adam(int argc, char** argv) {
   const Args args = parse(argc, argv);
-  torch::Device device = torch::kCPU;
-  if (args.device == "cuda" || (args.device.empty() && torch::cuda::is_available()))
-    device = torch::Device(torch::kCUDA, 0);
+  const torch::Device device = bench_device(args.device);
   torch::NoGradGuard no_grad;
   const int64_t n = args.numel;
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);

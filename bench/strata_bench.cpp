@@ -17,12 +17,14 @@
 #endif
 
 #include "bench/adam_bench.h"
+#include "bench/bench_device.h"
 #include "examples/gpt.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
 
 namespace {
 
+using strata::bench::synchronize;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
@@ -47,10 +49,6 @@ Args parse(int argc, char** argv) {
   }
   if (a.config.empty()) throw strata::Error("strata-bench: --config FILE is required");
   return a;
-}
-
-void synchronize(const torch::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize();
 }
 
 // The peak of a square matrix product in this run (bf16 on GPUs, fp32 on CPUs), TFLOP/s.
@@ -89,9 +87,7 @@ void reset_peak_memory(const torch::Device& device) {
 int run(const Args& args) {
   using namespace strata::examples;
   const auto cfg = GPTConfig::by_name(args.model);
-  torch::Device device = torch::kCPU;
-  if (args.device == "cuda" || (args.device.empty() && torch::cuda::is_available()))
-    device = torch::Device(torch::kCUDA, 0);
+  const torch::Device device = strata::bench::bench_device(args.device);
   const double peak = matmul_peak(device);
 
   torch::manual_seed(0);
