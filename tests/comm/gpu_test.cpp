@@ -18,15 +18,7 @@ Launched run_on_gpus(const std::string& scenario, int world,
   spec.env = std::move(env);
   spec.timeout_s = 90;
   Launched r = run_ranks(spec);
-  for (auto& rank : r.ranks) {
-    size_t at = 0;
-    while ((at = rank.output.find("MESSAGE: ", at)) != std::string::npos) {
-      size_t end = rank.output.find('\n', at);
-      std::cout << "[rank " << rank.rank << "] " << rank.output.substr(at + 9, end - at - 9)
-                << "\n";
-      at = end;
-    }
-  }
+  r.print_messages();
   return r;
 }
 

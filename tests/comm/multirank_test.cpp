@@ -11,18 +11,6 @@
 namespace strata::test {
 namespace {
 
-void print_messages(const Launched& r) {
-  for (auto& rank : r.ranks) {
-    size_t at = 0;
-    while ((at = rank.output.find("MESSAGE: ", at)) != std::string::npos) {
-      size_t end = rank.output.find('\n', at);
-      std::cout << "[rank " << rank.rank << "] " << rank.output.substr(at + 9, end - at - 9)
-                << "\n";
-      at = end;
-    }
-  }
-}
-
 // Starts `world` ranks (or only `ranks`) of a scenario; `timeout` sets STRATA_TIMEOUT.
 Launched run(const std::string& scenario, int world, std::vector<int> ranks = {},
              const std::string& convention = "torchrun", const std::string& timeout = "") {
@@ -33,7 +21,7 @@ Launched run(const std::string& scenario, int world, std::vector<int> ranks = {}
   spec.convention = convention;
   if (!timeout.empty()) spec.env.emplace_back("STRATA_TIMEOUT", timeout);
   Launched r = run_ranks(spec);
-  print_messages(r);
+  r.print_messages();
   return r;
 }
 

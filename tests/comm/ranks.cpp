@@ -88,6 +88,18 @@ bool Launched::all_ok() const {
   return !ranks.empty();
 }
 
+void Launched::print_messages() const {
+  for (const auto& rank : ranks) {
+    size_t at = 0;
+    while ((at = rank.output.find("MESSAGE: ", at)) != std::string::npos) {
+      const size_t end = rank.output.find('\n', at);
+      std::cout << "[rank " << rank.rank << "] " << rank.output.substr(at + 9, end - at - 9)
+                << "\n";
+      at = end;
+    }
+  }
+}
+
 std::string Launched::report() const {
   std::string text;
   for (auto& r : ranks)

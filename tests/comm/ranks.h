@@ -32,6 +32,7 @@ struct Launched {
   double seconds = 0;
   bool all_ok() const;
   std::string report() const;  // every rank's exit code and output, for failure messages
+  void print_messages() const;  // each rank's gtest "MESSAGE: " lines, prefixed with its rank
 };
 
 Launched run_ranks(const LaunchSpec& spec);
