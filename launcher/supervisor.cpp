@@ -14,8 +14,11 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "launcher/line_prefixer.h"
+#include "launcher/process_table.h"
 
 extern char** environ;
 
@@ -24,15 +27,53 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kRemoteExtra = std::chrono::seconds(3);  // lets a node launcher finish its own grace
+constexpr auto kSweepEvery = std::chrono::milliseconds(200);  // groups can empty without a SIGCHLD
 
 struct Child {
   ChildSpec spec;
-  pid_t pid = -1;  // also its process group
-  bool running = false;
+  pid_t pid = -1;        // also its process group
+  bool running = false;  // has not exited
+  // Reaped only once it has exited and its group has no live member: until then the zombie holds
+  // the number, so killpg(pid) cannot reach a process that was given it after us.
+  bool reaped = false;
   bool killed = false;     // SIGKILL sent
   int out = -1, err = -1;  // read ends of its stdout and stderr
   int in = -1;             // write end of an ssh child's stdin
   LinePrefixer out_lines{""}, err_lines{""};
+
+  // pid <= 0 is a child that never started: kill(-0) or kill(1) must never happen.
+  bool may_signal() const { return pid > 0 && !reaped; }
+};
+
+// A descriptor closed when it goes out of scope unless released, so no error path leaks one.
+class Fd {
+ public:
+  Fd() = default;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_ = -1;
+};
+
+struct Pipe {
+  Fd read, write;
+  bool open() {  // close-on-exec: a child keeps only the copies dup2 puts on 0-2
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+    read.reset(fds[0]);
+    write.reset(fds[1]);
+    return true;
+  }
 };
 
 void write_all(int fd, const std::string& text) {
@@ -51,14 +92,14 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-// pid <= 0 is a child that never started: kill(-0) or kill(1) must never happen.
-bool group_alive(pid_t group) { return group > 0 && (::kill(-group, 0) == 0 || errno == EPERM); }
+bool was_killed(const siginfo_t& exit) {
+  return exit.si_code == CLD_KILLED || exit.si_code == CLD_DUMPED;
+}
 
-std::string describe(int status) {
-  if (WIFSIGNALED(status))
-    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
-                       ::strsignal(WTERMSIG(status)));
-  return fmt::format("exited with code {}", WEXITSTATUS(status));
+std::string describe(const siginfo_t& exit) {
+  if (was_killed(exit))
+    return fmt::format("was killed by signal {} ({})", exit.si_status, ::strsignal(exit.si_status));
+  return fmt::format("exited with code {}", exit.si_status);
 }
 
 // argv/envp as the char* arrays execve wants, built before fork (no allocation after it).
@@ -129,9 +170,8 @@ class Supervisor {
 
  private:
   bool start(Child& c) {
-    int out[2], err[2], in[2] = {-1, -1};
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
-        (c.spec.remote && ::pipe2(in, O_CLOEXEC) != 0)) {
+    Pipe out, err, in;
+    if (!out.open() || !err.open() || (c.spec.remote && !in.open())) {
       say(fmt::format("cannot create pipes for {}: {}", c.spec.name, std::strerror(errno)));
       return false;
     }
@@ -147,10 +187,11 @@ class Supervisor {
       ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took effect
-      int stdin_fd = c.spec.remote ? in[0] : ::open("/dev/null", O_RDONLY);
+      // Close-on-exec like the pipes: execve keeps only the copy on 0.
+      int stdin_fd = c.spec.remote ? in.read.get() : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
       ::dup2(stdin_fd, STDIN_FILENO);
-      ::dup2(out[1], STDOUT_FILENO);
-      ::dup2(err[1], STDERR_FILENO);
+      ::dup2(out.write.get(), STDOUT_FILENO);
+      ::dup2(err.write.get(), STDERR_FILENO);
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       ::sigaction(SIGPIPE, &dfl, nullptr);
@@ -165,27 +206,23 @@ class Supervisor {
     ::setpgid(pid, pid);  // also here, so a killpg right after fork cannot miss the child
     c.pid = pid;
     c.running = true;
-    ::close(out[1]);
-    ::close(err[1]);
-    c.out = out[0];
-    c.err = err[0];
+    c.out = out.read.release();
+    c.err = err.read.release();
+    c.in = in.write.release();  // -1 unless remote
     ::fcntl(c.out, F_SETFL, O_NONBLOCK);
     ::fcntl(c.err, F_SETFL, O_NONBLOCK);
-    if (c.spec.remote) {
-      ::close(in[0]);
-      c.in = in[1];
-    }
-    return true;
+    return true;  // the child's ends close here
   }
 
   void loop() {
     while (true) {
-      reap();
+      note_exits();
       const bool any_running =
           std::any_of(children_.begin(), children_.end(), [](const auto& c) { return c->running; });
       if (!any_running && !stopping_) stop(SIGTERM);  // leftovers of ranks that all exited 0
+      if (sweep_due_ || (stopping_ && Clock::now() >= next_sweep_)) sweep();
       if (!any_running && std::none_of(children_.begin(), children_.end(),
-                                       [](const auto& c) { return group_alive(c->pid); }))
+                                       [](const auto& c) { return c->may_signal(); }))
         return;
       int timeout_ms = escalate();
 
@@ -198,8 +235,12 @@ class Supervisor {
       if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) return;
 
       signalfd_siginfo info;
-      while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info))
-        if (info.ssi_signo != SIGCHLD) on_signal(static_cast<int>(info.ssi_signo));
+      while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+        if (info.ssi_signo == SIGCHLD)
+          sweep_due_ = true;
+        else
+          on_signal(static_cast<int>(info.ssi_signo));
+      }
       if (watching_stdin_) check_stdin();
       for (auto& c : children_) {
         pump(c->out, c->out_lines, STDOUT_FILENO);
@@ -208,24 +249,50 @@ class Supervisor {
     }
   }
 
-  // Reaps children and the orphans this subreaper inherits; the first failure decides the code.
-  void reap() {
-    int status = 0;
-    for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
-      auto it = std::find_if(children_.begin(), children_.end(),
-                             [&](const auto& c) { return c->pid == pid; });
-      if (it == children_.end()) continue;  // a grandchild
-      Child& c = **it;
-      c.running = false;
-      const int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  // Notes the children that exited, without reaping them (WNOWAIT, see Child::reaped); the
+  // first failure decides the code.
+  void note_exits() {
+    for (auto& c : children_) {
+      siginfo_t exit{};
+      if (!c->running ||
+          ::waitid(P_PID, static_cast<id_t>(c->pid), &exit, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+          exit.si_pid != c->pid)
+        continue;
+      c->running = false;
+      const int code = was_killed(exit) ? 128 + exit.si_status : exit.si_status;
       if (code != 0 && !stopping_) {
-        const char* hint = c.spec.remote && code == 255
+        const char* hint = c->spec.remote && code == 255
                                ? " (ssh's own failure code: is passwordless ssh to it set up?)"
                                : "";
-        say(fmt::format("{} {}{}; stopping the other ranks", c.spec.name, describe(status), hint));
+        say(fmt::format("{} {}{}; stopping the other ranks", c->spec.name, describe(exit), hint));
         decide(code);
         stop(SIGTERM);
       }
+    }
+  }
+
+  // Reaps the orphans this subreaper inherited (one by one: waitpid(-1) would reap the children
+  // kept as zombies) and, once stopping, each exited child whose group has no live member left.
+  void sweep() {
+    sweep_due_ = false;
+    next_sweep_ = Clock::now() + kSweepEvery;
+    const std::vector<ProcessInfo> table = list_processes();
+    const pid_t self = ::getpid();
+    for (const ProcessInfo& p : table) {
+      const bool kept = std::any_of(children_.begin(), children_.end(),
+                                    [&](const auto& c) { return c->pid == p.pid && !c->reaped; });
+      if (p.ppid == self && p.dead() && !kept) ::waitpid(p.pid, nullptr, WNOHANG);
+    }
+    if (!stopping_) return;  // a group is signalled again when the job stops
+    for (auto& c : children_) {
+      if (c->running || !c->may_signal() ||
+          std::any_of(table.begin(), table.end(),
+                      [&](const ProcessInfo& p) { return p.pgrp == c->pid && !p.dead(); }))
+        continue;
+      // The table is no snapshot: a member forked while it was read can be missing from it. The
+      // number is still ours, so this reaches only such a member.
+      ::kill(-c->pid, SIGKILL);
+      c->reaped = ::waitpid(c->pid, nullptr, WNOHANG) == c->pid;
     }
   }
 
@@ -265,7 +332,7 @@ class Supervisor {
     for (auto& c : children_) {
       if (c->spec.remote) {
         close_fd(c->in);
-      } else if (group_alive(c->pid)) {
+      } else if (c->may_signal()) {
         ::kill(-c->pid, sig);
       }
     }
@@ -273,16 +340,16 @@ class Supervisor {
 
   void kill_group(Child& c) {
     c.killed = true;
-    if (group_alive(c.pid)) ::kill(-c.pid, SIGKILL);
+    if (c.may_signal()) ::kill(-c.pid, SIGKILL);
   }
 
   // SIGKILL for groups past the grace period; returns how long poll may sleep.
   int escalate() {
     if (!stopping_) return 1000;
     const auto now = Clock::now();
-    auto next = now + std::chrono::milliseconds(200);  // groups can empty without a SIGCHLD here
+    auto next = now + kSweepEvery;  // the next sweep
     for (auto& c : children_) {
-      if (c->killed || !group_alive(c->pid)) continue;
+      if (c->killed || !c->may_signal()) continue;
       const auto due = kill_at_ + (c->spec.remote ? kRemoteExtra : Clock::duration::zero());
       if (now >= due) {
         say(fmt::format("{} still running {:g} s after the stop signal; sending SIGKILL",
@@ -330,8 +397,9 @@ class Supervisor {
   bool watching_stdin_ = false;
   bool signalled_ = false;
   bool stopping_ = false;
+  bool sweep_due_ = false;  // a SIGCHLD came
   int exit_code_ = 0;
-  Clock::time_point kill_at_;
+  Clock::time_point kill_at_, next_sweep_;
 };
 
 }  // namespace

@@ -2,8 +2,11 @@
 //
 // - Each child leads its own process group (setpgid), so stopping a rank also stops what it
 //   started (`bash -c '...; sleep 600'`), and Ctrl-C at the terminal reaches only the launcher,
-//   which forwards it. The launcher is a child subreaper, so those grandchildren are reaped here
-//   and "group empty" can be checked.
+//   which forwards it. Groups are signalled by number, and a number is free for reuse once its
+//   group is empty and its leader reaped; so a child that exits is noted but not reaped
+//   (waitid WNOWAIT) until its group has no live member left, and its group is never signalled
+//   after that. The launcher is a child subreaper: the orphans of a group come here and are
+//   reaped, and /proc (process_table.h) tells when a group is empty.
 // - Each child gets PR_SET_PDEATHSIG(SIGKILL): if the launcher itself is killed, its ranks die.
 // - stdout and stderr come back through pipes, line by line, prefixed, each to the launcher's own
 //   stdout and stderr. Ranks read /dev/null: a background process group reading the terminal

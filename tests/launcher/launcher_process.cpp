@@ -5,10 +5,12 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -37,7 +39,8 @@ std::string launcher_path() {
   return ::realpath(path.c_str(), resolved) ? resolved : path;
 }
 
-LauncherProcess::LauncherProcess(const std::vector<std::string>& args, const EnvChanges& env) {
+LauncherProcess::LauncherProcess(const std::vector<std::string>& args, const EnvChanges& env,
+                                 const LaunchSetup& setup) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) std::abort();
   const std::string path = launcher_path();
@@ -51,6 +54,11 @@ LauncherProcess::LauncherProcess(const std::vector<std::string>& args, const Env
       value ? ::setenv(name.c_str(), value->c_str(), 1) : ::unsetenv(name.c_str());
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
+    rlimit files{};
+    ::getrlimit(RLIMIT_NOFILE, &files);
+    files.rlim_cur = static_cast<rlim_t>(setup.max_open_files);
+    if (setup.max_open_files > 0) ::setrlimit(RLIMIT_NOFILE, &files);
+    if (setup.ignore_sigterm) ::signal(SIGTERM, SIG_IGN);
     ::execv(path.c_str(), argv.data());
     ::_exit(126);
   }
@@ -92,8 +100,17 @@ bool LauncherProcess::read_some(int timeout_ms) {
 }
 
 bool LauncherProcess::wait_for_stdout(const std::string& text, int count, double timeout_s) {
+  return wait_for(result_.out, text, count, timeout_s);
+}
+
+bool LauncherProcess::wait_for_stderr(const std::string& text, int count, double timeout_s) {
+  return wait_for(result_.err, text, count, timeout_s);
+}
+
+bool LauncherProcess::wait_for(const std::string& output, const std::string& text, int count,
+                               double timeout_s) {
   const double deadline = now() + timeout_s;
-  while (occurrences(result_.out, text) < static_cast<size_t>(count)) {
+  while (occurrences(output, text) < static_cast<size_t>(count)) {
     if (now() > deadline || !read_some(100)) return false;
   }
   return true;
@@ -153,6 +170,21 @@ int wait_for_count(const std::string& marker, int expected, double timeout_s) {
     count = count_processes(marker);
   }
   return count;
+}
+
+std::vector<int> inherited_fds() {
+  std::vector<int> fds;
+  DIR* dir = ::opendir("/proc/self/fd");
+  while (dirent* e = dir ? ::readdir(dir) : nullptr) {
+    char* end = nullptr;
+    const int fd = static_cast<int>(std::strtol(e->d_name, &end, 10));
+    if (*end != '\0' || end == e->d_name || fd == ::dirfd(dir)) continue;
+    const int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) fds.push_back(fd);
+  }
+  if (dir) ::closedir(dir);
+  std::sort(fds.begin(), fds.end());
+  return fds;
 }
 
 int free_port() {

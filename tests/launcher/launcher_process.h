@@ -22,21 +22,31 @@ using EnvChanges = std::vector<std::pair<std::string, std::optional<std::string>
 
 std::string launcher_path();  // STRATA_BIN_DIR/strata-run, symlinks resolved
 
+// How the launcher starts, where a test needs more than its arguments and environment.
+struct LaunchSetup {
+  int max_open_files = 0;       // > 0: its RLIMIT_NOFILE soft limit (descriptor numbers below it)
+  bool ignore_sigterm = false;  // SIG_IGN, which its ranks inherit through execve
+};
+
 class LauncherProcess {
  public:
-  explicit LauncherProcess(const std::vector<std::string>& args, const EnvChanges& env = {});
+  explicit LauncherProcess(const std::vector<std::string>& args, const EnvChanges& env = {},
+                           const LaunchSetup& setup = {});
   ~LauncherProcess();  // SIGKILLs a launcher still running
   LauncherProcess(const LauncherProcess&) = delete;
   LauncherProcess& operator=(const LauncherProcess&) = delete;
 
   // Reads output until stdout holds `text` `count` times; false on timeout or exit.
   bool wait_for_stdout(const std::string& text, int count, double timeout_s);
+  bool wait_for_stderr(const std::string& text, int count, double timeout_s);  // the same
   void signal(int sig);
   Finished wait(double timeout_s);
   pid_t pid() const { return pid_; }
+  const std::string& out() const { return result_.out; }  // stdout read so far
 
  private:
   bool read_some(int timeout_ms);  // false once both pipes are closed
+  bool wait_for(const std::string& output, const std::string& text, int count, double timeout_s);
 
   pid_t pid_ = -1;
   int out_ = -1, err_ = -1;
@@ -53,6 +63,10 @@ Finished run_launcher(const std::vector<std::string>& args, const EnvChanges& en
 int count_processes(const std::string& marker);
 // Polls count_processes until it reaches `expected` or the timeout passes; returns the last count.
 int wait_for_count(const std::string& marker, int expected, double timeout_s);
+
+// The descriptors a child of this test inherits (those without FD_CLOEXEC), e.g. ones its own
+// runner leaked to it; a rank sees them too unless the launcher closes them.
+std::vector<int> inherited_fds();
 
 // A TCP port that nothing listened on a moment ago.
 int free_port();

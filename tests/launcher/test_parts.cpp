@@ -1,10 +1,14 @@
 // The launcher's pure parts: hostfile and DeepSpeed's filter semantics, --world-info, the
-// command line and merge(), line prefixing, shell quoting.
+// command line and merge(), line prefixing, shell quoting, the /proc process table.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 #include "launcher/hostfile.h"
 #include "launcher/line_prefixer.h"
 #include "launcher/options.h"
+#include "launcher/process_table.h"
 #include "launcher/ssh.h"
 
 namespace strata::launcher {
@@ -135,6 +139,24 @@ TEST(Shell, QuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
   EXPECT_EQ(shell_quote(""), "''");
   EXPECT_EQ(remote_command({{"A", "1"}}, "/d", {"x", "y z"}), "export A=1; cd /d && exec x 'y z'");
+}
+
+TEST(ProcessTable, ReadsStateParentAndGroupPastAnOddCommandName) {
+  ProcessInfo p;
+  ASSERT_TRUE(parse_proc_stat("42 (a) b (c) Z 7 9 9 0 -1 4194560\n", p));
+  EXPECT_EQ(p.pid, 42);
+  EXPECT_EQ(p.state, 'Z');
+  EXPECT_EQ(p.ppid, 7);
+  EXPECT_EQ(p.pgrp, 9);
+  EXPECT_TRUE(p.dead());
+  EXPECT_FALSE(parse_proc_stat("42 (a", p));
+  const std::vector<ProcessInfo> table = list_processes();
+  auto self = std::find_if(table.begin(), table.end(),
+                           [](const ProcessInfo& q) { return q.pid == ::getpid(); });
+  ASSERT_NE(self, table.end());
+  EXPECT_EQ(self->ppid, ::getppid());
+  EXPECT_EQ(self->pgrp, ::getpgrp());
+  EXPECT_FALSE(self->dead());
 }
 
 }  // namespace
