@@ -7,8 +7,10 @@
 namespace strata::schema {
 namespace {
 
-// DeepSpeed's constructor arguments, one struct per schedule. *_lr keys marked "or list" take one
-// value per optimizer param group; last_batch_iteration (-1 = start) resumes a schedule.
+// DeepSpeed's constructor arguments, one struct per schedule. Keys marked "or list" take one
+// value per optimizer param group; last_batch_iteration (-1 = start) resumes a schedule. These
+// are the current DeepSpeed's (runtime/sched/lr_scheduler.h names the PRs): OneCycle's bounds
+// take lists (DeepSpeed #8201) and an unknown warmup_type warns and reads as "log" (#8151).
 struct LRRangeTestParams {
   json lr_range_test_min_lr = 1e-3;  // or list
   int64_t lr_range_test_step_size = 2000;
@@ -18,8 +20,8 @@ struct LRRangeTestParams {
 };
 
 struct OneCycleParams {
-  double cycle_min_lr = 0.0;  // required
-  double cycle_max_lr = 0.0;  // required
+  json cycle_min_lr = 0.0;  // required, or list
+  json cycle_max_lr = 0.0;  // required, or list
   double decay_lr_rate = 0.0;
   int64_t cycle_first_step_size = 2000;
   std::optional<int64_t> cycle_second_step_size;  // unset = cycle_first_step_size
@@ -27,8 +29,8 @@ struct OneCycleParams {
   std::optional<int64_t> cycle_second_stair_count;  // unset = cycle_first_stair_count
   int64_t decay_step_size = 0;
   bool cycle_momentum = true;
-  double cycle_min_mom = 0.8;
-  double cycle_max_mom = 0.9;
+  json cycle_min_mom = 0.8;  // or list
+  json cycle_max_mom = 0.9;  // or list
   double decay_mom_rate = 0.0;
   int64_t last_batch_iteration = -1;
 };
@@ -71,8 +73,8 @@ Block make_lr_range_test() {
 
 Block make_one_cycle() {
   BlockBuilder<OneCycleParams> b("scheduler.params (OneCycle)");
-  b.add(&OneCycleParams::cycle_min_lr, "cycle_min_lr").min(0).must_be_given();
-  b.add(&OneCycleParams::cycle_max_lr, "cycle_max_lr").min(0).must_be_given();
+  b.add(&OneCycleParams::cycle_min_lr, "cycle_min_lr").as(Kind::FloatOrList).min(0).must_be_given();
+  b.add(&OneCycleParams::cycle_max_lr, "cycle_max_lr").as(Kind::FloatOrList).min(0).must_be_given();
   b.add(&OneCycleParams::decay_lr_rate, "decay_lr_rate").min(0);
   b.add(&OneCycleParams::cycle_first_step_size, "cycle_first_step_size").positive();
   b.add(&OneCycleParams::cycle_second_step_size, "cycle_second_step_size").positive();
@@ -80,8 +82,8 @@ Block make_one_cycle() {
   b.add(&OneCycleParams::cycle_second_stair_count, "cycle_second_stair_count").min(0);
   b.add(&OneCycleParams::decay_step_size, "decay_step_size").min(0);
   b.add(&OneCycleParams::cycle_momentum, "cycle_momentum");
-  b.add(&OneCycleParams::cycle_min_mom, "cycle_min_mom").min(0);
-  b.add(&OneCycleParams::cycle_max_mom, "cycle_max_mom").min(0);
+  b.add(&OneCycleParams::cycle_min_mom, "cycle_min_mom").as(Kind::FloatOrList).min(0);
+  b.add(&OneCycleParams::cycle_max_mom, "cycle_max_mom").as(Kind::FloatOrList).min(0);
   b.add(&OneCycleParams::decay_mom_rate, "decay_mom_rate").min(0);
   b.add(&OneCycleParams::last_batch_iteration, "last_batch_iteration").min(-1);
   Block block = b.build();
@@ -96,8 +98,26 @@ Block make_one_cycle() {
 template <class T>
 void warmup_keys(BlockBuilder<T>& b) {
   b.add(&T::warmup_num_steps, "warmup_num_steps").positive();
-  b.add(&T::warmup_type, "warmup_type").one_of({"log", "linear"});
+  b.add(&T::warmup_type, "warmup_type");  // checked by with_warmup_finish
   b.add(&T::last_batch_iteration, "last_batch_iteration").min(-1);
+}
+
+// DeepSpeed warns about an unknown warmup_type and warms up by "log" (WarmupCosineLR too since
+// DeepSpeed #8151), so such a config loads here as well, read as "log" with that warning.
+template <class T>
+Block with_warmup_finish(Block block) {
+  block.finish = [](void* obj, Ctx& ctx, const std::string& path) {
+    std::string& type = static_cast<T*>(obj)->warmup_type;
+    if (type == "log" || type == "linear") return;
+    const std::string best = closest(type, {"log", "linear"});
+    ctx.warn(join(path, "warmup_type"),
+             fmt::format("{} = \"{}\" is not \"log\" or \"linear\"; read as \"log\", as DeepSpeed "
+                         "reads it{}",
+                         join(path, "warmup_type"), type,
+                         best.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", best)));
+    type = "log";
+  };
+  return block;
 }
 
 template <class T>
@@ -110,14 +130,14 @@ void warmup_lr_keys(BlockBuilder<T>& b) {
 Block make_warmup() {
   BlockBuilder<WarmupLRParams> b("scheduler.params (WarmupLR)");
   warmup_lr_keys(b);
-  return b.build();
+  return with_warmup_finish<WarmupLRParams>(b.build());
 }
 
 Block make_warmup_decay() {
   BlockBuilder<WarmupDecayLRParams> b("scheduler.params (WarmupDecayLR)");
   warmup_lr_keys(b);
   b.add(&WarmupDecayLRParams::total_num_steps, "total_num_steps").positive().must_be_given();
-  return b.build();
+  return with_warmup_finish<WarmupDecayLRParams>(b.build());
 }
 
 Block make_warmup_cosine() {
@@ -126,7 +146,7 @@ Block make_warmup_cosine() {
   b.add(&WarmupCosineParams::warmup_min_ratio, "warmup_min_ratio").range(0, 1);
   b.add(&WarmupCosineParams::cos_min_ratio, "cos_min_ratio").range(0, 1);
   warmup_keys(b);
-  return b.build();
+  return with_warmup_finish<WarmupCosineParams>(b.build());
 }
 
 struct BuiltIn {

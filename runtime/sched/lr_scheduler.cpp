@@ -1,6 +1,9 @@
 // DeepSpeed's LR schedules (deepspeed/runtime/lr_schedules.py), including its later fixes:
-// WarmupCosineLR zeroes every group before the start (DeepSpeed #7969) and floors the cosine
-// span at 1 (#8142); WarmupLR without warmup_max_lr warms each group to its own lr (#8171).
+// WarmupCosineLR zeroes every group before the start (DeepSpeed #7969), floors the cosine span
+// at 1 and clamps its progress at 1 (#8142) and falls back to "log" for an unknown warmup_type
+// (#8151); WarmupLR without warmup_max_lr warms each group to its own lr (#8171); OneCycle's
+// stair counts make stairs (#8179) and its bounds take per-group lists (#8201). Expressions
+// keep DeepSpeed's order of operations, so that floor() at a stair falls the same way.
 #include "runtime/sched/lr_scheduler.h"
 
 #include <fmt/format.h>
@@ -29,6 +32,18 @@ std::optional<bool> parse_warmup_type(const std::string& type) {
   if (type == "log") return false;
   if (type == "linear") return true;
   return std::nullopt;
+}
+
+std::string unknown_warmup_type(const char* name, const std::string& type) {
+  return fmt::format("{}: {}.warmup_type = \"{}\" is not \"log\" or \"linear\"; using \"log\", as "
+                     "DeepSpeed does",
+                     name, kWhere, type);
+}
+
+// Python's float %: the result takes the divisor's sign.
+double python_mod(double a, double b) {
+  const double r = std::fmod(a, b);
+  return r != 0 && (r < 0) != (b < 0) ? r + b : r;
 }
 
 std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
@@ -110,9 +125,7 @@ WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, const json& p, const char
   inverse_log_warmup_ = 1.0 / std::log(static_cast<double>(warmup_num_steps_));
   const std::string type = params::get_string(p, "warmup_type", kWhere);
   const auto linear = parse_warmup_type(type);
-  if (!linear)
-    warn(fmt::format("{}: unknown warmup_type \"{}\"; using \"log\" (as DeepSpeed does)", name,
-                     type));
+  if (!linear) warn(unknown_warmup_type(name, type));
   linear_ = linear.value_or(false);
   if (total_num_steps_ && *total_num_steps_ < warmup_num_steps_)
     warn(fmt::format("{}: total_num_steps {} is less than warmup_num_steps {}", name,
@@ -154,10 +167,8 @@ WarmupCosineLR::WarmupCosineLR(torch::optim::Optimizer& optimizer, const json& p
   inverse_log_warmup_ = 1.0 / std::log(static_cast<double>(warmup_num_steps_));
   const std::string type = params::get_string(p, "warmup_type", kWhere);
   const auto linear = parse_warmup_type(type);
-  if (!linear)
-    throw Error(fmt::format("{}.warmup_type is \"{}\"; WarmupCosineLR knows \"log\" and \"linear\"",
-                            kWhere, type));
-  linear_ = *linear;
+  if (!linear) warn(unknown_warmup_type("WarmupCosineLR", type));
+  linear_ = linear.value_or(false);
   if (total_num_steps_ < warmup_num_steps_)
     warn(fmt::format("WarmupCosineLR: total_num_steps {} is less than warmup_num_steps {}",
                      total_num_steps_, requested));
@@ -175,7 +186,8 @@ double WarmupCosineLR::get_lr_ratio() const {
   const double real_last_step = static_cast<double>(i - warmup_num_steps_ + 1);
   const double real_total_steps =
       static_cast<double>(std::max<int64_t>(1, total_num_steps_ - warmup_num_steps_));
-  const double cosine = (1 + std::cos(kPi * real_last_step / real_total_steps)) / 2;
+  const double progress = std::min(1.0, real_last_step / real_total_steps);  // #8142
+  const double cosine = (1 + std::cos(kPi * progress)) / 2;
   return std::max(0.0, cos_min_ratio_ + (1.0 - cos_min_ratio_) * cosine);
 }
 
@@ -190,30 +202,30 @@ std::vector<double> WarmupCosineLR::get_lr() const {
 // ---- OneCycle ---------------------------------------------------------------------------------
 
 OneCycle::OneCycle(torch::optim::Optimizer& optimizer, const json& p) : LRScheduler(optimizer) {
-  const double first = params::get_double(p, "cycle_first_step_size", kWhere);
-  const double second = params::has(p, "cycle_second_step_size")
-                            ? params::get_double(p, "cycle_second_step_size", kWhere)
-                            : first;
-  if (first <= 0 || second < 0)
+  first_step_size_ = params::get_double(p, "cycle_first_step_size", kWhere);
+  second_step_size_ = params::has(p, "cycle_second_step_size")
+                          ? params::get_double(p, "cycle_second_step_size", kWhere)
+                          : first_step_size_;
+  if (first_step_size_ <= 0 || second_step_size_ < 0)
     throw Error(
         fmt::format("{}: cycle_first_step_size must be > 0 and cycle_second_step_size "
                     ">= 0, got {} and {}",
-                    kWhere, first, second));
-  total_size_ = first + second;
-  step_ratio_ = first / total_size_;
-  // DeepSpeed stores the stair counts and never reads them: say so rather than pretend.
-  for (const char* key : {"cycle_first_stair_count", "cycle_second_stair_count"})
-    if (params::has(p, key) && params::get_int(p, key, kWhere) > 0)
-      warn(
-          fmt::format("OneCycle: {} has no effect; the cycle is continuous, as in DeepSpeed's "
-                      "lr_schedules.py",
-                      key));
+                    kWhere, first_step_size_, second_step_size_));
+  total_size_ = first_step_size_ + second_step_size_;
+  step_ratio_ = first_step_size_ / total_size_;
+  first_stair_count_ = params::has(p, "cycle_first_stair_count")
+                           ? params::get_int(p, "cycle_first_stair_count", kWhere)
+                           : 0;
+  second_stair_count_ = params::has(p, "cycle_second_stair_count")
+                            ? params::get_int(p, "cycle_second_stair_count", kWhere)
+                            : first_stair_count_;
 
   decay_step_size_ = params::get_double(p, "decay_step_size", kWhere);
   if (decay_step_size_ < 0)
     throw Error(fmt::format("{}.decay_step_size must be >= 0, got {}", kWhere, decay_step_size_));
-  min_lr_ = params::get_double(p, "cycle_min_lr", kWhere);
-  max_lr_ = params::get_double(p, "cycle_max_lr", kWhere);
+  // Both bounds are read before anything is written (DeepSpeed #8201: all or nothing).
+  min_lrs_ = params::get_per_group(p, "cycle_min_lr", kWhere, group_count());
+  max_lrs_ = params::get_per_group(p, "cycle_max_lr", kWhere, group_count());
   decay_lr_rate_ = params::get_double(p, "decay_lr_rate", kWhere);
   skip_lr_decay_ = decay_step_size_ == 0 || decay_lr_rate_ == 0;
 
@@ -225,9 +237,9 @@ OneCycle::OneCycle(torch::optim::Optimizer& optimizer, const json& p) : LRSchedu
         "cycles only Adam-type beta1, not SGD momentum)");
     cycle_momentum_ = false;
   }
-  if (cycle_momentum_) {
-    min_mom_ = params::get_double(p, "cycle_min_mom", kWhere);
-    max_mom_ = params::get_double(p, "cycle_max_mom", kWhere);
+  if (cycle_momentum_) {  // as in DeepSpeed, the momentum lists are read only when used
+    min_moms_ = params::get_per_group(p, "cycle_min_mom", kWhere, group_count());
+    max_moms_ = params::get_per_group(p, "cycle_max_mom", kWhere, group_count());
     decay_mom_rate_ = params::get_double(p, "decay_mom_rate", kWhere);
     skip_mom_decay_ = decay_step_size_ == 0 || decay_mom_rate_ == 0;
   }
@@ -238,32 +250,53 @@ double OneCycle::scale_factor() const {
   const double batch_iteration = static_cast<double>(last_batch_iteration_ + 1);
   const double cycle = std::floor(1 + batch_iteration / total_size_);
   const double x = 1.0 + batch_iteration / total_size_ - cycle;
-  return x <= step_ratio_ ? x / step_ratio_ : (x - 1) / (step_ratio_ - 1);
+  const bool rising = x <= step_ratio_;
+  const double scale = rising ? x / step_ratio_ : (x - 1) / (step_ratio_ - 1);
+  const int64_t stairs = rising ? first_stair_count_ : second_stair_count_;
+  if (stairs <= 0) return scale;
+  // DeepSpeed #8179 counts stairs from the batch offset, not from scale: the float scale at a
+  // half's end can land 1e-16 under a whole stair. As there, x picks the stair count and the
+  // offset picks the half the position is counted in.
+  const double n = static_cast<double>(stairs);
+  const double offset = python_mod(batch_iteration, total_size_);
+  const double position = offset <= first_step_size_
+                              ? offset * n / first_step_size_
+                              : (total_size_ - offset) * n / second_step_size_;
+  return std::floor(position) / n;
+}
+
+double OneCycle::decay_iteration() const {
+  return static_cast<double>(last_batch_iteration_) - total_size_ + 1;
 }
 
 std::vector<double> OneCycle::get_lr() const {
-  double lr = min_lr_;
+  std::vector<double> lrs;
   if (static_cast<double>(last_batch_iteration_) < total_size_) {
-    lr = min_lr_ + (max_lr_ - min_lr_) * scale_factor();
-  } else if (!skip_lr_decay_) {
-    const double decay_iteration = static_cast<double>(last_batch_iteration_) - total_size_ + 1;
-    lr = min_lr_ / (1 + decay_lr_rate_ * decay_iteration / decay_step_size_);
+    const double scale = scale_factor();
+    for (size_t g = 0; g < min_lrs_.size(); ++g)
+      lrs.push_back(min_lrs_[g] + (max_lrs_[g] - min_lrs_[g]) * scale);
+    return lrs;
   }
-  return std::vector<double>(group_count(), lr);
+  if (skip_lr_decay_) return min_lrs_;
+  const double factor = 1 + decay_lr_rate_ * (decay_iteration() / decay_step_size_);
+  for (double lr : min_lrs_) lrs.push_back(lr / factor);
+  return lrs;
 }
 
 std::vector<double> OneCycle::get_mom() const {
   if (!cycle_momentum_) return {};
-  double mom = max_mom_;
-  if (last_batch_iteration_ < 0) {
-    mom = min_mom_;  // what DeepSpeed's constructor writes (not the formula's value at -1)
-  } else if (static_cast<double>(last_batch_iteration_) < total_size_) {
-    mom = max_mom_ - (max_mom_ - min_mom_) * scale_factor();
-  } else if (!skip_mom_decay_) {
-    const double decay_iteration = static_cast<double>(last_batch_iteration_) - total_size_ + 1;
-    mom = max_mom_ * (1 + decay_mom_rate_ * decay_iteration / decay_step_size_);
+  if (last_batch_iteration_ < 0) return min_moms_;  // what DeepSpeed's constructor writes
+  std::vector<double> moms;
+  if (static_cast<double>(last_batch_iteration_) < total_size_) {
+    const double scale = scale_factor();
+    for (size_t g = 0; g < max_moms_.size(); ++g)
+      moms.push_back(max_moms_[g] - (max_moms_[g] - min_moms_[g]) * scale);
+    return moms;
   }
-  return std::vector<double>(group_count(), mom);
+  if (skip_mom_decay_) return max_moms_;
+  const double factor = 1 + decay_mom_rate_ * (decay_iteration() / decay_step_size_);
+  for (double mom : max_moms_) moms.push_back(mom * factor);
+  return moms;
 }
 
 void OneCycle::apply() {

@@ -20,6 +20,9 @@
 // Each constructor takes the config's `scheduler.params` object (every DeepSpeed param present:
 // the config layer fills the defaults for built-in types). Params DeepSpeed accepts as "float or
 // list" (per param group) accept a JSON number or list here too.
+//
+// Where DeepSpeed versions differ, the current one is followed (checked against its master of
+// 2026-08-22, edaa722, version 0.19.6 in development); the class comments name the PRs.
 #pragma once
 
 #include <torch/torch.h>
@@ -105,11 +108,14 @@ class WarmupDecayLR : public WarmupLR {
 };
 
 // Ratios of each group's lr at construction: warm up from warmup_min_ratio to 1 (log or linear
-// as WarmupLR), then cosine down to cos_min_ratio at total_num_steps:
-//   t     = (i - warmup_num_steps + 1) / max(1, total_num_steps - warmup_num_steps)
+// as WarmupLR), then cosine down to cos_min_ratio at total_num_steps, where it stays:
+//   t     = min(1, (i - warmup_num_steps + 1) / max(1, total_num_steps - warmup_num_steps))
 //   ratio = max(0, cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * t)) / 2)
-// Iteration -1 gives 0 for every group. Past total_num_steps the cosine rises again (DeepSpeed
-// does not clamp). An unknown warmup_type is an error (DeepSpeed fails on its first step).
+// Iteration -1 gives 0 for every group. This is DeepSpeed 0.19.3 and later: the min(1, .) clamp
+// and the max(1, .) floor are DeepSpeed #8142 (before it the cosine rose again past
+// total_num_steps, and total == warmup divided by zero); no option keeps the old rise, which
+// was a bug. An unknown warmup_type warns and falls back to "log", as since DeepSpeed #8151
+// (0.19.4; before it DeepSpeed failed on its first step).
 class WarmupCosineLR : public LRScheduler {
  public:
   WarmupCosineLR(torch::optim::Optimizer& optimizer, const json& params);
@@ -125,14 +131,26 @@ class WarmupCosineLR : public LRScheduler {
 };
 
 // 1Cycle: lr from cycle_min_lr up to cycle_max_lr over cycle_first_step_size, back down over
-// cycle_second_step_size (null: the first), then the decay phase:
-//   lr = cycle_min_lr / (1 + decay_lr_rate * d / decay_step_size),  d = i - total_size + 1
+// cycle_second_step_size (null: the first), then the decay phase. With b = i + 1 and
+// x = b / total_size - floor(b / total_size), the half is x <= first / total_size:
+//   scale = x / ratio going up, (x - 1) / (ratio - 1) going down   (ratio = first / total_size)
+//   lr    = cycle_min_lr + (cycle_max_lr - cycle_min_lr) * scale
+// A half with a stair count n > 0 (cycle_first_stair_count going up, cycle_second_stair_count,
+// null: the first's, going down) holds lr and momentum flat in n stairs, counted from the
+// integer offset c = b mod total_size so that floor() falls as in DeepSpeed at a stair boundary:
+//   scale = floor(c * n / first) / n  if c <= first,  else floor((total_size - c) * n / second) / n
+// Decay phase (stairs do not apply), d = i - total_size + 1:
+//   lr = cycle_min_lr / (1 + decay_lr_rate * (d / decay_step_size))
 // (cycle_min_lr throughout when decay_step_size or decay_lr_rate is 0). With cycle_momentum and
 // an Adam-type optimizer (strata::optim::Adam, torch Adam / AdamW: "betas" in DeepSpeed's
-// check) beta1 cycles inversely between cycle_max_mom and cycle_min_mom and, in the decay phase,
-// is cycle_max_mom * (1 + decay_mom_rate * d / decay_step_size); DeepSpeed writes beta2 = 0.99
-// alongside. Optimizers without betas (SGD included) get no momentum cycling and a warning, as in
-// DeepSpeed. cycle_*_stair_count are accepted and, as in DeepSpeed's lr_schedules.py, unused.
+// check) beta1 cycles inversely, cycle_max_mom - (cycle_max_mom - cycle_min_mom) * scale, and in
+// the decay phase is cycle_max_mom * (1 + decay_mom_rate * (d / decay_step_size)); DeepSpeed
+// writes beta2 = 0.99 alongside. Optimizers without betas (SGD included) get no momentum cycling
+// and a warning, as in DeepSpeed. cycle_min_lr, cycle_max_lr, cycle_min_mom and cycle_max_mom
+// take one number or one per param group.
+// Current DeepSpeed: the stairs are DeepSpeed #8179 (0.19.4; before it the counts were stored
+// and unused), the per-group lists #8201 (master after 0.19.5). No option keeps the unused
+// counts: a config that sets them asks for stairs.
 class OneCycle : public LRScheduler {
  public:
   OneCycle(torch::optim::Optimizer& optimizer, const json& params);
@@ -146,10 +164,12 @@ class OneCycle : public LRScheduler {
 
  private:
   double scale_factor() const;
+  double decay_iteration() const;
 
-  double total_size_, step_ratio_, decay_step_size_;
-  double min_lr_, max_lr_, decay_lr_rate_;
-  double min_mom_ = 0, max_mom_ = 0, decay_mom_rate_ = 0;
+  double first_step_size_, second_step_size_, total_size_, step_ratio_, decay_step_size_;
+  int64_t first_stair_count_, second_stair_count_;  // <= 0: continuous
+  std::vector<double> min_lrs_, max_lrs_, min_moms_, max_moms_;
+  double decay_lr_rate_, decay_mom_rate_ = 0;
   bool skip_lr_decay_, skip_mom_decay_, cycle_momentum_;
 };
 

@@ -146,6 +146,28 @@ TEST(ConfigReads, SchedulerParamsAreComplete) {
   EXPECT_EQ(lrrt.scheduler.params.at("lr_range_test_step_size"), 2000);
 }
 
+// The current DeepSpeed's scheduler params: OneCycle's bounds take per-group lists (DeepSpeed
+// #8201); an unknown warmup_type warns, naming the key, and reads as "log" (#8151).
+TEST(ConfigReads, SchedulerParamsOfCurrentDeepSpeed) {
+  const Config one = load(with(R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": [0.01, 0.002],
+      "cycle_max_lr": [0.1, 0.03], "cycle_min_mom": [0.85, 0.8], "cycle_max_mom": 0.95}})"));
+  EXPECT_EQ(one.scheduler.params.at("cycle_min_lr"), json::array({0.01, 0.002}));
+  EXPECT_EQ(one.scheduler.params.at("cycle_min_mom"), json::array({0.85, 0.8}));
+  EXPECT_DOUBLE_EQ(one.scheduler.params.at("cycle_max_mom").get<double>(), 0.95);
+  EXPECT_TRUE(one.warnings.empty()) << joined_warnings(one);
+
+  for (const char* type : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}) {
+    SCOPED_TRACE(type);
+    const std::string total = std::string(type) == "WarmupLR" ? "" : R"("total_num_steps": 100, )";
+    const Config c = load(with(std::string(R"("scheduler": {"type": ")") + type + R"(", "params": {)" +
+                               total + R"("warmup_type": "linaer"}})"));
+    EXPECT_EQ(c.scheduler.params.at("warmup_type"), "log");
+    EXPECT_CONTAINS(joined_warnings(c), "scheduler.params.warmup_type = \"linaer\" is not \"log\" or "
+                                        "\"linear\"; read as \"log\"");
+    EXPECT_CONTAINS(joined_warnings(c), "did you mean \"linear\"?");
+  }
+}
+
 TEST(ConfigReads, HuggingFaceAutosResolve) {
   LoadOptions o;
   o.world_size = 4;

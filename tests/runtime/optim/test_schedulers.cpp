@@ -1,6 +1,7 @@
-// The LR schedules against DeepSpeed's formulas, written out again here in double straight from
-// deepspeed/runtime/lr_schedules.py, plus a few values worked by hand; the scheduler registry;
-// scheduler state round trips.
+// The LR schedules against DeepSpeed's current formulas (ds_lr_schedules.h, written again there
+// from deepspeed/runtime/lr_schedules.py) at every iteration from -1 to well past the end, plus
+// a few values worked by hand; the scheduler registry; scheduler state round trips.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,100 +9,18 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "runtime/error.h"
 #include "runtime/optim/adam.h"
 #include "runtime/sched/registry.h"
+#include "tests/runtime/optim/ds_lr_schedules.h"
 
 namespace {
 
 using strata::json;
-constexpr double kPi = 3.14159265358979323846;
-
-// ---- DeepSpeed's formulas, by last_batch_iteration i ------------------------------------------
-
-double ds_warmup_lr(int64_t i, double min_lr, double max_lr, int64_t warmup_num_steps, bool linear,
-                    std::optional<int64_t> total_num_steps = std::nullopt) {
-  const int64_t warmup = std::max<int64_t>(2, warmup_num_steps);
-  if (i < 0) return min_lr;
-  double gamma = 1.0;
-  if (i < warmup)
-    gamma =
-        linear ? double(i) / double(warmup) : std::log(double(i + 1)) / std::log(double(warmup));
-  else if (total_num_steps)
-    gamma = std::max(
-        0.0, double(*total_num_steps - i) / std::max(1.0, double(*total_num_steps - warmup)));
-  return min_lr + (max_lr - min_lr) * gamma;
-}
-
-double ds_cosine_ratio(int64_t i, double warmup_min_ratio, double cos_min_ratio,
-                       int64_t warmup_num_steps, int64_t total_num_steps, bool linear) {
-  const int64_t warmup = std::max<int64_t>(2, warmup_num_steps);
-  if (i < 0) return 0.0;
-  if (i < warmup) {
-    const double r =
-        linear ? double(i) / double(warmup) : std::log(double(i + 1)) / std::log(double(warmup));
-    return warmup_min_ratio + r * (1 - warmup_min_ratio);
-  }
-  const double last = double(i - warmup + 1);
-  const double total = double(std::max<int64_t>(1, total_num_steps - warmup));
-  return std::max(0.0,
-                  cos_min_ratio + (1 - cos_min_ratio) * (1 + std::cos(kPi * last / total)) / 2);
-}
-
-struct OneCycleParams {
-  double min_lr = 0.01, max_lr = 0.1, decay_lr_rate = 0.5;
-  double first = 10, second = 5, decay_step_size = 4;
-  double min_mom = 0.85, max_mom = 0.95, decay_mom_rate = 0.1;
-  json to_json(bool cycle_momentum = true) const {
-    return {{"cycle_min_lr", min_lr},
-            {"cycle_max_lr", max_lr},
-            {"decay_lr_rate", decay_lr_rate},
-            {"cycle_first_step_size", first},
-            {"cycle_second_step_size", second},
-            {"cycle_first_stair_count", 0},
-            {"cycle_second_stair_count", nullptr},
-            {"decay_step_size", decay_step_size},
-            {"cycle_momentum", cycle_momentum},
-            {"cycle_min_mom", min_mom},
-            {"cycle_max_mom", max_mom},
-            {"decay_mom_rate", decay_mom_rate}};
-  }
-};
-
-double ds_one_cycle_scale(int64_t i, const OneCycleParams& p) {
-  const double total = p.first + p.second;
-  const double ratio = p.first / total;
-  const double bi = double(i + 1);
-  const double cycle = std::floor(1 + bi / total);
-  const double x = 1 + bi / total - cycle;
-  return x <= ratio ? x / ratio : (x - 1) / (ratio - 1);
-}
-
-double ds_one_cycle_lr(int64_t i, const OneCycleParams& p) {
-  if (double(i) < p.first + p.second)
-    return p.min_lr + (p.max_lr - p.min_lr) * ds_one_cycle_scale(i, p);
-  if (p.decay_step_size == 0 || p.decay_lr_rate == 0) return p.min_lr;
-  const double d = double(i) - (p.first + p.second) + 1;
-  return p.min_lr / (1 + p.decay_lr_rate * d / p.decay_step_size);
-}
-
-double ds_one_cycle_mom(int64_t i, const OneCycleParams& p) {
-  if (i < 0) return p.min_mom;  // DeepSpeed's constructor writes cycle_min_mom
-  if (double(i) < p.first + p.second)
-    return p.max_mom - (p.max_mom - p.min_mom) * ds_one_cycle_scale(i, p);
-  if (p.decay_step_size == 0 || p.decay_mom_rate == 0) return p.max_mom;
-  const double d = double(i) - (p.first + p.second) + 1;
-  return p.max_mom * (1 + p.decay_mom_rate * d / p.decay_step_size);
-}
-
-double ds_range_test_lr(int64_t i, double min_lr, double step_size, double step_rate,
-                        bool staircase) {
-  double interval = double(i + 1) / step_size;
-  if (staircase) interval = std::floor(interval);
-  return min_lr * (1 + step_rate * interval);
-}
+using ds::kPi;
 
 // ---- helpers ----------------------------------------------------------------------------------
 
@@ -119,9 +38,9 @@ double lr_of(const torch::optim::Optimizer& o, size_t group = 0) {
   return o.param_groups()[group].options().get_lr();
 }
 
-double beta1_of(const torch::optim::Optimizer& o) {
+double beta1_of(const torch::optim::Optimizer& o, size_t group = 0) {
   return std::get<0>(
-      static_cast<const strata::optim::AdamOptions&>(o.param_groups()[0].options()).betas());
+      static_cast<const strata::optim::AdamOptions&>(o.param_groups()[group].options()).betas());
 }
 
 double beta2_of(const torch::optim::Optimizer& o) {
@@ -129,22 +48,29 @@ double beta2_of(const torch::optim::Optimizer& o) {
       static_cast<const strata::optim::AdamOptions&>(o.param_groups()[0].options()).betas());
 }
 
+// Within 1e-9 relative of DeepSpeed's value (absolute near 0).
+double tolerance(double expected) { return std::max(1e-9 * std::abs(expected), 1e-15); }
+
 void expect_lr(const torch::optim::Optimizer& o, double expected, int64_t i, size_t group = 0) {
-  EXPECT_NEAR(lr_of(o, group), expected, 1e-12 * std::max(1.0, std::abs(expected)))
+  EXPECT_NEAR(lr_of(o, group), expected, tolerance(expected))
       << "last_batch_iteration " << i << ", group " << group;
 }
 
-// Steps the scheduler from its start through `last`, checking the optimizer's lr against
-// `reference(i)` at construction (i = -1) and after every step.
+std::vector<double> per_group(double v) { return {v}; }
+std::vector<double> per_group(std::vector<double> v) { return v; }
+
+// Steps the scheduler from its start through `last`, checking every group's lr against
+// `reference(i)` (one value, or one per group) at construction (i = -1) and after every step.
 template <class Reference>
 void walk(strata::LRScheduler& s, const torch::optim::Optimizer& o, int64_t last,
           Reference reference) {
   ASSERT_EQ(s.last_batch_iteration(), -1);
-  expect_lr(o, reference(-1), -1);
-  for (int64_t i = 0; i <= last; ++i) {
-    s.step();
+  for (int64_t i = -1; i <= last; ++i) {
+    if (i >= 0) s.step();
     ASSERT_EQ(s.last_batch_iteration(), i);
-    expect_lr(o, reference(i), i);
+    const std::vector<double> expected = per_group(reference(i));
+    ASSERT_EQ(expected.size(), o.param_groups().size());
+    for (size_t g = 0; g < expected.size(); ++g) expect_lr(o, expected[g], i, g);
     EXPECT_EQ(s.get_lr(), s.get_last_lr());
   }
 }
@@ -165,7 +91,7 @@ TEST(WarmupLR, MatchesDeepSpeedForBothWarmupTypes) {
     SCOPED_TRACE(linear ? "linear" : "log");
     auto opt = make_adam();
     strata::WarmupLR s(*opt, warmup_params(linear ? "linear" : "log"));
-    walk(s, *opt, 15, [&](int64_t i) { return ds_warmup_lr(i, 0.01, 0.1, 10, linear); });
+    walk(s, *opt, 30, [&](int64_t i) { return ds::warmup_lr(i, 0.01, 0.1, 10, linear); });
   }
 }
 
@@ -232,8 +158,8 @@ TEST(WarmupLR, PerGroupListsAndUnknownWarmupType) {
                             {"warmup_type", "cosine"}});
   ASSERT_EQ(s.warnings().size(), 1u);  // DeepSpeed warns and falls back to log
   s.step(4);
-  expect_lr(*opt, ds_warmup_lr(4, 0.0, 0.1, 10, false), 4, 0);
-  expect_lr(*opt, ds_warmup_lr(4, 0.01, 0.3, 10, false), 4, 1);
+  expect_lr(*opt, ds::warmup_lr(4, 0.0, 0.1, 10, false), 4, 0);
+  expect_lr(*opt, ds::warmup_lr(4, 0.01, 0.3, 10, false), 4, 1);
   EXPECT_THROW(strata::WarmupLR(*opt, {{"warmup_min_lr", {0.0}},
                                        {"warmup_max_lr", 0.1},
                                        {"warmup_num_steps", 10},
@@ -246,7 +172,7 @@ TEST(WarmupDecayLR, MatchesDeepSpeedForBothWarmupTypes) {
     SCOPED_TRACE(linear ? "linear" : "log");
     auto opt = make_adam();
     strata::WarmupDecayLR s(*opt, warmup_params(linear ? "linear" : "log", 30));
-    walk(s, *opt, 40, [&](int64_t i) { return ds_warmup_lr(i, 0.01, 0.1, 10, linear, 30); });
+    walk(s, *opt, 90, [&](int64_t i) { return ds::warmup_lr(i, 0.01, 0.1, 10, linear, 30); });
   }
 }
 
@@ -265,21 +191,30 @@ TEST(WarmupDecayLR, HandWorkedValues) {
 
 // ---- WarmupCosineLR ---------------------------------------------------------------------------
 
-json cosine_params(const char* type) {
-  return {{"total_num_steps", 30},
+json cosine_params(const char* type, int64_t total = 30, int64_t warmup = 10) {
+  return {{"total_num_steps", total},
           {"warmup_min_ratio", 0.1},
-          {"warmup_num_steps", 10},
+          {"warmup_num_steps", warmup},
           {"cos_min_ratio", 0.01},
           {"warmup_type", type}};
 }
 
-TEST(WarmupCosineLR, MatchesDeepSpeedForBothWarmupTypes) {
+// Past total_num_steps the ratio stays at cos_min_ratio (DeepSpeed #8142), also when the decay
+// window is one step, empty or negative; warmup_num_steps 1 reads as 2.
+TEST(WarmupCosineLR, MatchesDeepSpeedForBothWarmupTypesToWellPastTheEnd) {
+  const std::vector<double> lrs = {0.2, 0.05};
   for (bool linear : {false, true}) {
-    SCOPED_TRACE(linear ? "linear" : "log");
-    auto opt = make_adam({0.2});
-    strata::WarmupCosineLR s(*opt, cosine_params(linear ? "linear" : "log"));
-    walk(s, *opt, 40,
-         [&](int64_t i) { return 0.2 * ds_cosine_ratio(i, 0.1, 0.01, 10, 30, linear); });
+    for (auto [total, warmup] : std::vector<std::pair<int64_t, int64_t>>{
+             {30, 10}, {11, 10}, {10, 10}, {4, 10}, {25, 1}, {1000, 100}}) {
+      SCOPED_TRACE(fmt::format("{}, total {}, warmup {}", linear ? "linear" : "log", total,
+                               warmup));
+      auto opt = make_adam(lrs);
+      strata::WarmupCosineLR s(*opt, cosine_params(linear ? "linear" : "log", total, warmup));
+      walk(s, *opt, 3 * std::max(total, warmup) + 20, [&](int64_t i) {
+        const double r = ds::cosine_ratio(i, 0.1, 0.01, warmup, total, linear);
+        return std::vector<double>{lrs[0] * r, lrs[1] * r};
+      });
+    }
   }
 }
 
@@ -302,32 +237,53 @@ TEST(WarmupCosineLR, HandWorkedValuesRelativeToEachGroupsLr) {
   expect_lr(*opt, 0.4 * 0.505, 19, 1);
   s.step(29);
   expect_lr(*opt, 0.2 * 0.01, 29, 0);  // cos(pi) = -1: cos_min_ratio
+  for (int64_t i : {30, 39, 49, 1000}) {  // it stays there (unclamped, 49 was back at the top)
+    s.step(i);
+    expect_lr(*opt, 0.2 * 0.01, i, 0);
+    expect_lr(*opt, 0.4 * 0.01, i, 1);
+  }
 }
 
-TEST(WarmupCosineLR, UnknownWarmupTypeIsAnError) {
-  auto opt = make_adam();
-  EXPECT_THROW(strata::WarmupCosineLR(*opt, cosine_params("exp")), strata::Error);
+// DeepSpeed #8151: an unknown warmup_type warns and warms up by "log".
+TEST(WarmupCosineLR, UnknownWarmupTypeWarnsAndUsesLog) {
+  auto a = make_adam();
+  auto b = make_adam();
+  strata::WarmupCosineLR unknown(*a, cosine_params("exp"));
+  strata::WarmupCosineLR log(*b, cosine_params("log"));
+  ASSERT_EQ(unknown.warnings().size(), 1u);
+  EXPECT_NE(unknown.warnings()[0].find("warmup_type = \"exp\""), std::string::npos)
+      << unknown.warnings()[0];
+  EXPECT_TRUE(log.warnings().empty());
+  for (int i = 0; i < 40; ++i) {
+    unknown.step();
+    log.step();
+    EXPECT_EQ(lr_of(*a), lr_of(*b)) << "iteration " << i;
+  }
 }
 
 // ---- OneCycle ---------------------------------------------------------------------------------
 
-TEST(OneCycle, LrAndMomentumMatchDeepSpeedInEveryPhase) {
-  const OneCycleParams p;
-  auto opt = make_adam();
+// Every group's lr and beta1 against DeepSpeed's, from -1 to well past the cycle's end.
+void walk_one_cycle(const ds::OneCycle& p, int64_t past_the_end = 40) {
+  auto opt = make_adam(std::vector<double>(p.min_lrs.size(), 0.5));
   strata::OneCycle s(*opt, p.to_json());
   ASSERT_TRUE(s.cycle_momentum());
   EXPECT_TRUE(s.warnings().empty());
-  EXPECT_DOUBLE_EQ(beta1_of(*opt), p.min_mom);  // constructor
-  EXPECT_DOUBLE_EQ(beta2_of(*opt), 0.99);       // DeepSpeed's fixed beta2
-  walk(s, *opt, 30, [&](int64_t i) {
-    EXPECT_NEAR(beta1_of(*opt), ds_one_cycle_mom(i, p), 1e-12) << "iteration " << i;
-    EXPECT_DOUBLE_EQ(beta2_of(*opt), 0.99);
-    return ds_one_cycle_lr(i, p);
+  walk(s, *opt, static_cast<int64_t>(p.first + p.second) + past_the_end, [&](int64_t i) {
+    const std::vector<double> mom = p.mom(i);
+    for (size_t g = 0; g < mom.size(); ++g) {
+      EXPECT_NEAR(beta1_of(*opt, g), mom[g], tolerance(mom[g]))
+          << "iteration " << i << ", group " << g;
+      EXPECT_DOUBLE_EQ(beta2_of(*opt), 0.99);  // DeepSpeed's fixed beta2
+    }
+    return p.lr(i);
   });
 }
 
+TEST(OneCycle, LrAndMomentumMatchDeepSpeedInEveryPhase) { walk_one_cycle(ds::OneCycle()); }
+
 TEST(OneCycle, HandWorkedValues) {
-  const OneCycleParams p;  // up over 10, down over 5, then decay every 4
+  const ds::OneCycle p;  // up over 10, down over 5, then decay every 4
   auto opt = make_adam();
   strata::OneCycle s(*opt, p.to_json());
   EXPECT_DOUBLE_EQ(lr_of(*opt), 0.01);
@@ -348,27 +304,109 @@ TEST(OneCycle, HandWorkedValues) {
 }
 
 TEST(OneCycle, NoDecayWhenDecayStepSizeIsZero) {
-  OneCycleParams p;
+  ds::OneCycle p;
   p.decay_step_size = 0;
-  auto opt = make_adam();
+  walk_one_cycle(p, 25);
+}
+
+// DeepSpeed #8179: stair counts 0 (continuous), 1 and several, each half its own or the first's,
+// in cycles whose halves the stairs divide and do not; two groups with their own bounds (#8201).
+TEST(OneCycle, StairsMatchDeepSpeedForEveryCountAndShape) {
+  struct Stairs {
+    int64_t first;
+    std::optional<int64_t> second;
+  };
+  const std::vector<Stairs> counts = {{0, std::nullopt}, {1, std::nullopt}, {1, 0}, {0, 1},
+                                      {4, std::nullopt}, {3, 2},            {2, 5}, {10, 5},
+                                      {7, 3},            {0, 6}};
+  const std::vector<std::pair<double, double>> shapes = {{10, 5}, {8, 8},    {7, 3},
+                                                         {3, 7},  {1000, 333}, {5, 0}};
+  for (auto [first, second] : shapes) {
+    for (const Stairs& stairs : counts) {
+      ds::OneCycle p;
+      p.min_lrs = {0.01, 0.002};
+      p.max_lrs = {0.1, 0.03};
+      p.min_moms = {0.85, 0.8};
+      p.max_moms = {0.95, 0.9};
+      p.first = first;
+      p.second = second;
+      p.first_stairs = stairs.first;
+      p.second_stairs = stairs.second;
+      SCOPED_TRACE(fmt::format("halves {} and {}, stairs {} and {}", first, second, stairs.first,
+                               stairs.second ? std::to_string(*stairs.second) : "null"));
+      walk_one_cycle(p);
+    }
+  }
+}
+
+// The example of DeepSpeed #8179 (min 0.001, max 0.01, halves of 8), and the way down.
+TEST(OneCycle, StairsHoldLrAndMomentumFlat) {
+  ds::OneCycle p;
+  p.min_lrs = {0.001};
+  p.max_lrs = {0.01};
+  p.first = p.second = 8;
+  const std::vector<std::pair<int64_t, std::vector<double>>> by_count = {
+      {0, {0.002125, 0.00325, 0.004375, 0.0055, 0.006625, 0.00775, 0.008875, 0.01}},
+      {2, {0.001, 0.001, 0.001, 0.0055, 0.0055, 0.0055, 0.0055, 0.01,  // up
+           0.0055, 0.0055, 0.0055, 0.0055, 0.001, 0.001, 0.001, 0.001}},  // down
+      {4, {0.001, 0.00325, 0.00325, 0.0055, 0.0055, 0.00775, 0.00775, 0.01}},
+      {8, {0.002125, 0.00325, 0.004375, 0.0055, 0.006625, 0.00775, 0.008875, 0.01}}};
+  for (const auto& [count, lrs] : by_count) {
+    p.first_stairs = count;
+    auto opt = make_adam();
+    strata::OneCycle s(*opt, p.to_json());
+    for (size_t k = 0; k < lrs.size(); ++k) {
+      s.step();
+      EXPECT_NEAR(lr_of(*opt), lrs[k], 1e-15) << "stairs " << count << ", iteration " << k;
+      // beta1 moves with the lr: max_mom at min_lr, min_mom at max_lr
+      EXPECT_NEAR(beta1_of(*opt), 0.95 - 0.1 * (lrs[k] - 0.001) / 0.009, 1e-12);
+    }
+  }
+}
+
+// DeepSpeed #8201: the four bounds take one value per param group; a list of another length is
+// an error before the optimizer is touched.
+TEST(OneCycle, PerGroupBounds) {
+  ds::OneCycle p;
+  p.min_lrs = {0.01, 0.002};
+  p.max_lrs = {0.1, 0.03};
+  p.min_moms = {0.85, 0.8};
+  p.max_moms = {0.95, 0.9};
+  auto opt = make_adam({0.5, 0.5});
   strata::OneCycle s(*opt, p.to_json());
-  walk(s, *opt, 25, [&](int64_t i) {
-    EXPECT_NEAR(beta1_of(*opt), ds_one_cycle_mom(i, p), 1e-12) << "iteration " << i;
-    return ds_one_cycle_lr(i, p);
-  });
-  EXPECT_DOUBLE_EQ(lr_of(*opt), p.min_lr);
-  EXPECT_DOUBLE_EQ(beta1_of(*opt), p.max_mom);
+  for (size_t g : {0, 1}) {
+    expect_lr(*opt, p.min_lrs[g], -1, g);
+    EXPECT_DOUBLE_EQ(beta1_of(*opt, g), p.min_moms[g]);
+  }
+  s.step(9);  // the peak
+  for (size_t g : {0, 1}) {
+    expect_lr(*opt, p.max_lrs[g], 9, g);
+    EXPECT_NEAR(beta1_of(*opt, g), p.min_moms[g], 1e-15);
+  }
+  for (const char* key : {"cycle_min_lr", "cycle_max_lr", "cycle_min_mom", "cycle_max_mom"}) {
+    json bad = p.to_json();
+    bad[key] = {0.1, 0.2, 0.3};
+    auto fresh = make_adam({0.5, 0.5});
+    EXPECT_THROW(strata::OneCycle(*fresh, bad), strata::Error) << key;
+    EXPECT_EQ(lr_of(*fresh, 0), 0.5) << key;
+  }
+  // As in DeepSpeed, momentum bounds are not read where momentum does not cycle.
+  json sgd_params = p.to_json();
+  sgd_params["cycle_min_lr"] = 0.01;
+  sgd_params["cycle_max_lr"] = 0.1;
+  torch::optim::SGD sgd({torch::zeros({2}, torch::requires_grad())}, torch::optim::SGDOptions(0.1));
+  EXPECT_NO_THROW(strata::OneCycle(sgd, sgd_params));
 }
 
 TEST(OneCycle, CyclesTorchAdamBetas) {
-  const OneCycleParams p;
+  const ds::OneCycle p;
   torch::optim::Adam opt({torch::zeros({2}, torch::requires_grad())},
                          torch::optim::AdamOptions(0.1).betas(std::make_tuple(0.9, 0.999)));
   strata::OneCycle s(opt, p.to_json());
   auto beta = [&] {
     return static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options()).betas();
   };
-  EXPECT_DOUBLE_EQ(std::get<0>(beta()), p.min_mom);
+  EXPECT_DOUBLE_EQ(std::get<0>(beta()), 0.85);
   s.step(4);
   EXPECT_NEAR(std::get<0>(beta()), 0.9, 1e-15);
   EXPECT_DOUBLE_EQ(std::get<1>(beta()), 0.99);
@@ -376,32 +414,16 @@ TEST(OneCycle, CyclesTorchAdamBetas) {
 
 // As in DeepSpeed, an optimizer without betas (SGD) gets lr cycling only, and a warning.
 TEST(OneCycle, SgdMomentumIsNotCycled) {
-  const OneCycleParams p;
+  const ds::OneCycle p;
   torch::optim::SGD opt({torch::zeros({2}, torch::requires_grad())},
                         torch::optim::SGDOptions(0.1).momentum(0.9));
   strata::OneCycle s(opt, p.to_json());
   EXPECT_FALSE(s.cycle_momentum());
   EXPECT_EQ(s.warnings().size(), 1u);
   EXPECT_TRUE(s.get_mom().empty());
-  walk(s, opt, 20, [&](int64_t i) { return ds_one_cycle_lr(i, p); });
+  walk(s, opt, 20, [&](int64_t i) { return p.lr(i); });
   EXPECT_DOUBLE_EQ(
       static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options()).momentum(), 0.9);
-}
-
-TEST(OneCycle, StairCountsHaveNoEffectAsInDeepSpeed) {
-  const OneCycleParams p;
-  json stairs = p.to_json();
-  stairs["cycle_first_stair_count"] = 4;
-  auto a = make_adam();
-  auto b = make_adam();
-  strata::OneCycle plain(*a, p.to_json());
-  strata::OneCycle stepped(*b, stairs);
-  EXPECT_EQ(stepped.warnings().size(), 1u);
-  for (int i = 0; i < 20; ++i) {
-    plain.step();
-    stepped.step();
-    EXPECT_DOUBLE_EQ(lr_of(*a), lr_of(*b));
-  }
 }
 
 // ---- LRRangeTest ------------------------------------------------------------------------------
@@ -414,7 +436,7 @@ TEST(LRRangeTest, ContinuousAndStaircaseMatchDeepSpeed) {
                                  {"lr_range_test_step_size", 4},
                                  {"lr_range_test_step_rate", 2.0},
                                  {"lr_range_test_staircase", staircase}});
-    walk(s, *opt, 20, [&](int64_t i) { return ds_range_test_lr(i, 0.001, 4, 2.0, staircase); });
+    walk(s, *opt, 20, [&](int64_t i) { return ds::range_test_lr(i, 0.001, 4, 2.0, staircase); });
   }
 }
 
@@ -465,12 +487,25 @@ TEST(SchedulerState, RoundTripContinuesIdentically) {
   round_trip<strata::WarmupLR>(warmup_params("log"), 7, 10);
   round_trip<strata::WarmupDecayLR>(warmup_params("linear", 30), 12, 25);
   round_trip<strata::WarmupCosineLR>(cosine_params("log"), 7, 30);
-  round_trip<strata::OneCycle>(OneCycleParams().to_json(), 9, 20);
+  round_trip<strata::OneCycle>(ds::OneCycle().to_json(), 9, 20);
+  ds::OneCycle stairs;
+  stairs.first_stairs = 3;
+  round_trip<strata::OneCycle>(stairs.to_json(), 6, 20);
   round_trip<strata::LRRangeTest>({{"lr_range_test_min_lr", 0.001},
                                    {"lr_range_test_step_size", 4},
                                    {"lr_range_test_step_rate", 2.0},
                                    {"lr_range_test_staircase", true}},
                                   5, 10);
+}
+
+// A run resumed past total_num_steps gets DeepSpeed's clamped lr (#8142), not a rising cosine.
+TEST(SchedulerState, CosineResumedPastTheEndStaysAtItsFloor) {
+  auto opt = make_adam({0.2});
+  strata::WarmupCosineLR s(*opt, cosine_params("linear"));
+  s.load_state_dict({{"last_batch_iteration", 45}});
+  expect_lr(*opt, 0.2 * 0.01, 45);
+  s.step();
+  expect_lr(*opt, 0.2 * 0.01, 46);
 }
 
 TEST(SchedulerState, ResumeIterationLeavesOptimizerAlone) {
@@ -480,7 +515,7 @@ TEST(SchedulerState, ResumeIterationLeavesOptimizerAlone) {
   strata::WarmupLR s(*opt, p);
   EXPECT_DOUBLE_EQ(lr_of(*opt), 0.2);  // DeepSpeed writes nothing when resuming
   s.step();
-  expect_lr(*opt, ds_warmup_lr(5, 0.01, 0.1, 10, true), 5);
+  expect_lr(*opt, ds::warmup_lr(5, 0.01, 0.1, 10, true), 5);
 }
 
 // ---- registry ---------------------------------------------------------------------------------
