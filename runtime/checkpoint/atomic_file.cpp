@@ -266,21 +266,28 @@ bool exchange_paths(const std::string& a, const std::string& b) {
 #endif
 }
 
-std::string replace_folder(const std::string& from, const std::string& to, bool allow_exchange) {
-  struct stat st {};
-  if (::lstat(to.c_str(), &st) != 0) {
-    if (errno != ENOENT) throw_errno("inspect", to, errno);
-    rename_durable(from, to);
-    return "";
+void link_folder(const std::string& from, const std::string& to, bool allow_link) {
+  if (::mkdir(to.c_str(), 0755) != 0) throw_errno("create folder", to, errno);
+  for (const auto& name : list_folder(from)) {
+    const std::string src = from + "/" + name, dst = to + "/" + name;
+    if (allow_link && ::link(src.c_str(), dst.c_str()) == 0) continue;
+    const int err = allow_link ? errno : EPERM;
+    // EPERM is Linux's "this file system has no hard links".
+    if (err != EPERM && err != ENOTSUP && err != EOPNOTSUPP && err != EMLINK && err != ENOSYS)
+      throw Error(fmt::format("checkpoint: cannot link '{}' to '{}': {}", src, dst,
+                              errno_text(err)));
+    FileReader in(src);
+    AtomicFile out(dst);
+    std::vector<char> chunk(size_t(std::min<uint64_t>(in.size(), uint64_t(8) << 20)));
+    for (uint64_t offset = 0; offset < in.size(); offset += chunk.size()) {
+      const size_t n = size_t(std::min<uint64_t>(chunk.size(), in.size() - offset));
+      in.read_at(offset, chunk.data(), n);
+      out.write(chunk.data(), n);
+    }
+    out.commit();
   }
-  if (!S_ISDIR(st.st_mode))
-    throw Error(fmt::format("checkpoint: '{}' exists and is not a folder", to));
-  if (allow_exchange && exchange_paths(from, to)) return from;
-  const std::string old = parent_of(to) + "/." + name_of(to) + ".old";
-  remove_tree(old);
-  rename_durable(to, old);
-  rename_durable(from, to);
-  return old;
+  fsync_directory(to);
+  fsync_directory(parent_of(to));
 }
 
 std::vector<std::string> list_folder(const std::string& dir) {

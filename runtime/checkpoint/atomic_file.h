@@ -82,13 +82,10 @@ void rename_durable(const std::string& from, const std::string& to);
 // Swaps two directory entries in one atomic step (renameat2 RENAME_EXCHANGE). Returns false,
 // changing nothing, where the kernel or the file system cannot (EINVAL, ENOSYS, ENOTSUP).
 bool exchange_paths(const std::string& a, const std::string& b);
-// Makes folder `from` become `to`. When `to` exists: swapped in one atomic step where the file
-// system allows (exchange_paths; allow_exchange=false skips it, for tests), else two renames
-// through "DIR/.NAME.old" (a crash between them leaves no `to`, the old folder under that
-// name). Returns the path that now holds the old folder ("" when there was none), for the
-// caller to remove_tree() once nothing refers to it.
-std::string replace_folder(const std::string& from, const std::string& to,
-                           bool allow_exchange = true);
+// Creates folder `to` with a second name for every file of folder `from` (a hard link; a copy
+// where the file system has none, or with allow_link=false, for tests), then fsyncs it. `from`
+// holds files only. So `to` can be renamed into place while `from` stays whole.
+void link_folder(const std::string& from, const std::string& to, bool allow_link = true);
 // rm -rf; a missing path is fine. (POSIX calls, not std::filesystem: pip LibTorch 2.x's
 // libtorch.so exports its own std::filesystem symbols, and a program linked with it can resolve
 // std::filesystem::remove_all to that copy, which crashes.)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <random>
 #include <set>
 
 #include <sys/stat.h>
@@ -20,7 +21,10 @@ constexpr const char* kManifest = "manifest.json";
 constexpr const char* kLatest = "latest";
 
 std::string staging_name(const std::string& tag) { return "." + tag + ".partial"; }
-std::string old_name(const std::string& tag) { return "." + tag + ".old"; }  // replace_folder
+std::string old_name(const std::string& tag) { return "." + tag + ".old"; }
+constexpr const char* kNext = ".next-";  // ".TAG.next-HEX": a re-save `latest` names meanwhile
+constexpr size_t kNextHex = 16;
+constexpr const char* kLinked = ".link";  // ".TAG.next-HEX.link": its hard-linked copy
 
 void check_kind(const std::string& kind) {
   const bool ok = !kind.empty() && std::all_of(kind.begin(), kind.end(), [](char c) {
@@ -58,6 +62,73 @@ FileEntry entry_of(const TensorFileInfo& info, std::string kind, int rank) {
   return e;
 }
 
+std::string next_name(const std::string& tag) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format(".{}{}{:016x}", tag, kNext, rng());
+}
+
+// The tag whose .next folder `name` is (".TAG.next-HEX"), or "" when it is none.
+std::string tag_of_next(const std::string& name) {
+  const size_t tail = std::char_traits<char>::length(kNext) + kNextHex;
+  if (name.size() < 2 + tail || name[0] != '.') return "";
+  const std::string tag = name.substr(1, name.size() - 1 - tail);
+  const bool hex = std::all_of(name.end() - kNextHex, name.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+  if (!hex || name.compare(1 + tag.size(), tail - kNextHex, kNext) != 0) return "";
+  try {
+    check_tag(tag);
+  } catch (const Error&) {
+    return "";
+  }
+  return tag;
+}
+
+// A leftover of `tag`'s: its .next folder or that one's hard-linked copy.
+bool is_next_of(const std::string& name, const std::string& tag) {
+  const size_t n = std::char_traits<char>::length(kLinked);
+  const bool linked = name.size() > n && name.compare(name.size() - n, n, kLinked) == 0;
+  return tag_of_next(linked ? name.substr(0, name.size() - n) : name) == tag;
+}
+
+// DIR/latest as written (a tag or a .next folder), or nullopt when there is none.
+std::optional<std::string> read_latest(const std::string& dir) {
+  const std::string path = dir + "/" + kLatest;
+  if (stat_kind(path) == PathKind::kMissing) return std::nullopt;
+  return trim(read_file(path));
+}
+
+// The tag that `latest`, holding `name`, names.
+std::string tag_in_latest(const std::string& dir, const std::string& name) {
+  if (std::string tag = tag_of_next(name); !tag.empty()) return tag;
+  try {
+    check_tag(name);
+  } catch (const Error&) {
+    throw Error(fmt::format("checkpoint: '{}/{}' holds '{}', which is not a tag", dir, kLatest,
+                            name));
+  }
+  return name;
+}
+
+// `latest` names DIR/NEXT, a committed re-save of `tag`: gives it the name DIR/TAG, then points
+// `latest` back at TAG. DIR/NEXT is neither moved nor removed before that, so every crash point
+// leaves `latest` naming a whole folder; run again after a crash, it finishes the job.
+void promote(const std::string& dir, const std::string& tag, const std::string& next) {
+  const std::string target = dir + "/" + tag, linked = dir + "/" + next + kLinked,
+                    old = dir + "/" + old_name(tag);
+  remove_tree(linked);
+  link_folder(dir + "/" + next, linked);
+  if (stat_kind(target) != PathKind::kMissing) {
+    remove_tree(old);
+    rename_durable(target, old);
+  }
+  rename_durable(linked, target);
+  remove_stale_temporaries(dir, kLatest);
+  write_file_atomic(dir + "/" + kLatest, tag);
+  remove_tree(old);
+  remove_tree(dir + "/" + next);
+}
+
 }  // namespace
 
 // --- names -------------------------------------------------------------------------------------
@@ -85,15 +156,9 @@ void check_tag(const std::string& tag) {
 }
 
 std::optional<std::string> find_latest(const std::string& dir) {
-  const std::string path = dir + "/" + kLatest;
-  if (stat_kind(path) == PathKind::kMissing) return std::nullopt;
-  std::string tag = trim(read_file(path));
-  try {
-    check_tag(tag);
-  } catch (const Error&) {
-    throw Error(fmt::format("checkpoint: '{}' holds '{}', which is not a tag", path, tag));
-  }
-  return tag;
+  const auto name = read_latest(dir);
+  if (!name) return std::nullopt;
+  return tag_in_latest(dir, *name);
 }
 
 // --- manifest ----------------------------------------------------------------------------------
@@ -168,8 +233,13 @@ const FileEntry* Manifest::find(const std::string& kind, int rank) const {
 
 // --- writer ------------------------------------------------------------------------------------
 
-CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, int rank, int world_size)
-    : dir_(std::move(dir)), tag_(std::move(tag)), rank_(rank), world_size_(world_size) {
+CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, int rank, int world_size,
+                                   WriteOptions options)
+    : dir_(std::move(dir)),
+      tag_(std::move(tag)),
+      rank_(rank),
+      world_size_(world_size),
+      options_(options) {
   check_tag(tag_);
   if (world_size_ < 1 || rank_ < 0 || rank_ >= world_size_)
     throw Error(fmt::format("checkpoint: rank {} is outside a world of {}", rank_, world_size_));
@@ -240,13 +310,36 @@ Manifest CheckpointWriter::commit(const RunInfo& info) {
   for (const auto& name : list_folder(staging_))
     if (!keep.count(name)) remove_tree(staging_ + "/" + name);
 
-  // 3. Publish the folder as DIR/TAG: one atomic swap when it exists already.
-  const std::string leftover = replace_folder(staging_, dir_ + "/" + tag_);
+  // 3. Finish a promotion a crash cut short, then clear this tag's .next leftovers (no longer
+  // named by `latest`).
+  const std::string named = read_latest(dir_).value_or("");
+  if (const std::string tag = tag_of_next(named);
+      !tag.empty() && stat_kind(dir_ + "/" + named) == PathKind::kFolder)
+    promote(dir_, tag, named);
+  for (const auto& name : list_folder(dir_))
+    if (is_next_of(name, tag_)) remove_tree(dir_ + "/" + name);
 
-  // 4. `latest`, last.
-  remove_stale_temporaries(dir_, kLatest);
-  write_file_atomic(dir_ + "/" + kLatest, tag_);
-  if (!leftover.empty()) remove_tree(leftover);
+  // 4. Publish the folder as DIR/TAG, then `latest`.
+  const std::string target = dir_ + "/" + tag_;
+  const PathKind existing = stat_kind(target);
+  if (existing == PathKind::kOther)
+    throw Error(fmt::format("checkpoint: '{}' exists and is not a folder", target));
+  const bool swapped = existing == PathKind::kFolder && options_.allow_exchange &&
+                       exchange_paths(staging_, target);
+  if (existing == PathKind::kFolder && !swapped) {
+    // No atomic swap: `latest` names the new folder under a fresh name while it replaces TAG.
+    const std::string next = next_name(tag_);
+    rename_durable(staging_, dir_ + "/" + next);
+    remove_stale_temporaries(dir_, kLatest);
+    write_file_atomic(dir_ + "/" + kLatest, next);
+    promote(dir_, tag_, next);
+  } else {
+    if (existing == PathKind::kMissing) rename_durable(staging_, target);
+    remove_stale_temporaries(dir_, kLatest);
+    write_file_atomic(dir_ + "/" + kLatest, tag_);
+    remove_tree(staging_);                     // after the swap: the old folder
+    remove_tree(dir_ + "/" + old_name(tag_));  // superseded (a crash's leftover)
+  }
   committed_ = true;
   return manifest;
 }
@@ -257,16 +350,17 @@ CheckpointReader::CheckpointReader(std::string dir, std::string tag, ReadOptions
     : dir_(std::move(dir)) {
   if (stat_kind(dir_) != PathKind::kFolder)
     throw Error(fmt::format("checkpoint: folder '{}' does not exist", dir_));
+  const std::string latest = read_latest(dir_).value_or("");
   if (tag == kLatest) {
-    auto latest = find_latest(dir_);
-    if (!latest)
+    if (stat_kind(dir_ + "/" + kLatest) == PathKind::kMissing)
       throw Error(fmt::format("checkpoint: '{}/{}' is missing: no checkpoint was committed in '{}' "
                               "(or name a tag)",
                               dir_, kLatest, dir_));
-    tag = *latest;
+    tag = tag_in_latest(dir_, latest);
   }
   check_tag(tag);
-  folder_ = dir_ + "/" + tag;
+  // While a re-save of TAG replaces DIR/TAG, `latest` names its .next folder: the newest TAG.
+  folder_ = dir_ + "/" + (tag_of_next(latest) == tag ? latest : tag);
   if (stat_kind(folder_) != PathKind::kFolder) {
     std::string hint;
     if (stat_kind(dir_ + "/" + old_name(tag)) == PathKind::kFolder)

@@ -10,16 +10,22 @@
 //                                         (e.g. model_states.ckpt)
 //       zero_pp_rank_R_KIND.ckpt          rank R's partition (e.g. zero_pp_rank_3_optim_states.ckpt)
 //     .TAG.partial/                       a save in progress; becomes TAG at commit
+//     .TAG.next-HEX/                      a re-save of TAG, committed, while it replaces TAG/
+//                                         (only where folders cannot be swapped; see below)
 //
 // Each *.ckpt file is a tensor file (tensor_file.h). Every rank writes into DIR/.TAG.partial/;
 // rank 0's commit(), after every rank has written (the caller barriers), checks that each
-// expected file is there, writes the manifest, swaps the folder in as DIR/TAG in one atomic
-// step (renameat2 RENAME_EXCHANGE; where the file system lacks it, two renames through
-// DIR/.TAG.old) and only then rewrites `latest`. So a crash at any moment leaves `latest`
-// naming a complete checkpoint, even when the save was over that very tag. The folder must be
-// one file system that every rank sees (shared storage across nodes). The caller barriers
-// twice: after every rank's writes (before commit) and after commit (before any rank starts
-// another save, which would reuse DIR/.TAG.partial).
+// expected file is there, writes the manifest, publishes the folder as DIR/TAG and only then
+// rewrites `latest`. A new tag is one rename. A re-saved tag is swapped in by one atomic
+// renameat2 RENAME_EXCHANGE. Where the file system lacks it (NFS, Lustre), the folder is renamed
+// to a fresh DIR/.TAG.next-HEX, `latest` is pointed at that name, a hard-linked copy of it
+// replaces DIR/TAG (through DIR/.TAG.old), and `latest` names TAG again: no folder is moved or
+// removed while `latest` names it. Meanwhile loading TAG reads the folder `latest` names, and
+// the next commit finishes a promotion a crash cut short. So a crash at any moment leaves
+// `latest`, and each tag, naming a complete checkpoint. The folder must be one file system that
+// every rank sees (shared storage across nodes). The caller barriers twice: after every rank's
+// writes (before commit) and after commit (before any rank starts another save, which would
+// reuse DIR/.TAG.partial).
 #pragma once
 
 #include <cstdint>
@@ -65,13 +71,20 @@ std::string shared_file_name(const std::string& kind);
 std::string partition_file_name(const std::string& kind, int rank);
 // A tag is one plain folder name: not empty, no '/', no leading '.', not "latest".
 void check_tag(const std::string& tag);
-// The tag in DIR/latest, or nullopt when there is none (no checkpoint committed yet).
+// The tag in DIR/latest (also while it names TAG's .next folder), or nullopt when there is none
+// (no checkpoint committed yet).
 std::optional<std::string> find_latest(const std::string& dir);
+
+struct WriteOptions {
+  // false: commit as where the file system cannot swap folders (NFS, Lustre), for tests.
+  bool allow_exchange = true;
+};
 
 class CheckpointWriter {
  public:
   // Every rank constructs one with the same dir and tag; creates DIR/.TAG.partial/.
-  CheckpointWriter(std::string dir, std::string tag, int rank, int world_size);
+  CheckpointWriter(std::string dir, std::string tag, int rank, int world_size,
+                   WriteOptions options = {});
 
   // This rank's partition of `kind` (each rank writes one per partitioned kind; rank 0 writes
   // every kind that any rank writes). Kinds are [a-z0-9_]+.
@@ -93,6 +106,7 @@ class CheckpointWriter {
 
   std::string dir_, tag_, staging_;
   int rank_, world_size_;
+  WriteOptions options_;
   std::vector<FileEntry> written_;
   bool committed_ = false;
 };
@@ -105,12 +119,13 @@ struct ReadOptions {
 
 class CheckpointReader {
  public:
-  // tag "latest" follows DIR/latest. Reads the manifest and checks that every file it lists is
-  // there with its size (and checksum, per `options`).
+  // tag "latest" follows DIR/latest. A tag that `latest` names by its .next folder (a commit
+  // under way or cut short) is read from there. Reads the manifest and checks that every file
+  // it lists is there with its size (and checksum, per `options`).
   CheckpointReader(std::string dir, std::string tag = "latest", ReadOptions options = {});
 
   const std::string& tag() const { return manifest_.tag; }
-  const std::string& folder() const { return folder_; }  // DIR/TAG
+  const std::string& folder() const { return folder_; }  // DIR/TAG (or its .next folder)
   const Manifest& manifest() const { return manifest_; }
   int world_size() const { return manifest_.world_size; }
   int zero_stage() const { return manifest_.info.zero_stage; }

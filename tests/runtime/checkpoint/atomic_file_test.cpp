@@ -243,36 +243,32 @@ TEST(AtomicFile, ExchangeSwapsTwoFoldersInOneStep) {
   std::ofstream(dir.path() / "a" / "from_a") << "a";
   std::ofstream(dir.path() / "b" / "from_b") << "b";
   if (!ckpt::exchange_paths((dir.path() / "a").string(), (dir.path() / "b").string()))
-    GTEST_SKIP() << "no RENAME_EXCHANGE on this file system (commit() uses two renames)";
+    GTEST_SKIP() << "no RENAME_EXCHANGE on this file system (commit() links and renames)";
   EXPECT_EQ(entries(dir.path() / "a"), std::vector<std::string>{"from_b"});
   EXPECT_EQ(entries(dir.path() / "b"), std::vector<std::string>{"from_a"});
 }
 
-TEST(AtomicFile, ReplaceFolderWithAndWithoutExchange) {
+// Hard links, or copies where there are none: `to` holds the same bytes, `from` stays whole.
+TEST(AtomicFile, LinkFolderGivesEveryFileASecondName) {
   ScratchDir dir;
-  const auto make = [&](const std::string& name, const std::string& file) {
-    fs::create_directories(dir.path() / name);
-    std::ofstream(dir.path() / name / file) << file;
-  };
-  const std::string target = (dir.path() / "tag").string();
-  make("new1", "one");
-  EXPECT_EQ(ckpt::replace_folder((dir.path() / "new1").string(), target), "");  // no old one
-  EXPECT_EQ(entries(target), std::vector<std::string>{"one"});
-  for (bool exchange : {true, false}) {
-    make("next", exchange ? "two" : "three");
-    const auto old = ckpt::replace_folder((dir.path() / "next").string(), target, exchange);
-    EXPECT_EQ(entries(target), std::vector<std::string>{exchange ? "two" : "three"});
-    EXPECT_EQ(entries(old), std::vector<std::string>{exchange ? "one" : "two"});
-    if (!exchange) {
-      EXPECT_EQ(old, (dir.path() / ".tag.old").string());
-    }
-    ckpt::remove_tree(old);
+  const auto from = dir.path() / "from";
+  fs::create_directories(from);
+  std::ofstream(from / "a.ckpt") << "aaa";
+  std::ofstream(from / "empty.ckpt");
+  const std::string big(9 << 20, 'b');  // more than one copy chunk
+  std::ofstream(from / "big.ckpt", std::ios::binary) << big;
+  for (bool allow_link : {true, false}) {
+    const auto to = dir.path() / (allow_link ? "linked" : "copied");
+    ckpt::link_folder(from.string(), to.string(), allow_link);
+    EXPECT_EQ(entries(to), (std::vector<std::string>{"a.ckpt", "big.ckpt", "empty.ckpt"}));
+    EXPECT_EQ(slurp(to / "a.ckpt"), "aaa");
+    EXPECT_EQ(slurp(to / "big.ckpt"), big);
+    EXPECT_EQ(fs::hard_link_count(to / "a.ckpt"), allow_link ? 2u : 1u);
   }
-  EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"tag"});
-  std::ofstream(dir.path() / "file") << "x";
-  make("next", "four");
+  EXPECT_EQ(entries(from), (std::vector<std::string>{"a.ckpt", "big.ckpt", "empty.ckpt"}));
   const auto msg = error_of([&] {
-    ckpt::replace_folder((dir.path() / "next").string(), (dir.path() / "file").string());
+    ckpt::link_folder(from.string(), (dir.path() / "linked").string());
   });
-  EXPECT_NE(msg.find("exists and is not a folder"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("linked"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("File exists"), std::string::npos) << msg;
 }

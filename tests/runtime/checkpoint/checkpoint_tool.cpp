@@ -1,16 +1,26 @@
 // checkpoint_tool: the other process of the checkpoint tests.
 //
 //   checkpoint_tool atomic-loop PATH START   rewrite PATH atomically with versions START, START+1...
-//   checkpoint_tool save-loop DIR START      save checkpoint steps START, START+1, ... into DIR
+//   checkpoint_tool save-loop DIR START [no-exchange]
+//                                            save checkpoint steps START, START+1, ... into DIR
+//   checkpoint_tool save-killed DIR STEP K [no-exchange]
+//                                            save step STEP (small tensors), SIGKILLing itself
+//                                            just before its K-th rename(2) into DIR; exits 0 if
+//                                            it finished first
 //   checkpoint_tool st-write PATH            write a safetensors file of every dtype, print it
 //   checkpoint_tool st-read PATH             read a safetensors file, print it
 //
-// The loops print "started" once and run until killed. The st-* modes print one line per
+// The loops print "started" once and run until killed. no-exchange commits as on file systems
+// without renameat2 RENAME_EXCHANGE (WriteOptions). The st-* modes print one line per
 // tensor, "tensor<TAB>name<TAB>dtype<TAB>shape JSON<TAB>hex of its bytes", and one per metadata
 // entry, "meta<TAB>key<TAB>value", for read_safetensors.py to compare with the Python package.
 #include <cstdio>
 #include <iostream>
 #include <string>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <torch/torch.h>
 
@@ -18,6 +28,24 @@
 #include "tests/runtime/checkpoint/crash_workload.h"
 
 namespace ckpt = strata::checkpoint;
+
+namespace {
+std::string kill_dir;         // save-killed's DIR
+long renames_until_kill = 0;  // and K; 0: never
+}  // namespace
+
+// Every commit point of a save is a rename(2) into DIR (AtomicFile and the folder renames call
+// ::rename), so this program's own rename, which the linker picks over libc's, lets save-killed
+// crash at each. Renames inside the staging folder, which no reader looks at, do not count.
+extern "C" int rename(const char* from, const char* to) noexcept {
+  if (renames_until_kill > 0) {
+    const std::string target = to;
+    const bool into_dir = target.rfind(kill_dir + "/", 0) == 0 &&
+                          target.find('/', kill_dir.size() + 1) == std::string::npos;
+    if (into_dir && --renames_until_kill == 0) ::kill(::getpid(), SIGKILL);
+  }
+  return ::renameat(AT_FDCWD, from, AT_FDCWD, to);
+}
 
 namespace {
 
@@ -62,10 +90,13 @@ ckpt::NamedTensors sample_tensors() {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::cerr << "usage: checkpoint_tool atomic-loop|save-loop|st-write|st-read PATH [START]\n";
+    std::cerr << "usage: checkpoint_tool atomic-loop|save-loop|save-killed|st-write|st-read PATH "
+                 "[START] [K] [no-exchange]\n";
     return 2;
   }
   const std::string mode = argv[1], path = argv[2];
+  ckpt::WriteOptions options;
+  options.allow_exchange = std::string(argv[argc - 1]) != "no-exchange";
   try {
     if (mode == "atomic-loop" || mode == "save-loop") {
       int64_t step = argc > 3 ? std::stoll(argv[3]) : 0;
@@ -74,8 +105,15 @@ int main(int argc, char** argv) {
         if (mode == "atomic-loop")
           strata::test::write_atomic_version(path, uint64_t(step));
         else
-          strata::test::save_crash_step(path, step);
+          strata::test::save_crash_step(path, step, options);
       }
+    }
+    if (mode == "save-killed" && argc > 4) {
+      kill_dir = path;
+      renames_until_kill = std::stol(argv[4]);
+      strata::test::save_crash_step(path, std::stoll(argv[3]), options,
+                                    strata::test::kSmallCrashFloats);
+      return 0;
     }
     if (mode == "st-write") {
       const auto tensors = sample_tensors();

@@ -2,6 +2,7 @@
 // (a separate process, so the kill can land anywhere) and verified by the tests.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -43,6 +44,7 @@ inline uint64_t read_atomic_version(const std::string& path) {
 
 constexpr int kCrashWorld = 4;
 constexpr int64_t kCrashFloats = int64_t(1) << 20;  // 4 MiB per tensor: 40 MiB per save
+constexpr int64_t kSmallCrashFloats = 4096;          // for saves killed at chosen points
 
 // Tags repeat (t0, t0, t1, t1, t0, ...): saves land both on the tag `latest` names and on
 // the other one.
@@ -50,13 +52,17 @@ inline std::string crash_tag(int64_t step) { return "t" + std::to_string((step /
 
 // Step `step` of a 4-rank checkpoint, every rank written by this one process: the model file
 // holds `step` everywhere, rank r's optimizer partition 10 * step + r and -step.
-inline void save_crash_step(const std::string& dir, int64_t step) {
-  const auto full = [](double v) { return torch::full({kCrashFloats}, v); };
+inline void save_crash_step(const std::string& dir, int64_t step,
+                            checkpoint::WriteOptions options = {},
+                            int64_t floats = kCrashFloats) {
+  const auto full = [floats](double v) { return torch::full({floats}, v); };
   const checkpoint::json scalars = {{"step", step}};
   std::vector<checkpoint::CheckpointWriter> writers;
-  for (int r = 0; r < kCrashWorld; ++r) writers.emplace_back(dir, crash_tag(step), r, kCrashWorld);
+  for (int r = 0; r < kCrashWorld; ++r)
+    writers.emplace_back(dir, crash_tag(step), r, kCrashWorld, options);
+  const int64_t bias = std::min<int64_t>(floats, 1000);
   writers[0].write_shared("model_states",
-                          {{"w", full(double(step))}, {"b", full(double(step)).narrow(0, 0, 1000)}},
+                          {{"w", full(double(step))}, {"b", full(double(step)).narrow(0, 0, bias)}},
                           scalars);
   for (int r = 0; r < kCrashWorld; ++r)
     writers[r].write_partition(
@@ -70,9 +76,10 @@ inline void save_crash_step(const std::string& dir, int64_t step) {
 
 inline bool all_equal(const torch::Tensor& t, double v) { return (t == v).all().item<bool>(); }
 
-// Loads and checks `latest` completely; returns its step. Throws on anything inconsistent.
-inline int64_t verify_crash_latest(const std::string& dir) {
-  checkpoint::CheckpointReader reader(dir);  // verifies every checksum
+// Loads and checks `latest` (or `tag`) completely; returns its step. Throws on anything
+// inconsistent.
+inline int64_t verify_crash_latest(const std::string& dir, const std::string& tag = "latest") {
+  checkpoint::CheckpointReader reader(dir, tag);  // verifies every checksum
   reader.check_world_size(kCrashWorld);
   const auto model = reader.load_shared("model_states");
   const int64_t step = model.scalars.at("step").get<int64_t>();

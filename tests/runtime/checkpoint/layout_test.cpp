@@ -58,12 +58,18 @@ std::vector<ckpt::CheckpointWriter> write_all(const std::string& dir, const std:
   return writers;
 }
 
-ckpt::Manifest save(const std::string& dir, const std::string& tag, int world, float value) {
+ckpt::Manifest save(const std::string& dir, const std::string& tag, int world, float value,
+                    ckpt::WriteOptions options = {}) {
   ckpt::RunInfo info;
   info.zero_stage = 2;
   info.compute_dtype = "BF16";
   info.extra = {{"global_steps", int(value)}};
-  return write_all(dir, tag, world, value)[0].commit(info);
+  std::vector<ckpt::CheckpointWriter> writers;
+  for (int r = 0; r < world; ++r) writers.emplace_back(dir, tag, r, world, options);
+  writers[0].write_shared("model_states", model_state(value), {{"global_steps", int(value)}});
+  for (int r = 0; r < world; ++r)
+    writers[r].write_partition("optim_states", optim_state(value, r), {{"rank", r}});
+  return writers[0].commit(info);
 }
 
 float model_value(const ckpt::CheckpointReader& reader) {
@@ -161,6 +167,60 @@ TEST(CheckpointLayout, ResavingTheLatestTagKeepsItReadableUntilCommit) {
   EXPECT_EQ(entries(dir), (std::vector<std::string>{"last", "latest"}));
 }
 
+// Without RENAME_EXCHANGE (NFS, Lustre) a re-save goes through DIR/.TAG.next-HEX and leaves the
+// same folders as with it.
+TEST(CheckpointLayout, ResavingTheLatestTagWithoutExchange) {
+  ScratchDir tmp;
+  const std::string dir = tmp.str();
+  const ckpt::WriteOptions no_exchange{false};
+  save(dir, "last", 2, 1.0f, no_exchange);
+  save(dir, "other", 2, 2.0f, no_exchange);
+  save(dir, "last", 2, 3.0f, no_exchange);
+  EXPECT_EQ(model_value(ckpt::CheckpointReader(dir)), 3.0f);
+  save(dir, "last", 2, 4.0f, no_exchange);
+  EXPECT_EQ(model_value(ckpt::CheckpointReader(dir)), 4.0f);
+  EXPECT_EQ(model_value(ckpt::CheckpointReader(dir, "last")), 4.0f);
+  EXPECT_EQ(model_value(ckpt::CheckpointReader(dir, "other")), 2.0f);
+  EXPECT_EQ(slurp(fs::path(dir) / "latest"), "last");
+  EXPECT_EQ(entries(dir), (std::vector<std::string>{"last", "latest", "other"}));
+}
+
+// A crash in the middle of that: `latest` names the .next folder, which both `latest` and the
+// tag load from (DIR/TAG may be gone or old); the next commit, of any tag, finishes the job and
+// removes the leftovers; a load leaves them alone.
+TEST(CheckpointLayout, LatestNamingANextFolderLoadsAndTheNextCommitFinishesIt) {
+  ScratchDir tmp;
+  const std::string dir = (tmp.path() / "ckpts").string();
+  const fs::path d = dir;
+  const std::string next = ".t.next-00000000000000ab";
+  save(dir, "t", 2, 3.0f);
+  fs::rename(d / "t", tmp.path() / "held");
+  save(dir, "u", 2, 2.0f);
+  save(dir, "t", 2, 1.0f);                  // an older DIR/t
+  fs::rename(tmp.path() / "held", d / next);  // a re-save renamed to .next, `latest` names it
+  ckpt::write_file_atomic(dir + "/latest", next);
+  fs::create_directories(d / ".t.next-00000000000000ac");  // from a crash before `latest` moved
+  fs::create_directories(d / (next + ".link"));            // a half-made hard-linked copy
+  for (const bool t_exists : {true, false}) {
+    if (!t_exists) fs::rename(d / "t", d / ".t.old");
+    const ckpt::CheckpointReader latest(dir);
+    EXPECT_EQ(latest.tag(), "t");
+    EXPECT_EQ(latest.folder(), dir + "/" + next);
+    EXPECT_EQ(model_value(latest), 3.0f);
+    EXPECT_EQ(model_value(ckpt::CheckpointReader(dir, "t")), 3.0f);
+    EXPECT_EQ(model_value(ckpt::CheckpointReader(dir, "u")), 2.0f);
+    EXPECT_EQ(*ckpt::find_latest(dir), "t");
+  }
+  save(dir, "u", 2, 4.0f, {false});
+  EXPECT_EQ(model_value(ckpt::CheckpointReader(dir)), 4.0f);
+  EXPECT_EQ(model_value(ckpt::CheckpointReader(dir, "t")), 3.0f);
+  EXPECT_EQ(entries(dir), (std::vector<std::string>{".t.next-00000000000000ac", "latest", "t",
+                                                    "u"}));
+  save(dir, "t", 2, 5.0f, {false});  // clears t's leftovers
+  EXPECT_EQ(entries(dir), (std::vector<std::string>{"latest", "t", "u"}));
+  EXPECT_EQ(model_value(ckpt::CheckpointReader(dir, "t")), 5.0f);
+}
+
 TEST(CheckpointLayout, CommitPrunesWhatACrashedSaveLeftInTheStagingFolder) {
   ScratchDir tmp;
   const std::string dir = tmp.str();
@@ -240,8 +300,8 @@ TEST(CheckpointReader, ErrorsForMissingPieces) {
   EXPECT_NO_THROW(ckpt::CheckpointReader r(dir));
 }
 
-// Where renameat2 cannot swap folders, commit() renames DIR/TAG to DIR/.TAG.old first; a crash
-// right then leaves `latest` naming a missing folder, and the error says where the data is.
+// An older Strata, where renameat2 could not swap folders, renamed DIR/TAG to DIR/.TAG.old
+// first; a crash right then left `latest` naming a missing folder: the error says where it is.
 TEST(CheckpointReader, InterruptedFolderSwapNamesTheOldFolder) {
   ScratchDir tmp;
   const std::string dir = tmp.str();
@@ -319,13 +379,16 @@ TEST(CheckpointReader, WorldSizeAndModelShapeMismatches) {
       << msg;
 }
 
+namespace {
+
 // kill -9 a process that saves 40 MiB checkpoints (5 files) in a loop over two tags: after
 // every kill, `latest` loads, every checksum holds, and all files are of one and the same step.
-TEST(CheckpointCrash, KillNineAtRandomMomentsLeavesALoadableLatest) {
+void kill_nine_at_random_moments(bool allow_exchange) {
   ScratchDir tmp;
   const std::string dir = tmp.str();
+  const ckpt::WriteOptions options{allow_exchange};
   const auto t0 = std::chrono::steady_clock::now();
-  strata::test::save_crash_step(dir, 0);
+  strata::test::save_crash_step(dir, 0, options);
   const auto save_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
@@ -335,7 +398,9 @@ TEST(CheckpointCrash, KillNineAtRandomMomentsLeavesALoadableLatest) {
   int64_t last = 0, mid_save = 0;
   constexpr int kKills = 12;
   for (int kill = 0; kill < kKills; ++kill) {
-    strata::test::KilledChild child({"save-loop", dir, std::to_string(last + 1)});
+    std::vector<std::string> args{"save-loop", dir, std::to_string(last + 1)};
+    if (!allow_exchange) args.push_back("no-exchange");
+    strata::test::KilledChild child(args);
     ASSERT_TRUE(child.started());
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % (3 * save_ms + 50)));
     EXPECT_TRUE(child.kill_now());
@@ -353,6 +418,59 @@ TEST(CheckpointCrash, KillNineAtRandomMomentsLeavesALoadableLatest) {
             << " of them mid-save; last committed step " << last << "\n";
   EXPECT_GT(mid_save, 0);
   // After the kills a clean save still works.
-  strata::test::save_crash_step(dir, last + 1);
+  strata::test::save_crash_step(dir, last + 1, options);
   EXPECT_EQ(strata::test::verify_crash_latest(dir), last + 1);
+}
+
+// A process that saves step `step` and SIGKILLs itself before its k-th rename(2) into DIR, after
+// a clean save of step - 1: then `latest` names a folder that exists, holding step - 1 or step,
+// each tag loads and verifies, and the next clean save finishes or clears what the kill left.
+// k = 1, 2, ... reaches every commit point of the save; the first save that runs to its end
+// stops.
+void kill_before_every_rename(bool allow_exchange, int64_t step) {
+  ScratchDir tmp;
+  const std::string dir = tmp.str();
+  const ckpt::WriteOptions options{allow_exchange};
+  for (int64_t s = 0; s < step; ++s)
+    strata::test::save_crash_step(dir, s, options, strata::test::kSmallCrashFloats);
+  for (int k = 1;; ++k) {
+    SCOPED_TRACE("killed before rename " + std::to_string(k));
+    strata::test::save_crash_step(dir, step - 1, options, strata::test::kSmallCrashFloats);
+    std::vector<std::string> args{"save-killed", dir, std::to_string(step), std::to_string(k)};
+    if (!allow_exchange) args.push_back("no-exchange");
+    const int rc = strata::test::run_checkpoint_tool(args);
+    ASSERT_TRUE(rc == 0 || rc == 128 + SIGKILL) << "checkpoint_tool exit code " << rc;
+    const std::string named = ckpt::read_file(dir + "/latest");
+    EXPECT_TRUE(fs::is_directory(fs::path(dir) / named)) << "`latest` names '" << named << "'";
+    try {
+      const int64_t now = strata::test::verify_crash_latest(dir);
+      EXPECT_TRUE(now == step - 1 || now == step) << "latest holds step " << now;
+      for (const std::string tag : {"t0", "t1"}) strata::test::verify_crash_latest(dir, tag);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+      return;
+    }
+    if (rc == 0) break;
+  }
+}
+
+}  // namespace
+
+TEST(CheckpointCrash, KillNineAtRandomMomentsLeavesALoadableLatest) {
+  kill_nine_at_random_moments(/*allow_exchange=*/true);
+}
+
+TEST(CheckpointCrash, KillNineAtRandomMomentsLeavesALoadableLatestWithoutExchange) {
+  kill_nine_at_random_moments(/*allow_exchange=*/false);
+}
+
+// Step 5 re-saves t0, which `latest` names (step 4); step 6 re-saves t1 while `latest` names t0.
+TEST(CheckpointCrash, KillBeforeEveryRenameOfAResaveWithoutExchange) {
+  kill_before_every_rename(/*allow_exchange=*/false, /*step=*/5);
+  kill_before_every_rename(/*allow_exchange=*/false, /*step=*/6);
+}
+
+TEST(CheckpointCrash, KillBeforeEveryRenameOfAResave) {
+  kill_before_every_rename(/*allow_exchange=*/true, /*step=*/5);
+  kill_before_every_rename(/*allow_exchange=*/true, /*step=*/6);
 }
