@@ -95,7 +95,7 @@ class CpuWork : public Work {
 };
 
 // Calls f(T{}) with the element type Gloo should see for this dtype. bfloat16 has no Gloo type:
-// it is moved as 16-bit words, and reduced in float32 (the callers convert first).
+// it is moved as 16-bit words; float16 and bfloat16 reduce in float32 (the callers convert first).
 template <class F>
 void with_gloo_type(at::ScalarType type, F&& f) {
   switch (type) {
@@ -121,10 +121,12 @@ ReduceFn reduce_fn(ReduceOp op) {
   return nullptr;
 }
 
-// float16 reduces in Gloo's float16 (each step rounds to half, as NCCL does); bfloat16 reduces
-// in float32 and rounds once at the end.
+// float16 and bfloat16 reduce in float32 and round once at the end, so a Sum or Avg whose result
+// is representable is never inf (2 x 40960 overflows float16 on the way to the mean 40960). NCCL
+// gets there another way: its ncclAvg on floating types multiplies by 1/n before summing
+// (PreMulSum). A Sum beyond the dtype's range is inf on both.
 torch::Tensor reduction_buffer(const torch::Tensor& t, bool copy) {
-  if (t.scalar_type() == at::kBFloat16) return t.to(at::kFloat);
+  if (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf) return t.to(at::kFloat);
   return copy ? t.clone() : t;
 }
 

@@ -51,6 +51,8 @@ ncclDataType_t nccl_type(at::ScalarType t) {
   }
 }
 
+// ncclAvg on floating types multiplies by 1/n before summing (PreMulSum), so a float16 mean that
+// is representable does not overflow; the Gloo backend sums float16 in float32 for the same result.
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return ncclSum;

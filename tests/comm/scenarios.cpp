@@ -4,10 +4,6 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstdlib>
-#include <iostream>
-#include <sstream>
 #include <thread>
 
 #include "comm/env.h"
@@ -15,6 +11,7 @@
 #include "comm/topology.h"
 #include "ranks.h"
 #include "runtime/error.h"
+#include "scenario_util.h"
 
 namespace strata::test {
 
@@ -24,25 +21,6 @@ bool nccl_built() { return comm::nccl_available(); }
 namespace {
 
 using namespace strata::comm;
-using Clock = std::chrono::steady_clock;
-
-bool on_cuda() {
-  const char* d = std::getenv("STRATA_COMM_DEVICE");
-  return d && std::string(d) == "cuda";
-}
-
-torch::Device device() {
-  if (!on_cuda()) return torch::kCPU;
-  return torch::Device(torch::kCUDA, read_rank_env().local_rank);
-}
-
-void check(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error("check failed: " + what);
-}
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 const std::vector<torch::ScalarType>& dtypes() {
   static const std::vector<torch::ScalarType> all = {torch::kFloat, torch::kDouble, torch::kHalf,
@@ -52,52 +30,6 @@ const std::vector<torch::ScalarType>& dtypes() {
 }
 
 bool floating(torch::ScalarType t) { return at::isFloatingType(t); }
-
-// Rank r's i-th input value: small integers, so sums stay exact in every dtype (uint8 too).
-double val(int r, int64_t i) { return double((r * 7 + i * 3) % 11 + 1); }
-
-torch::Tensor values(int r, int64_t n) {
-  auto t = torch::empty({n}, torch::kDouble);
-  auto a = t.accessor<double, 1>();
-  for (int64_t i = 0; i < n; ++i) a[i] = val(r, i);
-  return t;
-}
-
-torch::Tensor on_device(const torch::Tensor& t64, torch::ScalarType dt) {
-  return t64.to(dt).to(device()).contiguous();
-}
-
-void expect_close(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
-  check(got.numel() == want.numel(), what + ": numel " + std::to_string(got.numel()) + " vs " +
-                                         std::to_string(want.numel()));
-  auto g = got.cpu().to(torch::kDouble).reshape({-1});
-  // The expectation goes through the result's dtype too (rounding of averages).
-  auto w = want.to(got.scalar_type()).to(torch::kDouble).reshape({-1});
-  const double tol = (got.scalar_type() == torch::kHalf || got.scalar_type() == torch::kBFloat16)
-                         ? 2e-2
-                         : 1e-6;
-  auto diff = (g - w).abs() - tol * w.abs();
-  if (g.numel() > 0 && diff.max().item<double>() > 1e-12) {
-    std::ostringstream os;
-    os << what << ": got " << g.slice(0, 0, 8) << " want " << w.slice(0, 0, 8);
-    throw std::runtime_error("check failed: " + os.str());
-  }
-}
-
-template <class F>
-std::string expect_error(F&& f, std::vector<std::string> needles, const std::string& what) {
-  try {
-    f();
-  } catch (const strata::Error& e) {
-    const std::string m = e.what();
-    for (auto& n : needles)
-      check(m.find(n) != std::string::npos,
-            what + ": error lacks '" + n + "'. The error: " + m);
-    std::cout << "MESSAGE: " << m << std::endl;
-    return m;
-  }
-  throw std::runtime_error("check failed: " + what + ": no strata::Error was thrown");
-}
 
 std::string dtype_tag(torch::ScalarType t) { return c10::toString(t); }
 
