@@ -24,8 +24,8 @@ struct OneCycleParams {
   json cycle_max_lr = 0.0;  // required, or list
   double decay_lr_rate = 0.0;
   int64_t cycle_first_step_size = 2000;
-  std::optional<int64_t> cycle_second_step_size;  // unset = cycle_first_step_size
-  int64_t cycle_first_stair_count = 0;
+  std::optional<int64_t> cycle_second_step_size;  // unset = cycle_first_step_size; 0 allowed
+  int64_t cycle_first_stair_count = 0;              // <= 0: continuous
   std::optional<int64_t> cycle_second_stair_count;  // unset = cycle_first_stair_count
   int64_t decay_step_size = 0;
   bool cycle_momentum = true;
@@ -76,10 +76,14 @@ Block make_one_cycle() {
   b.add(&OneCycleParams::cycle_min_lr, "cycle_min_lr").as(Kind::FloatOrList).min(0).must_be_given();
   b.add(&OneCycleParams::cycle_max_lr, "cycle_max_lr").as(Kind::FloatOrList).min(0).must_be_given();
   b.add(&OneCycleParams::decay_lr_rate, "decay_lr_rate").min(0);
+  // As DeepSpeed checks them (#8166, each half on its own): cycle_first_step_size > 0 (the
+  // scale divides by first / total), cycle_second_step_size >= 0; 0 is a cycle with no way down
+  // (runtime/sched/lr_scheduler.h). DeepSpeed does not check the stair counts: a count <= 0 is a
+  // continuous half (`if stair_count > 0`), and -1 is its command line's default for both.
   b.add(&OneCycleParams::cycle_first_step_size, "cycle_first_step_size").positive();
-  b.add(&OneCycleParams::cycle_second_step_size, "cycle_second_step_size").positive();
-  b.add(&OneCycleParams::cycle_first_stair_count, "cycle_first_stair_count").min(0);
-  b.add(&OneCycleParams::cycle_second_stair_count, "cycle_second_stair_count").min(0);
+  b.add(&OneCycleParams::cycle_second_step_size, "cycle_second_step_size").min(0);
+  b.add(&OneCycleParams::cycle_first_stair_count, "cycle_first_stair_count");
+  b.add(&OneCycleParams::cycle_second_stair_count, "cycle_second_stair_count");
   b.add(&OneCycleParams::decay_step_size, "decay_step_size").min(0);
   b.add(&OneCycleParams::cycle_momentum, "cycle_momentum");
   b.add(&OneCycleParams::cycle_min_mom, "cycle_min_mom").as(Kind::FloatOrList).min(0);

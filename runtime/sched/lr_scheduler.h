@@ -135,10 +135,15 @@ class WarmupCosineLR : public LRScheduler {
 // x = b / total_size - floor(b / total_size), the half is x <= first / total_size:
 //   scale = x / ratio going up, (x - 1) / (ratio - 1) going down   (ratio = first / total_size)
 //   lr    = cycle_min_lr + (cycle_max_lr - cycle_min_lr) * scale
+// cycle_first_step_size must be > 0 and cycle_second_step_size >= 0 (DeepSpeed #8166). A second
+// half of 0 has no way down: ratio is 1, every iteration of the cycle is going up, and its last
+// one (i = first - 1, b = total_size) wraps to x = 0, so cycle_max_lr is never reached and that
+// iteration gives cycle_min_lr (beta1 cycle_max_mom) before the decay phase, as in DeepSpeed.
 // A half with a stair count n > 0 (cycle_first_stair_count going up, cycle_second_stair_count,
 // null: the first's, going down) holds lr and momentum flat in n stairs, counted from the
 // integer offset c = b mod total_size so that floor() falls as in DeepSpeed at a stair boundary:
 //   scale = floor(c * n / first) / n  if c <= first,  else floor((total_size - c) * n / second) / n
+// A count <= 0 (DeepSpeed's command-line default is -1) keeps that half continuous.
 // Decay phase (stairs do not apply), d = i - total_size + 1:
 //   lr = cycle_min_lr / (1 + decay_lr_rate * (d / decay_step_size))
 // (cycle_min_lr throughout when decay_step_size or decay_lr_rate is 0). With cycle_momentum and

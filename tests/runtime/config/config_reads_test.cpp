@@ -168,6 +168,41 @@ TEST(ConfigReads, SchedulerParamsOfCurrentDeepSpeed) {
   }
 }
 
+// What DeepSpeed's OneCycle accepts for its cycle shape: a second half of 0 (DeepSpeed #8166
+// checks cycle_second_step_size >= 0, the first half > 0) and any stair count, a count <= 0
+// being a continuous half (-1 is its command line's default). Kept as written, no warning.
+TEST(ConfigReads, OneCycleZeroSecondHalfAndNegativeStairCounts) {
+  const std::string bounds = R"("cycle_min_lr": 0.01, "cycle_max_lr": 0.1, )";
+  auto one_cycle = [&](const std::string& params) {
+    return load(with(R"("scheduler": {"type": "OneCycle", "params": {)" + bounds + params + "}}"));
+  };
+  const Config zero = one_cycle(R"("cycle_first_step_size": 10, "cycle_second_step_size": 0)");
+  EXPECT_EQ(zero.scheduler.params.at("cycle_first_step_size"), 10);
+  EXPECT_EQ(zero.scheduler.params.at("cycle_second_step_size"), 0);
+  EXPECT_TRUE(zero.warnings.empty()) << joined_warnings(zero);
+  // 0.0 is DeepSpeed's float(0) too; null is its None, the first half's size.
+  EXPECT_EQ(one_cycle(R"("cycle_second_step_size": 0.0)").scheduler.params.at("cycle_second_step_size"), 0);
+  EXPECT_EQ(one_cycle(R"("cycle_first_step_size": 7, "cycle_second_step_size": null)")
+                .scheduler.params.at("cycle_second_step_size"),
+            7);
+
+  const Config both = one_cycle(R"("cycle_first_stair_count": -1, "cycle_second_stair_count": -1)");
+  EXPECT_EQ(both.scheduler.params.at("cycle_first_stair_count"), -1);
+  EXPECT_EQ(both.scheduler.params.at("cycle_second_stair_count"), -1);
+  EXPECT_TRUE(both.warnings.empty()) << joined_warnings(both);
+  // The second count follows the first when unset or null; each half has its own sign.
+  EXPECT_EQ(one_cycle(R"("cycle_first_stair_count": -3)").scheduler.params.at("cycle_second_stair_count"), -3);
+  EXPECT_EQ(one_cycle(R"("cycle_first_stair_count": -1, "cycle_second_stair_count": null)")
+                .scheduler.params.at("cycle_second_stair_count"),
+            -1);
+  const Config mixed = one_cycle(R"("cycle_first_stair_count": 4, "cycle_second_stair_count": -2,
+                                    "cycle_second_step_size": 0)");
+  EXPECT_EQ(mixed.scheduler.params.at("cycle_first_stair_count"), 4);
+  EXPECT_EQ(mixed.scheduler.params.at("cycle_second_stair_count"), -2);
+  EXPECT_EQ(mixed.scheduler.params.at("cycle_second_step_size"), 0);
+  EXPECT_TRUE(mixed.warnings.empty()) << joined_warnings(mixed);
+}
+
 TEST(ConfigReads, HuggingFaceAutosResolve) {
   LoadOptions o;
   o.world_size = 4;

@@ -258,6 +258,29 @@ TEST(ConfigRejects, SchedulerTypesAndParams) {
                   "scheduler.params.cycle_min_lr");
 }
 
+// What DeepSpeed's OneCycle raises on (ValueError since #8166; a null first stair count is a
+// TypeError at its first step) stays an error here, naming the key and what is allowed.
+TEST(ConfigRejects, OneCycleShapeDeepSpeedFailsOn) {
+  auto one_cycle = [](const std::string& params) {
+    return load_error(with(R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.01,
+                               "cycle_max_lr": 0.1, )" + params + "}}"));
+  };
+  EXPECT_CONTAINS(one_cycle(R"("cycle_second_step_size": -1)"),
+                  "scheduler.params.cycle_second_step_size = -1 is out of range; allowed: >= 0");
+  EXPECT_CONTAINS(one_cycle(R"("cycle_second_step_size": -0.5)"),
+                  "scheduler.params.cycle_second_step_size = -0.5");
+  EXPECT_CONTAINS(one_cycle(R"("cycle_first_step_size": 0)"),
+                  "scheduler.params.cycle_first_step_size = 0 is out of range; allowed: > 0");
+  EXPECT_CONTAINS(one_cycle(R"("cycle_first_step_size": -4, "cycle_second_step_size": 10)"),
+                  "scheduler.params.cycle_first_step_size = -4 is out of range; allowed: > 0");
+  EXPECT_CONTAINS(one_cycle(R"("cycle_first_step_size": 0, "cycle_second_step_size": 0)"),
+                  "scheduler.params.cycle_first_step_size = 0 is out of range; allowed: > 0");
+  EXPECT_CONTAINS(one_cycle(R"("cycle_first_stair_count": null)"),
+                  "scheduler.params.cycle_first_stair_count = null: expected an integer");
+  EXPECT_CONTAINS(one_cycle(R"("cycle_second_stair_count": "-1")"),
+                  "scheduler.params.cycle_second_stair_count = \"-1\": expected an integer");
+}
+
 TEST(ConfigRejects, OffloadRules) {
   EXPECT_CONTAINS(load_error(with(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}})")),
                   "zero_optimization.offload_param.nvme_path is required");

@@ -339,6 +339,131 @@ TEST(OneCycle, StairsMatchDeepSpeedForEveryCountAndShape) {
   }
 }
 
+// DeepSpeed #8166 allows cycle_second_step_size 0: a cycle with no way down. Its step_ratio is 1,
+// so every iteration of the cycle goes up (and a stair position is counted over the first half,
+// never divided by the 0); the cycle's last iteration, b = total_size, wraps to x = 0, so
+// cycle_max_lr is never written and that iteration gives cycle_min_lr before the decay phase.
+TEST(OneCycle, ZeroSecondHalfMatchesDeepSpeed) {
+  for (int64_t stairs : {0, 1, 2, 3, 10, -1}) {
+    for (double decay_step_size : {4.0, 0.0}) {
+      ds::OneCycle p;
+      p.first = 10;
+      p.second = 0;
+      p.first_stairs = stairs;
+      p.decay_step_size = decay_step_size;
+      SCOPED_TRACE(fmt::format("stairs {}, decay_step_size {}", stairs, decay_step_size));
+      walk_one_cycle(p);
+    }
+  }
+  // Two groups, a first half the stairs do not divide, the second count (unused) its own.
+  ds::OneCycle groups;
+  groups.min_lrs = {0.01, 0.002};
+  groups.max_lrs = {0.1, 0.03};
+  groups.min_moms = {0.85, 0.8};
+  groups.max_moms = {0.95, 0.9};
+  groups.first = 7;
+  groups.second = 0;
+  groups.first_stairs = 3;
+  groups.second_stairs = 5;
+  walk_one_cycle(groups);
+
+  // By hand, min 0.01 and max 0.1 up over 10, then decay every 4 at rate 0.5.
+  ds::OneCycle p;
+  p.first = 10;
+  p.second = 0;
+  auto opt = make_adam();
+  strata::OneCycle s(*opt, p.to_json());
+  EXPECT_DOUBLE_EQ(lr_of(*opt), 0.01);
+  s.step(0);  // 1 / 10 of the way up
+  EXPECT_NEAR(lr_of(*opt), 0.019, 1e-15);
+  s.step(8);  // 9 / 10: the highest lr of the cycle
+  EXPECT_NEAR(lr_of(*opt), 0.091, 1e-15);
+  EXPECT_NEAR(beta1_of(*opt), 0.86, 1e-15);
+  s.step(9);  // b = 10 = total_size: x wraps to 0
+  EXPECT_NEAR(lr_of(*opt), 0.01, 1e-15);
+  EXPECT_NEAR(beta1_of(*opt), 0.95, 1e-15);
+  s.step(10);  // decay, one step in
+  EXPECT_NEAR(lr_of(*opt), 0.01 / 1.125, 1e-15);
+  EXPECT_NEAR(beta1_of(*opt), 0.95 * 1.025, 1e-15);
+  // Two stairs over the 10: flat at 0.01 for b 0..4, at 0.055 for b 5..9, 0.01 again at b = 10.
+  p.first_stairs = 2;
+  auto opt2 = make_adam();
+  strata::OneCycle st(*opt2, p.to_json());
+  const std::vector<double> lrs = {0.01, 0.01, 0.01, 0.01, 0.055, 0.055, 0.055, 0.055, 0.055, 0.01};
+  for (size_t k = 0; k < lrs.size(); ++k) {
+    st.step();
+    EXPECT_NEAR(lr_of(*opt2), lrs[k], 1e-15) << "iteration " << k;
+  }
+}
+
+// DeepSpeed makes stairs only `if stair_count > 0`: a negative count (-1 is the default of its
+// command line) is a continuous half, on either side, the same numbers as a count of 0.
+TEST(OneCycle, NegativeStairCountsAreContinuous) {
+  struct Stairs {
+    int64_t first;
+    std::optional<int64_t> second;
+  };
+  const std::vector<Stairs> counts = {{-1, std::nullopt}, {-1, -1}, {-7, std::nullopt},
+                                      {-1, 0},            {0, -1},  {-1, 3},
+                                      {4, -1},            {-2, -5}};
+  for (auto [first, second] : std::vector<std::pair<double, double>>{{10, 5}, {7, 3}, {6, 0}}) {
+    for (const Stairs& stairs : counts) {
+      ds::OneCycle p;
+      p.first = first;
+      p.second = second;
+      p.first_stairs = stairs.first;
+      p.second_stairs = stairs.second;
+      SCOPED_TRACE(fmt::format("halves {} and {}, stairs {} and {}", first, second, stairs.first,
+                               stairs.second ? std::to_string(*stairs.second) : "null"));
+      walk_one_cycle(p);
+
+      // Against Strata itself: each negative count gives what 0 gives on its half.
+      ds::OneCycle zeroed = p;
+      zeroed.first_stairs = std::max<int64_t>(0, p.first_stairs);
+      if (p.second_stairs) zeroed.second_stairs = std::max<int64_t>(0, *p.second_stairs);
+      else zeroed.second_stairs = zeroed.first_stairs;
+      auto opt_a = make_adam();
+      auto opt_b = make_adam();
+      strata::OneCycle a(*opt_a, p.to_json());
+      strata::OneCycle b(*opt_b, zeroed.to_json());
+      for (int64_t i = 0; i < static_cast<int64_t>(first + second) + 5; ++i) {
+        a.step();
+        b.step();
+        EXPECT_EQ(lr_of(*opt_a), lr_of(*opt_b)) << "iteration " << i;
+        EXPECT_EQ(beta1_of(*opt_a), beta1_of(*opt_b)) << "iteration " << i;
+      }
+    }
+  }
+}
+
+// Both through the config, as DeepSpeed would take them from its JSON: the schema passes them on
+// (tests/runtime/config checks the printout) and the scheduler it makes gives DeepSpeed's numbers.
+TEST(OneCycle, ZeroSecondHalfAndNegativeStairsFromAConfig) {
+  const strata::Config c = strata::parse_config_text(R"({"train_batch_size": 8,
+      "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": [0.01, 0.002],
+        "cycle_max_lr": [0.1, 0.03], "cycle_first_step_size": 10, "cycle_second_step_size": 0,
+        "cycle_first_stair_count": -1, "decay_step_size": 4, "decay_lr_rate": 0.5,
+        "cycle_min_mom": 0.85, "cycle_max_mom": 0.95, "decay_mom_rate": 0.1}}})",
+                                                     "test.json");
+  ds::OneCycle p;
+  p.min_lrs = {0.01, 0.002};
+  p.max_lrs = {0.1, 0.03};
+  p.min_moms = {0.85, 0.85};
+  p.max_moms = {0.95, 0.95};
+  p.first = 10;
+  p.second = 0;
+  p.first_stairs = -1;
+  auto opt = make_adam({0.5, 0.5});
+  auto s = strata::make_scheduler(c.scheduler, *opt);
+  ASSERT_NE(dynamic_cast<strata::OneCycle*>(s.get()), nullptr);
+  walk(*s, *opt, 40, [&](int64_t i) {
+    const std::vector<double> mom = p.mom(i);
+    for (size_t g = 0; g < mom.size(); ++g)
+      EXPECT_NEAR(beta1_of(*opt, g), mom[g], tolerance(mom[g])) << "iteration " << i;
+    return p.lr(i);
+  });
+}
+
 // The example of DeepSpeed #8179 (min 0.001, max 0.01, halves of 8), and the way down.
 TEST(OneCycle, StairsHoldLrAndMomentumFlat) {
   ds::OneCycle p;
