@@ -8,6 +8,8 @@
 
 namespace strata::comm::detail {
 
+// Tensors arrive contiguous and strided. Reductions get a dtype the group accepts for them;
+// broadcast, all_gather and all_to_all move bytes and take any dtype.
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -94,15 +94,13 @@ class CpuWork : public Work {
   std::exception_ptr error_;
 };
 
-// Calls f(T{}) with the element type Gloo should see for this dtype. bfloat16 has no Gloo type:
-// it is moved as 16-bit words; float16 and bfloat16 reduce in float32 (the callers convert first).
+// Calls f(T{}) with the element type Gloo reduces this dtype in (after reduction_buffer()).
+// Collectives that only move data move bytes, whatever the dtype.
 template <class F>
 void with_gloo_type(at::ScalarType type, F&& f) {
   switch (type) {
     case at::kFloat: return f(float{});
     case at::kDouble: return f(double{});
-    case at::kHalf: return f(gloo::float16{});
-    case at::kBFloat16: return f(uint16_t{});
     case at::kInt: return f(int32_t{});
     case at::kLong: return f(int64_t{});
     case at::kByte: return f(uint8_t{});
@@ -333,19 +331,17 @@ WorkPtr GlooBackend::all_reduce(torch::Tensor t, ReduceOp op, uint64_t seq) {
   });
 }
 
+// Moves bytes: any dtype (bool masks, int8, int16, complex, ...).
 WorkPtr GlooBackend::broadcast(torch::Tensor t, int root, uint64_t seq) {
   Impl* m = impl_.get();
   return m->submit("broadcast", seq, [m, t, root, seq] {
     if (t.numel() == 0 || m->info.size() == 1) return;
-    with_gloo_type(t.scalar_type(), [&](auto tag) {
-      using T = decltype(tag);
-      gloo::BroadcastOptions o(m->ctx);
-      o.setRoot(root);
-      o.setOutput<T>(static_cast<T*>(t.data_ptr()), size_t(t.numel()));  // root: also the input
-      o.setTag(m->tag(seq));
-      o.setTimeout(m->timeout());
-      gloo::broadcast(o);
-    });
+    gloo::BroadcastOptions o(m->ctx);
+    o.setRoot(root);
+    o.setOutput<uint8_t>(static_cast<uint8_t*>(t.data_ptr()), t.nbytes());  // root: the input
+    o.setTag(m->tag(seq));
+    o.setTimeout(m->timeout());
+    gloo::broadcast(o);
   });
 }
 
@@ -357,15 +353,12 @@ WorkPtr GlooBackend::all_gather(torch::Tensor out, torch::Tensor in, uint64_t se
       out.view({-1}).copy_(in.view({-1}));
       return;
     }
-    with_gloo_type(in.scalar_type(), [&](auto tag) {
-      using T = decltype(tag);
-      gloo::AllgatherOptions o(m->ctx);
-      o.setInput<T>(static_cast<T*>(in.data_ptr()), size_t(in.numel()));
-      o.setOutput<T>(static_cast<T*>(out.data_ptr()), size_t(out.numel()));
-      o.setTag(m->tag(seq));
-      o.setTimeout(m->timeout());
-      gloo::allgather(o);
-    });
+    gloo::AllgatherOptions o(m->ctx);
+    o.setInput<uint8_t>(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
+    o.setOutput<uint8_t>(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
+    o.setTag(m->tag(seq));
+    o.setTimeout(m->timeout());
+    gloo::allgather(o);
   });
 }
 
@@ -380,20 +373,21 @@ WorkPtr GlooBackend::all_to_all(torch::Tensor out, torch::Tensor in,
                                 std::vector<int64_t> out_counts, std::vector<int64_t> in_counts,
                                 uint64_t seq) {
   Impl* m = impl_.get();
+  // In bytes, so that any dtype moves.
+  const int64_t esize = in.element_size();
+  for (auto& c : out_counts) c *= esize;
+  for (auto& c : in_counts) c *= esize;
   return m->submit("all_to_all_single", seq, [m, out, in, out_counts, in_counts, seq] {
     if (m->info.size() == 1) {
       if (in.numel() > 0) out.view({-1}).copy_(in.view({-1}));
       return;
     }
-    with_gloo_type(in.scalar_type(), [&](auto tag) {
-      using T = decltype(tag);
-      gloo::AlltoallvOptions o(m->ctx);
-      o.setInput<T>(ptr_of<T>(in), in_counts);
-      o.setOutput<T>(ptr_of<T>(out), out_counts);
-      o.setTag(m->tag(seq));
-      o.setTimeout(m->timeout());
-      gloo::alltoallv(o);
-    });
+    gloo::AlltoallvOptions o(m->ctx);
+    o.setInput<uint8_t>(ptr_of<uint8_t>(in), in_counts);
+    o.setOutput<uint8_t>(ptr_of<uint8_t>(out), out_counts);
+    o.setTag(m->tag(seq));
+    o.setTimeout(m->timeout());
+    gloo::alltoallv(o);
   });
 }
 

@@ -1,8 +1,12 @@
-// The ProcessGroup implementation: argument checks, the per-group call counter that the
-// heartbeats publish, backend choice by device, sub-groups, and init_process_group.
+// The ProcessGroup implementation: argument checks, contiguous staging, the per-group call
+// counter that the heartbeats publish, backend choice by device, sub-groups, and
+// init_process_group.
+#include <ATen/MemoryOverlap.h>
+
 #include <algorithm>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -63,20 +67,23 @@ using Clock = std::chrono::steady_clock;
 
 enum class Kind { Cpu, Cuda };
 
-const char* dtype_name(at::ScalarType t) {
-  switch (t) {
+std::string dtype_of(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
     case at::kFloat: return "float32";
     case at::kDouble: return "float64";
     case at::kHalf: return "float16";
     case at::kBFloat16: return "bfloat16";
     case at::kInt: return "int32";
     case at::kLong: return "int64";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
     case at::kByte: return "uint8";
-    default: return c10::toString(t);
+    default: return c10::toString(t.scalar_type());
   }
 }
 
-bool supported(at::ScalarType t) {
+// The dtypes the reductions take; the other collectives move bytes.
+bool reducible(at::ScalarType t) {
   switch (t) {
     case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
     case at::kInt: case at::kLong: case at::kByte: return true;
@@ -84,27 +91,39 @@ bool supported(at::ScalarType t) {
   }
 }
 
+enum class Use { Read, Write };  // does the collective write the tensor?
+
 struct Arg {
   const char* name;
   const torch::Tensor& t;
+  Use use = Use::Read;
 };
 
 // Checks the tensors of one call; returns where they live.
-Kind check_tensors(const char* coll, std::initializer_list<Arg> args) {
+Kind check_tensors(const char* coll, std::initializer_list<Arg> args, bool reduction = false) {
   const Arg* first = nullptr;
   for (const Arg& a : args) {
     if (!a.t.defined()) throw Error(fmt::format("{}: the {} tensor is undefined", coll, a.name));
-    if (!a.t.is_contiguous())
-      throw Error(fmt::format("{}: the {} tensor is not contiguous (call .contiguous() first)",
-                              coll, a.name));
-    if (!supported(a.t.scalar_type()))
+    if (a.t.layout() != torch::kStrided) {
+      std::ostringstream layout;
+      layout << a.t.layout();
+      throw Error(fmt::format("{}: the {} tensor has layout {}; only dense (strided) tensors are "
+                              "supported",
+                              coll, a.name, layout.str()));
+    }
+    if (reduction && !reducible(a.t.scalar_type()))
       throw Error(fmt::format("{}: dtype {} of the {} tensor is not supported (float32, float64, "
-                              "float16, bfloat16, int32, int64 and uint8 are)",
-                              coll, dtype_name(a.t.scalar_type()), a.name));
+                              "float16, bfloat16, int32, int64 and uint8 are; broadcast, "
+                              "all_gather and all_to_all_single take any dtype)",
+                              coll, dtype_of(a.t), a.name));
     if (!a.t.device().is_cpu() && !a.t.device().is_cuda())
       throw Error(fmt::format("{}: the {} tensor is on {}; only CPU (Gloo) and CUDA (NCCL) "
                               "tensors are supported",
                               coll, a.name, a.t.device().str()));
+    if (a.use == Use::Write && at::has_internal_overlap(a.t) == at::MemOverlap::Yes)
+      throw Error(fmt::format("{}: the {} tensor has elements that share memory (expanded?), so "
+                              "the result cannot be written into it; pass a tensor of its own",
+                              coll, a.name));
     if (!first) {
       first = &a;
       continue;
@@ -119,17 +138,55 @@ Kind check_tensors(const char* coll, std::initializer_list<Arg> args) {
                               first->t.device().str(), a.name, a.t.device().str()));
     if (a.t.scalar_type() != first->t.scalar_type())
       throw Error(fmt::format("{}: dtypes differ ({} is {}, {} is {})", coll, first->name,
-                              dtype_name(first->t.scalar_type()), a.name,
-                              dtype_name(a.t.scalar_type())));
+                              dtype_of(first->t), a.name, dtype_of(a.t)));
   }
   return first->t.device().is_cuda() ? Kind::Cuda : Kind::Cpu;
 }
+
+// A non-contiguous tensor travels through a contiguous copy; what the collective writes is copied
+// back into it when the caller waits (on CUDA, on the stream that wait() ordered after it).
+class CopyBackWork final : public Work {
+ public:
+  CopyBackWork(WorkPtr inner, std::vector<std::pair<torch::Tensor, torch::Tensor>> back)
+      : inner_(std::move(inner)), back_(std::move(back)) {}
+  void wait() override {
+    inner_->wait();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [user, flat] : back_) user.copy_(flat);
+    back_.clear();
+  }
+  bool is_completed() override { return inner_->is_completed(); }
+
+ private:
+  WorkPtr inner_;
+  std::mutex mu_;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> back_;  // (caller's tensor, staged copy)
+};
+
+class Staging {
+ public:
+  // The tensor for the backend: `t` itself when contiguous.
+  torch::Tensor input(const torch::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+  torch::Tensor output(const torch::Tensor& t, bool read_too) {
+    if (t.is_contiguous()) return t;
+    torch::Tensor flat = read_too ? t.contiguous() : torch::empty(t.sizes(), t.options());
+    back_.emplace_back(t, flat);
+    return flat;
+  }
+  WorkPtr finish(WorkPtr w) {
+    if (back_.empty()) return w;
+    return std::make_shared<CopyBackWork>(std::move(w), std::move(back_));
+  }
+
+ private:
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> back_;
+};
 
 void check_avg(const char* coll, ReduceOp op, const torch::Tensor& t) {
   if (op == ReduceOp::Avg && !at::isFloatingType(t.scalar_type()))
     throw Error(fmt::format("{}: ReduceOp::Avg needs a floating dtype, got {}; use Sum and "
                             "divide",
-                            coll, dtype_name(t.scalar_type())));
+                            coll, dtype_of(t)));
 }
 
 std::vector<int64_t> split_counts(const char* coll, const char* which, const torch::Tensor& t,
@@ -175,50 +232,58 @@ class Group final : public ProcessGroup {
 
   WorkPtr all_reduce_async(torch::Tensor t, ReduceOp op) override {
     const char* coll = "all_reduce";
-    Kind k = check_tensors(coll, {{"input", t}});
+    Kind k = check_tensors(coll, {{"input", t, Use::Write}}, /*reduction=*/true);
     check_avg(coll, op, t);
+    Staging st;
+    torch::Tensor flat = st.output(t, /*read_too=*/true);
     const uint64_t seq = enter(coll);
-    return backend(k, coll, t.device()).all_reduce(t, op, seq);
+    return st.finish(backend(k, coll, t.device()).all_reduce(flat, op, seq));
   }
 
   WorkPtr broadcast_async(torch::Tensor t, int root) override {
     const char* coll = "broadcast";
-    Kind k = check_tensors(coll, {{"input", t}});
+    Kind k = check_tensors(coll, {{"input", t, rank() == root ? Use::Read : Use::Write}});
     if (root < 0 || root >= size())
       throw Error(fmt::format("broadcast: root {} is not a rank of group {} (size {})", root,
                               name(), size()));
+    Staging st;
+    torch::Tensor flat = st.output(t, /*read_too=*/rank() == root);
     const uint64_t seq = enter(coll);
-    return backend(k, coll, t.device()).broadcast(t, root, seq);
+    return st.finish(backend(k, coll, t.device()).broadcast(flat, root, seq));
   }
 
   WorkPtr all_gather_async(torch::Tensor out, torch::Tensor in) override {
     const char* coll = "all_gather";
-    Kind k = check_tensors(coll, {{"output", out}, {"input", in}});
+    Kind k = check_tensors(coll, {{"output", out, Use::Write}, {"input", in}});
     if (out.numel() != in.numel() * size())
       throw Error(fmt::format("all_gather: output has {} elements, expected group size {} x "
                               "input's {} = {}",
                               out.numel(), size(), in.numel(), in.numel() * size()));
+    Staging st;
+    torch::Tensor flat_in = st.input(in), flat_out = st.output(out, /*read_too=*/false);
     const uint64_t seq = enter(coll);
-    return backend(k, coll, in.device()).all_gather(out, in, seq);
+    return st.finish(backend(k, coll, in.device()).all_gather(flat_out, flat_in, seq));
   }
 
   WorkPtr reduce_scatter_async(torch::Tensor out, torch::Tensor in, ReduceOp op) override {
     const char* coll = "reduce_scatter";
-    Kind k = check_tensors(coll, {{"output", out}, {"input", in}});
+    Kind k = check_tensors(coll, {{"output", out, Use::Write}, {"input", in}}, true);
     check_avg(coll, op, in);
     if (in.numel() != out.numel() * size())
       throw Error(fmt::format("reduce_scatter: input has {} elements, expected group size {} x "
                               "output's {} = {}",
                               in.numel(), size(), out.numel(), out.numel() * size()));
+    Staging st;
+    torch::Tensor flat_in = st.input(in), flat_out = st.output(out, /*read_too=*/false);
     const uint64_t seq = enter(coll);
-    return backend(k, coll, in.device()).reduce_scatter(out, in, op, seq);
+    return st.finish(backend(k, coll, in.device()).reduce_scatter(flat_out, flat_in, op, seq));
   }
 
   WorkPtr all_to_all_single_async(torch::Tensor out, torch::Tensor in,
                                   std::vector<int64_t> out_splits,
                                   std::vector<int64_t> in_splits) override {
     const char* coll = "all_to_all_single";
-    Kind k = check_tensors(coll, {{"output", out}, {"input", in}});
+    Kind k = check_tensors(coll, {{"output", out, Use::Write}, {"input", in}});
     if (in.dim() == 0 || out.dim() == 0)
       throw Error("all_to_all_single: tensors need at least one dimension (split along dim 0)");
     const auto row_of = [](const torch::Tensor& t) {
@@ -232,9 +297,12 @@ class Group final : public ProcessGroup {
                               row_of(in), row_of(out)));
     auto in_counts = split_counts(coll, "input", in, in_splits, size(), row_of(in));
     auto out_counts = split_counts(coll, "output", out, out_splits, size(), row_of(out));
+    Staging st;
+    torch::Tensor flat_in = st.input(in), flat_out = st.output(out, /*read_too=*/false);
     const uint64_t seq = enter(coll);
-    return backend(k, coll, in.device())
-        .all_to_all(out, in, std::move(out_counts), std::move(in_counts), seq);
+    return st.finish(backend(k, coll, in.device())
+                         .all_to_all(flat_out, flat_in, std::move(out_counts),
+                                     std::move(in_counts), seq));
   }
 
   WorkPtr barrier_async() override { return gloo_->barrier(enter("barrier")); }

@@ -38,6 +38,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
 
+// Reductions only; broadcast, all_gather and all_to_all move bytes (ncclUint8) for any dtype.
 ncclDataType_t nccl_type(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return ncclFloat32;
@@ -156,15 +157,13 @@ class NcclBackend final : public Backend {
 
   WorkPtr broadcast(torch::Tensor t, int root, uint64_t seq) override {
     return launch("broadcast", seq, {t}, [&](cudaStream_t s) {
-      return ncclBroadcast(t.data_ptr(), t.data_ptr(), size_t(t.numel()),
-                           nccl_type(t.scalar_type()), root, comm_, s);
+      return ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, s);
     });
   }
 
   WorkPtr all_gather(torch::Tensor out, torch::Tensor in, uint64_t seq) override {
     return launch("all_gather", seq, {out, in}, [&](cudaStream_t s) {
-      return ncclAllGather(in.data_ptr(), out.data_ptr(), size_t(in.numel()),
-                           nccl_type(in.scalar_type()), comm_, s);
+      return ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm_, s);
     });
   }
 
@@ -179,7 +178,7 @@ class NcclBackend final : public Backend {
   WorkPtr all_to_all(torch::Tensor out, torch::Tensor in, std::vector<int64_t> out_counts,
                      std::vector<int64_t> in_counts, uint64_t seq) override {
     return launch("all_to_all_single", seq, {out, in}, [&](cudaStream_t s) {
-      const ncclDataType_t type = nccl_type(in.scalar_type());
+      const ncclDataType_t type = ncclUint8;  // bytes: any dtype
       const size_t esize = in.element_size();
       char* src = static_cast<char*>(in.data_ptr());
       char* dst = static_cast<char*>(out.data_ptr());
@@ -188,9 +187,9 @@ class NcclBackend final : public Backend {
       int64_t in_off = 0, out_off = 0;
       for (int p = 0; p < info_.size(); ++p) {
         if (in_counts[p] > 0 && r == ncclSuccess)
-          r = ncclSend(src + in_off * esize, size_t(in_counts[p]), type, p, comm_, s);
+          r = ncclSend(src + in_off * esize, size_t(in_counts[p]) * esize, type, p, comm_, s);
         if (out_counts[p] > 0 && r == ncclSuccess)
-          r = ncclRecv(dst + out_off * esize, size_t(out_counts[p]), type, p, comm_, s);
+          r = ncclRecv(dst + out_off * esize, size_t(out_counts[p]) * esize, type, p, comm_, s);
         in_off += in_counts[p];
         out_off += out_counts[p];
       }

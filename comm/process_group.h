@@ -1,6 +1,11 @@
-// ProcessGroup: the collectives Strata needs, on contiguous tensors, over an explicit group of
-// processes. The backend follows the tensors' device: Gloo for CPU tensors, NCCL for CUDA tensors
-// (when built with NCCL). Groups are passed explicitly; nothing here is global.
+// ProcessGroup: the collectives Strata needs, over an explicit group of processes. The backend
+// follows the tensors' device: Gloo for CPU tensors, NCCL for CUDA tensors (when built with NCCL).
+// Groups are passed explicitly; nothing here is global.
+//
+// Tensors: broadcast, all_gather and all_to_all_single move bytes and take any dtype (bool masks,
+// int8, int16, ...); reductions take float32/64, float16, bfloat16, int32, int64 and uint8. A
+// non-contiguous tensor (channels_last, a transposed view) travels through a contiguous copy, and
+// a result is copied back into it by Work::wait().
 //
 // Every wait is bounded by the group's timeout (argument, else STRATA_TIMEOUT seconds, else
 // 600 s). A rank that never arrives or dies turns into a strata::Error that names the collective

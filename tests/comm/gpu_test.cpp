@@ -81,6 +81,12 @@ TEST(CommGpu, DeadRankIsNamed) {
   EXPECT_LT(r.seconds, 30) << r.report();
 }
 
+TEST(CommGpu, AnyDtypeAndNonContiguousTensors) {
+  REQUIRE_GPUS(2);
+  auto r = run_on_gpus("any_dtype", 2);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
 TEST(CommGpu, HalfAverageDoesNotOverflow) {
   REQUIRE_GPUS(2);
   auto r = run_on_gpus("half_average", 2);

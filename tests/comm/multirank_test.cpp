@@ -1,7 +1,8 @@
 // Collectives over real processes on loopback (Gloo, CPU tensors): 2, 3 and 4 ranks, every
 // dtype, uneven all-to-all, async handles, sub-groups, launcher conventions, and the errors when a
-// rank is missing or dead, and float16 averages. Each rank checks its own results (scenarios.cpp,
-// scenarios_calls.cpp); here we check that every rank exited 0, and in how long.
+// rank is missing or dead, any dtype and layout, and float16 averages. Each rank checks its own
+// results (scenarios.cpp, scenarios_calls.cpp); here we check that every rank exited 0, and in how
+// long.
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -88,6 +89,12 @@ TEST(CommMultirank, RankMissingAtNewGroup) {
   auto r = run("new_group_absent", 3, {}, "torchrun", "3");
   EXPECT_TRUE(r.all_ok()) << r.report();
   EXPECT_LT(r.seconds, 12) << r.report();
+}
+
+// bool / int8 / int16 buffers, channels_last parameters and views (a model's start-up broadcast).
+TEST(CommMultirank, AnyDtypeAndNonContiguousTensors) {
+  auto r = run("any_dtype", 2);
+  EXPECT_TRUE(r.all_ok()) << r.report();
 }
 
 TEST(CommMultirank, HalfAverageDoesNotOverflow) {

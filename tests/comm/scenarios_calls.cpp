@@ -1,5 +1,5 @@
-// Scenarios about what the ranks pass to a collective: float16 averages whose float16 sum
-// overflows.
+// Scenarios about what the ranks pass to a collective: tensors of any dtype and layout, and
+// float16 averages whose float16 sum overflows.
 #include <torch/torch.h>
 
 #include "comm/process_group.h"
@@ -7,7 +7,91 @@
 #include "scenario_util.h"
 
 namespace strata::test {
+namespace {
+
 using namespace strata::comm;
+
+// Rows [k * rows, (k + 1) * rows) of a [n * rows, width] matrix of rank p's values.
+torch::Tensor block(int p, int n, int k, int64_t rows, int64_t width) {
+  return values(p, n * rows * width).reshape({n * rows, width}).slice(0, k * rows, (k + 1) * rows);
+}
+
+}  // namespace
+
+// What a model's broadcast at start-up meets: bool, int8 and int16 buffers (a causal mask,
+// codes), a channels_last parameter, views. All collectives that move data take any dtype; a
+// non-contiguous tensor gets its result in place.
+STRATA_SCENARIO(any_dtype) {
+  auto pg = init_process_group();
+  const int n = pg->size(), r = pg->rank(), root = n - 1;
+  auto mask = [](int k, int64_t len) { return values(k, len).remainder(2); };
+  auto code8 = [](int k, int64_t len) { return values(k, len) - 6; };
+  auto code16 = [](int k, int64_t len) { return values(k, len) * 1000 - 6000; };
+
+  auto b = on_device(mask(r, 33), torch::kBool);
+  pg->broadcast(b, root);
+  expect_close(b, mask(root, 33), "broadcast bool");
+  auto c = on_device(code8(r, 17), torch::kChar);
+  pg->broadcast(c, root);
+  expect_close(c, code8(root, 17), "broadcast int8");
+  auto s = on_device(code16(r, 9), torch::kShort);
+  pg->broadcast(s, root);
+  expect_close(s, code16(root, 9), "broadcast int16");
+
+  // channels_last: broadcast into the same storage, layout kept.
+  auto w = on_device(values(r, 120).reshape({2, 3, 4, 5}), torch::kFloat)
+               .contiguous(torch::MemoryFormat::ChannelsLast);
+  check(!w.is_contiguous(), "channels_last is not contiguous");
+  void* before = w.data_ptr();
+  pg->broadcast(w, root);
+  check(w.data_ptr() == before && w.is_contiguous(torch::MemoryFormat::ChannelsLast),
+        "broadcast in place");
+  expect_close(w, values(root, 120).reshape({2, 3, 4, 5}), "broadcast channels_last");
+
+  // A column of a matrix: only that column changes.
+  auto m = on_device(values(r, 24).reshape({4, 6}), torch::kFloat);
+  pg->broadcast(m.select(1, 2), root);
+  auto want_m = values(r, 24).reshape({4, 6});
+  want_m.select(1, 2).copy_(values(root, 24).reshape({4, 6}).select(1, 2));
+  expect_close(m, want_m, "broadcast a column");
+
+  // all_gather of a transposed bool mask into a transposed output.
+  auto g_in = on_device(mask(r, 6).reshape({3, 2}), torch::kBool).t();
+  auto g_out = torch::zeros({3, 2 * n}, g_in.options()).t();
+  pg->all_gather(g_out, g_in);
+  std::vector<torch::Tensor> parts;
+  for (int k = 0; k < n; ++k) parts.push_back(mask(k, 6).reshape({3, 2}).t().reshape({-1}));
+  expect_close(g_out, torch::cat(parts), "all_gather bool, transposed");
+
+  // all_to_all_single of int16 rows into a transposed output.
+  auto x_in = on_device(code16(r, 4 * n).reshape({2 * n, 2}), torch::kShort);
+  auto x_out = torch::zeros({2, 2 * n}, x_in.options()).t();
+  pg->all_to_all_single(x_out, x_in);
+  std::vector<torch::Tensor> rows;
+  for (int p = 0; p < n; ++p) rows.push_back(block(p, n, r, 2, 2) * 1000 - 6000);
+  expect_close(x_out, torch::cat(rows), "all_to_all_single int16, transposed");
+
+  // Reductions on views: a column all-reduced, a reduce-scatter from and into transposes.
+  auto q = on_device(values(r, 12).reshape({3, 4}), torch::kFloat);
+  pg->all_reduce(q.select(1, 1));
+  auto want_q = values(r, 12).reshape({3, 4});
+  torch::Tensor col = values(0, 12).reshape({3, 4}).select(1, 1).clone();
+  for (int k = 1; k < n; ++k) col += values(k, 12).reshape({3, 4}).select(1, 1);
+  want_q.select(1, 1).copy_(col);
+  expect_close(q, want_q, "all_reduce a column");
+  auto rs_in = on_device(values(r, 4 * n).reshape({2, 2 * n}), torch::kFloat).t();
+  auto rs_out = torch::zeros({2, 2}, rs_in.options()).t();
+  pg->reduce_scatter(rs_out, rs_in);
+  torch::Tensor sum = values(0, 4 * n).reshape({2, 2 * n}).t().reshape({-1});
+  for (int k = 1; k < n; ++k) sum = sum + values(k, 4 * n).reshape({2, 2 * n}).t().reshape({-1});
+  expect_close(rs_out, sum.slice(0, 4 * r, 4 * r + 4), "reduce_scatter transposed");
+
+  // Asynchronous: the result is in place once wait() returns.
+  auto v = on_device(values(r, 10).reshape({2, 5}), torch::kFloat).t();
+  auto work = pg->broadcast_async(v, root);
+  work->wait();
+  expect_close(v, values(root, 10).reshape({2, 5}).t(), "broadcast_async of a view");
+}
 
 // float16 Avg of 40960 on every rank is 40960, though the sum (81920 on two ranks) is past
 // float16's 65504: Gloo reduces float16 in float32, NCCL's ncclAvg multiplies by 1/n first.

@@ -59,7 +59,10 @@ TEST(CommSingleProcess, CollectivesOfOne) {
 TEST(CommSingleProcess, BadArgumentsNameTheCollective) {
   auto pg = world_of_one();
   auto t = torch::zeros({4, 4});
-  EXPECT_ERROR(pg->all_reduce(t.t()), "all_reduce: the input tensor is not contiguous");
+  EXPECT_ERROR(pg->all_reduce(torch::zeros({1}).expand({4})),
+               "all_reduce: the input tensor has elements that share memory");
+  EXPECT_ERROR(pg->broadcast(torch::zeros({2, 2}).to_sparse(), 0),
+               "broadcast: the input tensor has layout Sparse");
   EXPECT_ERROR(pg->all_reduce(torch::zeros({2}, torch::kBool)),
                "all_reduce: dtype Bool of the input tensor is not supported");
   EXPECT_ERROR(pg->all_reduce(torch::zeros({2}, torch::kLong), ReduceOp::Avg),
@@ -83,6 +86,20 @@ TEST(CommSingleProcess, BadArgumentsNameTheCollective) {
   EXPECT_ERROR(pg->new_group({1}), "new_group on world: rank 1 is not a rank of this group");
   // The group still works after refused calls.
   pg->all_reduce(t);
+}
+
+// Non-contiguous tensors get their results in place; data movers take any dtype.
+TEST(CommSingleProcess, ViewsAndAnyDtype) {
+  auto pg = world_of_one();
+  auto m = torch::arange(12, torch::kFloat).reshape({3, 4});
+  pg->all_reduce(m.t(), ReduceOp::Avg);
+  EXPECT_TRUE(m.equal(torch::arange(12, torch::kFloat).reshape({3, 4})));
+  auto mask = torch::tensor({true, false, true});
+  pg->broadcast(mask, 0);
+  auto buf = torch::zeros({3, 2}, torch::kShort);
+  pg->all_gather(buf.select(1, 1), torch::tensor({1, 2, 3}, torch::kShort));  // stride 2
+  EXPECT_TRUE(buf.equal(torch::tensor({{0, 1}, {0, 2}, {0, 3}}, torch::kShort)));
+  EXPECT_ERROR(pg->all_reduce(mask), "all_reduce: dtype Bool of the input tensor is not supported");
 }
 
 TEST(CommSingleProcess, GlooSymbolsBindToTheLibglooStrataWasBuiltAgainst) {
