@@ -234,4 +234,24 @@ std::chrono::milliseconds resolve_timeout(std::optional<double> seconds, const E
   return std::chrono::seconds(600);
 }
 
+const char* to_string(CommCheck mode) {
+  switch (mode) {
+    case CommCheck::Off: return "off";
+    case CommCheck::Cpu: return "cpu";
+    case CommCheck::All: return "all";
+  }
+  return "?";
+}
+
+CommCheck resolve_comm_check(std::optional<CommCheck> mode, const EnvLookup& env) {
+  if (mode) return *mode;
+  const auto v = env("STRATA_COMM_CHECK");
+  if (!v || v->empty() || *v == "cpu") return CommCheck::Cpu;
+  if (*v == "all" || *v == "1") return CommCheck::All;
+  if (*v == "off" || *v == "0") return CommCheck::Off;
+  throw Error(fmt::format("STRATA_COMM_CHECK={} is not one of cpu (the default: check collectives "
+                          "on CPU tensors), all or 1 (CUDA ones too), off or 0",
+                          *v));
+}
+
 }  // namespace strata::comm

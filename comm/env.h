@@ -39,4 +39,10 @@ std::optional<std::string> first_slurm_host(const std::string& nodelist);
 std::chrono::milliseconds resolve_timeout(std::optional<double> seconds,
                                           const EnvLookup& env = process_env());
 
+// Which collectives the members compare before running them (comm/check.h): `mode` when given,
+// else STRATA_COMM_CHECK (cpu, all or 1, off or 0), else Cpu. A bad value throws strata::Error.
+enum class CommCheck { Off, Cpu, All };
+const char* to_string(CommCheck mode);
+CommCheck resolve_comm_check(std::optional<CommCheck> mode, const EnvLookup& env = process_env());
+
 }  // namespace strata::comm

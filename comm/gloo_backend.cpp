@@ -174,7 +174,7 @@ struct GlooBackend::Impl {
 
   struct Task {
     std::string name;
-    uint64_t seq;
+    Call call;  // with a signature: compare the members' calls before the body
     std::function<void()> body;
     std::shared_ptr<CpuWork> work;
   };
@@ -187,11 +187,11 @@ struct GlooBackend::Impl {
   std::chrono::milliseconds timeout() const { return info.rt->timeout; }
   uint32_t tag(uint64_t seq) const { return static_cast<uint32_t>(seq); }
 
-  WorkPtr submit(std::string name, uint64_t seq, std::function<void()> body) {
+  WorkPtr submit(std::string name, const Call& call, std::function<void()> body) {
     auto work = std::make_shared<CpuWork>();
     {
       std::lock_guard<std::mutex> lock(mu);
-      queue.push_back({std::move(name), seq, std::move(body), work});
+      queue.push_back({std::move(name), call, std::move(body), work});
     }
     cv.notify_one();
     return work;
@@ -218,8 +218,11 @@ struct GlooBackend::Impl {
           *broken)));
     const auto start = Clock::now();
     try {
+      if (task.call.check) verify(*task.call.check, task.call.seq);
       task.body();
       return nullptr;
+    } catch (const Mismatch&) {
+      return std::current_exception();  // every member threw it and nothing moved
     } catch (const Error& e) {
       health->fail(e.what());
       return std::current_exception();
@@ -232,13 +235,51 @@ struct GlooBackend::Impl {
                              elapsed >= timeout() - std::chrono::milliseconds(20);
       const bool from_gloo = dynamic_cast<const gloo::Exception*>(&e) != nullptr;
       std::string message =
-          from_gloo ? failure_message(info, task.name, task.seq, elapsed, timed_out,
+          from_gloo ? failure_message(info, task.name, task.call.seq, elapsed, timed_out,
                                       "Gloo: " + what)
                     : fmt::format("{} failed on rank {} of {} in group {}: {}", task.name,
                                   info.rank, info.size(), info.name, what);
       health->fail(message);
       return std::make_exception_ptr(Error(message));
     }
+  }
+
+  std::chrono::milliseconds left_ms(Clock::time_point deadline) const {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  }
+
+  // An all-gather in one round of messages: `mine` goes to every other member, theirs come back
+  // in rank order. Every member sends the same number of words, so the receives cannot overrun.
+  std::vector<int64_t> exchange(const std::vector<int64_t>& mine, uint64_t slot) {
+    const int n = info.size(), r = info.rank;
+    const size_t bytes = mine.size() * sizeof(int64_t);
+    std::vector<int64_t> all(mine.size() * n);
+    std::copy(mine.begin(), mine.end(), all.begin() + size_t(r) * mine.size());
+    auto send = ctx->createUnboundBuffer(const_cast<int64_t*>(mine.data()), bytes);
+    auto recv = ctx->createUnboundBuffer(all.data(), bytes * n);
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      recv->recv(p, slot, size_t(p) * bytes, bytes);
+      send->send(p, slot, 0, bytes);
+    }
+    const auto deadline = Clock::now() + timeout();
+    for (int i = 0; i < n - 1; ++i)
+      if (!recv->waitRecv(left_ms(deadline)) || !send->waitSend(left_ms(deadline)))
+        throw gloo::IoException("the call check's exchange was aborted");
+    return all;
+  }
+
+  // Compares the members' calls (check.h); throws Mismatch on every member when they differ.
+  void verify(const Signature& sig, uint64_t seq) {
+    const int n = info.size();
+    if (n == 1) return;
+    const uint64_t slot = (uint64_t(0xC4) << 56) | (uint64_t(tag(seq)) << 16);
+    const Verdict v = compare(info, seq, exchange(encode(sig, info.rank, n), slot));
+    if (v.ok) return;
+    if (!v.need_counts) throw Mismatch(v.message);
+    if (auto m = counts_mismatch(info, seq, sig, exchange(counts_of(sig, n), slot + 1)))
+      throw Mismatch(*m);
   }
 
   // Ring reduce-scatter over Gloo's unbound buffers (this Gloo has no function-style
@@ -259,18 +300,13 @@ struct GlooBackend::Impl {
       with_gloo_type(acc.scalar_type(), [&](auto t) { fn = reduce_fn<decltype(t)>(op); });
       const uint64_t base = (uint64_t(0xA5) << 56) | (uint64_t(tag(seq)) << 16);
       const auto deadline = Clock::now() + timeout();
-      auto left_ms = [&] {
-        return std::max(std::chrono::milliseconds(1),
-                        std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                              Clock::now()));
-      };
       const int right = (r + 1) % n, left = (r + n - 1) % n;
       for (int step = 0; step < n - 1; ++step) {
         const int send_chunk = ((r - step - 1) % n + n) % n;
         const int recv_chunk = ((r - step - 2) % n + n) % n;
         recv->recv(left, base + step);
         send->send(right, base + step, size_t(send_chunk) * bytes, bytes);
-        if (!recv->waitRecv(left_ms()) || !send->waitSend(left_ms()))
+        if (!recv->waitRecv(left_ms(deadline)) || !send->waitSend(left_ms(deadline)))
           throw gloo::IoException("reduce_scatter: a transfer was aborted");
         char* dst = static_cast<char*>(acc.data_ptr()) + size_t(recv_chunk) * bytes;
         fn(dst, dst, tmp.data_ptr(), size_t(chunk));
@@ -312,17 +348,18 @@ GlooBackend::~GlooBackend() {
   if (impl_->worker.joinable()) impl_->worker.join();
 }
 
-WorkPtr GlooBackend::all_reduce(torch::Tensor t, ReduceOp op, uint64_t seq) {
+WorkPtr GlooBackend::all_reduce(torch::Tensor t, ReduceOp op, const Call& call) {
   Impl* m = impl_.get();
-  return m->submit("all_reduce", seq, [m, t, op, seq] {
+  const uint32_t tag = m->tag(call.seq);
+  return m->submit("all_reduce", call, [m, t, op, tag] {
     if (t.numel() == 0 || m->info.size() == 1) return;
     torch::Tensor buf = reduction_buffer(t, /*copy=*/false);
-    with_gloo_type(buf.scalar_type(), [&](auto tag) {
-      using T = decltype(tag);
+    with_gloo_type(buf.scalar_type(), [&](auto type) {
+      using T = decltype(type);
       gloo::AllreduceOptions o(m->ctx);
       o.setOutput<T>(static_cast<T*>(buf.data_ptr()), size_t(buf.numel()));
       o.setReduceFunction(reduce_fn<T>(op));
-      o.setTag(m->tag(seq));
+      o.setTag(tag);
       o.setTimeout(m->timeout());
       gloo::allreduce(o);
     });
@@ -332,22 +369,24 @@ WorkPtr GlooBackend::all_reduce(torch::Tensor t, ReduceOp op, uint64_t seq) {
 }
 
 // Moves bytes: any dtype (bool masks, int8, int16, complex, ...).
-WorkPtr GlooBackend::broadcast(torch::Tensor t, int root, uint64_t seq) {
+WorkPtr GlooBackend::broadcast(torch::Tensor t, int root, const Call& call) {
   Impl* m = impl_.get();
-  return m->submit("broadcast", seq, [m, t, root, seq] {
+  const uint32_t tag = m->tag(call.seq);
+  return m->submit("broadcast", call, [m, t, root, tag] {
     if (t.numel() == 0 || m->info.size() == 1) return;
     gloo::BroadcastOptions o(m->ctx);
     o.setRoot(root);
     o.setOutput<uint8_t>(static_cast<uint8_t*>(t.data_ptr()), t.nbytes());  // root: the input
-    o.setTag(m->tag(seq));
+    o.setTag(tag);
     o.setTimeout(m->timeout());
     gloo::broadcast(o);
   });
 }
 
-WorkPtr GlooBackend::all_gather(torch::Tensor out, torch::Tensor in, uint64_t seq) {
+WorkPtr GlooBackend::all_gather(torch::Tensor out, torch::Tensor in, const Call& call) {
   Impl* m = impl_.get();
-  return m->submit("all_gather", seq, [m, out, in, seq] {
+  const uint32_t tag = m->tag(call.seq);
+  return m->submit("all_gather", call, [m, out, in, tag] {
     if (in.numel() == 0) return;
     if (m->info.size() == 1) {
       out.view({-1}).copy_(in.view({-1}));
@@ -356,28 +395,30 @@ WorkPtr GlooBackend::all_gather(torch::Tensor out, torch::Tensor in, uint64_t se
     gloo::AllgatherOptions o(m->ctx);
     o.setInput<uint8_t>(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
     o.setOutput<uint8_t>(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
-    o.setTag(m->tag(seq));
+    o.setTag(tag);
     o.setTimeout(m->timeout());
     gloo::allgather(o);
   });
 }
 
 WorkPtr GlooBackend::reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op,
-                                    uint64_t seq) {
+                                    const Call& call) {
   Impl* m = impl_.get();
-  return m->submit("reduce_scatter", seq,
+  const uint64_t seq = call.seq;
+  return m->submit("reduce_scatter", call,
                    [m, out, in, op, seq] { m->ring_reduce_scatter(out, in, op, seq); });
 }
 
 WorkPtr GlooBackend::all_to_all(torch::Tensor out, torch::Tensor in,
                                 std::vector<int64_t> out_counts, std::vector<int64_t> in_counts,
-                                uint64_t seq) {
+                                const Call& call) {
   Impl* m = impl_.get();
+  const uint32_t tag = m->tag(call.seq);
   // In bytes, so that any dtype moves.
   const int64_t esize = in.element_size();
   for (auto& c : out_counts) c *= esize;
   for (auto& c : in_counts) c *= esize;
-  return m->submit("all_to_all_single", seq, [m, out, in, out_counts, in_counts, seq] {
+  return m->submit("all_to_all_single", call, [m, out, in, out_counts, in_counts, tag] {
     if (m->info.size() == 1) {
       if (in.numel() > 0) out.view({-1}).copy_(in.view({-1}));
       return;
@@ -385,21 +426,26 @@ WorkPtr GlooBackend::all_to_all(torch::Tensor out, torch::Tensor in,
     gloo::AlltoallvOptions o(m->ctx);
     o.setInput<uint8_t>(ptr_of<uint8_t>(in), in_counts);
     o.setOutput<uint8_t>(ptr_of<uint8_t>(out), out_counts);
-    o.setTag(m->tag(seq));
+    o.setTag(tag);
     o.setTimeout(m->timeout());
     gloo::alltoallv(o);
   });
 }
 
-WorkPtr GlooBackend::barrier(uint64_t seq) {
+WorkPtr GlooBackend::barrier(const Call& call) {
   Impl* m = impl_.get();
-  return m->submit("barrier", seq, [m, seq] {
+  const uint32_t tag = m->tag(call.seq);
+  return m->submit("barrier", call, [m, tag] {
     if (m->info.size() == 1) return;
     gloo::BarrierOptions o(m->ctx);
-    o.setTag(m->tag(seq));
+    o.setTag(tag);
     o.setTimeout(m->timeout());
     gloo::barrier(o);
   });
+}
+
+WorkPtr GlooBackend::check(const Signature& sig, uint64_t seq) {
+  return impl_->submit(coll_name(sig.coll), Call{seq, sig}, [] {});
 }
 
 }  // namespace strata::comm::detail

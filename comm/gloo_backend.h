@@ -21,13 +21,16 @@ class GlooBackend final : public Backend {
   GlooBackend(GroupInfo info, std::shared_ptr<GroupHealth> health);
   ~GlooBackend() override;  // runs what is queued, then stops the worker
 
-  WorkPtr all_reduce(torch::Tensor t, ReduceOp op, uint64_t seq) override;
-  WorkPtr broadcast(torch::Tensor t, int root, uint64_t seq) override;
-  WorkPtr all_gather(torch::Tensor out, torch::Tensor in, uint64_t seq) override;
-  WorkPtr reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op, uint64_t seq) override;
+  WorkPtr all_reduce(torch::Tensor t, ReduceOp op, const Call& call) override;
+  WorkPtr broadcast(torch::Tensor t, int root, const Call& call) override;
+  WorkPtr all_gather(torch::Tensor out, torch::Tensor in, const Call& call) override;
+  WorkPtr reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op,
+                         const Call& call) override;
   WorkPtr all_to_all(torch::Tensor out, torch::Tensor in, std::vector<int64_t> out_counts,
-                     std::vector<int64_t> in_counts, uint64_t seq) override;
-  WorkPtr barrier(uint64_t seq);  // barriers always run over Gloo
+                     std::vector<int64_t> in_counts, const Call& call) override;
+  WorkPtr barrier(const Call& call);  // barriers always run over Gloo
+  // Only compares the members' calls (check.h), in queue order: for collectives on CUDA tensors.
+  WorkPtr check(const Signature& sig, uint64_t seq);
 
  private:
   struct Impl;

@@ -1,6 +1,6 @@
 // The ProcessGroup implementation: argument checks, contiguous staging, the per-group call
-// counter that the heartbeats publish, backend choice by device, sub-groups, and
-// init_process_group.
+// counter that the heartbeats publish, call checking (check.h), backend choice by device,
+// sub-groups, and init_process_group.
 #include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
@@ -67,20 +67,7 @@ using Clock = std::chrono::steady_clock;
 
 enum class Kind { Cpu, Cuda };
 
-std::string dtype_of(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    default: return c10::toString(t.scalar_type());
-  }
-}
+std::string dtype_of(const torch::Tensor& t) { return dtype_name(int64_t(t.scalar_type())); }
 
 // The dtypes the reductions take; the other collectives move bytes.
 bool reducible(at::ScalarType t) {
@@ -182,6 +169,19 @@ class Staging {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> back_;
 };
 
+Signature signature(Coll coll, const torch::Tensor& in, const torch::Tensor& out, int64_t op = -1,
+                    int64_t root = -1) {
+  Signature s;
+  s.coll = coll;
+  s.op = op;
+  s.dtype = int64_t(in.scalar_type());
+  s.device = in.device().is_cuda() ? 1 : 0;
+  s.in_numel = in.numel();
+  s.out_numel = out.numel();
+  s.root = root;
+  return s;
+}
+
 void check_avg(const char* coll, ReduceOp op, const torch::Tensor& t) {
   if (op == ReduceOp::Avg && !at::isFloatingType(t.scalar_type()))
     throw Error(fmt::format("{}: ReduceOp::Avg needs a floating dtype, got {}; use Sum and "
@@ -236,8 +236,8 @@ class Group final : public ProcessGroup {
     check_avg(coll, op, t);
     Staging st;
     torch::Tensor flat = st.output(t, /*read_too=*/true);
-    const uint64_t seq = enter(coll);
-    return st.finish(backend(k, coll, t.device()).all_reduce(flat, op, seq));
+    Call call = enter(coll, k, signature(Coll::AllReduce, t, t, int64_t(op)));
+    return st.finish(backend(k, coll, t.device(), call).all_reduce(flat, op, call));
   }
 
   WorkPtr broadcast_async(torch::Tensor t, int root) override {
@@ -248,8 +248,8 @@ class Group final : public ProcessGroup {
                               name(), size()));
     Staging st;
     torch::Tensor flat = st.output(t, /*read_too=*/rank() == root);
-    const uint64_t seq = enter(coll);
-    return st.finish(backend(k, coll, t.device()).broadcast(flat, root, seq));
+    Call call = enter(coll, k, signature(Coll::Broadcast, t, t, -1, root));
+    return st.finish(backend(k, coll, t.device(), call).broadcast(flat, root, call));
   }
 
   WorkPtr all_gather_async(torch::Tensor out, torch::Tensor in) override {
@@ -261,8 +261,8 @@ class Group final : public ProcessGroup {
                               out.numel(), size(), in.numel(), in.numel() * size()));
     Staging st;
     torch::Tensor flat_in = st.input(in), flat_out = st.output(out, /*read_too=*/false);
-    const uint64_t seq = enter(coll);
-    return st.finish(backend(k, coll, in.device()).all_gather(flat_out, flat_in, seq));
+    Call call = enter(coll, k, signature(Coll::AllGather, in, out));
+    return st.finish(backend(k, coll, in.device(), call).all_gather(flat_out, flat_in, call));
   }
 
   WorkPtr reduce_scatter_async(torch::Tensor out, torch::Tensor in, ReduceOp op) override {
@@ -275,8 +275,9 @@ class Group final : public ProcessGroup {
                               in.numel(), size(), out.numel(), out.numel() * size()));
     Staging st;
     torch::Tensor flat_in = st.input(in), flat_out = st.output(out, /*read_too=*/false);
-    const uint64_t seq = enter(coll);
-    return st.finish(backend(k, coll, in.device()).reduce_scatter(flat_out, flat_in, op, seq));
+    Call call = enter(coll, k, signature(Coll::ReduceScatter, in, out, int64_t(op)));
+    return st.finish(
+        backend(k, coll, in.device(), call).reduce_scatter(flat_out, flat_in, op, call));
   }
 
   WorkPtr all_to_all_single_async(torch::Tensor out, torch::Tensor in,
@@ -299,13 +300,20 @@ class Group final : public ProcessGroup {
     auto out_counts = split_counts(coll, "output", out, out_splits, size(), row_of(out));
     Staging st;
     torch::Tensor flat_in = st.input(in), flat_out = st.output(out, /*read_too=*/false);
-    const uint64_t seq = enter(coll);
-    return st.finish(backend(k, coll, in.device())
+    Signature sig = signature(Coll::AllToAll, in, out);
+    sig.send_counts = in_counts;
+    sig.recv_counts = out_counts;
+    Call call = enter(coll, k, std::move(sig));
+    return st.finish(backend(k, coll, in.device(), call)
                          .all_to_all(flat_out, flat_in, std::move(out_counts),
-                                     std::move(in_counts), seq));
+                                     std::move(in_counts), call));
   }
 
-  WorkPtr barrier_async() override { return gloo_->barrier(enter("barrier")); }
+  WorkPtr barrier_async() override {
+    Signature sig;
+    sig.coll = Coll::Barrier;
+    return gloo_->barrier(enter("barrier", Kind::Cpu, std::move(sig)));
+  }
 
   GroupPtr new_group(const std::vector<int>& ranks) override {
     if (ranks.empty()) throw Error(fmt::format("new_group on {}: the rank list is empty", name()));
@@ -339,11 +347,16 @@ class Group final : public ProcessGroup {
   }
 
  private:
-  uint64_t enter(const char* coll) {
+  // Counts the call; carries its signature when the members compare calls of this kind.
+  Call enter(const char* coll, Kind kind, Signature sig) {
     if (auto broken = health_->error())
       throw Error(fmt::format("{} on group {}: the group is broken by an earlier error: {}", coll,
                               name(), *broken));
-    return ++*info_.called;
+    Call call{++*info_.called, std::nullopt};
+    const CommCheck mode = info_.rt->check;
+    if (mode == CommCheck::All || (mode == CommCheck::Cpu && kind == Kind::Cpu))
+      call.check = std::move(sig);
+    return call;
   }
 
   int next_child() {
@@ -351,9 +364,14 @@ class Group final : public ProcessGroup {
     return children_++;
   }
 
-  Backend& backend(Kind kind, const char* coll, const torch::Device& device) {
+  // For CUDA tensors, compares the members' calls first when asked to (blocking, over Gloo).
+  Backend& backend(Kind kind, const char* coll, const torch::Device& device, Call& call) {
     if (kind == Kind::Cpu) return *gloo_;
 #if STRATA_COMM_HAS_NCCL
+    if (call.check) {
+      gloo_->check(*call.check, call.seq)->wait();
+      call.check.reset();
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (!nccl_) nccl_ = make_nccl_backend(info_, health_, device, coll);
     if (nccl_device_ < 0) nccl_device_ = device.index();
@@ -424,6 +442,7 @@ GroupPtr init_process_group(const InitOptions& options) {
   auto rt = std::make_shared<Runtime>();
   rt->env = env;
   rt->timeout = resolve_timeout(options.timeout_s);
+  rt->check = resolve_comm_check(options.check);
   if (options.blocking_wait) {
     rt->blocking_wait = *options.blocking_wait;
   } else if (const char* v = std::getenv("STRATA_NCCL_BLOCKING_WAIT")) {
@@ -439,6 +458,7 @@ GroupPtr init_process_group(const InitOptions& options) {
         rt->timeout / 10, std::chrono::milliseconds(100), std::chrono::seconds(2));
     rt->liveness = std::make_unique<Liveness>(env.rank, env.world_size, std::move(beat_client),
                                               interval);
+    if (env.rank == 0) rt->store->set("strata/comm_check", to_string(rt->check));
   } catch (const Error& e) {
     throw Error(fmt::format("rendezvous failed on {} ({} convention): {}", where, env.convention,
                             e.what()));
@@ -457,6 +477,14 @@ GroupPtr init_process_group(const InitOptions& options) {
                             rt->timeout.count() / 1000.0, where, missing.size() > 1 ? "s" : "",
                             fmt::join(missing, ", "), env.master_addr, rt->store->port(),
                             env.convention));
+  }
+  // A rank that checks calls would wait for the headers of one that does not.
+  if (env.rank != 0) {
+    const std::string first = rt->store->get("strata/comm_check");
+    if (first != to_string(rt->check))
+      throw Error(fmt::format("STRATA_COMM_CHECK differs between the ranks: rank 0 has {}, {} has "
+                              "{}; set the same value on every rank",
+                              first, where, to_string(rt->check)));
   }
   rt->gloo_device = make_gloo_device(env);
   GroupInfo world;

@@ -148,36 +148,37 @@ class NcclBackend final : public Backend {
       ncclCommAbort(comm_);
   }
 
-  WorkPtr all_reduce(torch::Tensor t, ReduceOp op, uint64_t seq) override {
-    return launch("all_reduce", seq, {t}, [&](cudaStream_t s) {
+  // The group compared the calls already when asked to (check.h); call.check is unused here.
+  WorkPtr all_reduce(torch::Tensor t, ReduceOp op, const Call& call) override {
+    return launch("all_reduce", call.seq, {t}, [&](cudaStream_t s) {
       return ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()),
                            nccl_type(t.scalar_type()), nccl_op(op), comm_, s);
     });
   }
 
-  WorkPtr broadcast(torch::Tensor t, int root, uint64_t seq) override {
-    return launch("broadcast", seq, {t}, [&](cudaStream_t s) {
+  WorkPtr broadcast(torch::Tensor t, int root, const Call& call) override {
+    return launch("broadcast", call.seq, {t}, [&](cudaStream_t s) {
       return ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, s);
     });
   }
 
-  WorkPtr all_gather(torch::Tensor out, torch::Tensor in, uint64_t seq) override {
-    return launch("all_gather", seq, {out, in}, [&](cudaStream_t s) {
+  WorkPtr all_gather(torch::Tensor out, torch::Tensor in, const Call& call) override {
+    return launch("all_gather", call.seq, {out, in}, [&](cudaStream_t s) {
       return ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm_, s);
     });
   }
 
   WorkPtr reduce_scatter(torch::Tensor out, torch::Tensor in, ReduceOp op,
-                         uint64_t seq) override {
-    return launch("reduce_scatter", seq, {out, in}, [&](cudaStream_t s) {
+                         const Call& call) override {
+    return launch("reduce_scatter", call.seq, {out, in}, [&](cudaStream_t s) {
       return ncclReduceScatter(in.data_ptr(), out.data_ptr(), size_t(out.numel()),
                                nccl_type(in.scalar_type()), nccl_op(op), comm_, s);
     });
   }
 
   WorkPtr all_to_all(torch::Tensor out, torch::Tensor in, std::vector<int64_t> out_counts,
-                     std::vector<int64_t> in_counts, uint64_t seq) override {
-    return launch("all_to_all_single", seq, {out, in}, [&](cudaStream_t s) {
+                     std::vector<int64_t> in_counts, const Call& call) override {
+    return launch("all_to_all_single", call.seq, {out, in}, [&](cudaStream_t s) {
       const ncclDataType_t type = ncclUint8;  // bytes: any dtype
       const size_t esize = in.element_size();
       char* src = static_cast<char*>(in.data_ptr());

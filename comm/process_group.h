@@ -7,6 +7,11 @@
 // non-contiguous tensor (channels_last, a transposed view) travels through a contiguous copy, and
 // a result is copied back into it by Work::wait().
 //
+// Before each collective the members can compare their calls (which collective, dtype, sizes,
+// root, splits), so that a mismatch is a strata::Error on every member instead of a rank
+// aborted inside Gloo or stale data: on by default for CPU tensors, see comm/check.h and
+// InitOptions::check.
+//
 // Every wait is bounded by the group's timeout (argument, else STRATA_TIMEOUT seconds, else
 // 600 s). A rank that never arrives or dies turns into a strata::Error that names the collective
 // and the missing rank(s), on every rank that waited for it; after such an error the group is
@@ -114,6 +119,9 @@ struct InitOptions {
   std::optional<RankEnv> env;
   // CUDA waits block the host (bounded by the timeout). Unset: STRATA_NCCL_BLOCKING_WAIT=1.
   std::optional<bool> blocking_wait;
+  // Which collectives the members compare before running them (comm/check.h); the same on every
+  // rank. Unset: STRATA_COMM_CHECK, else CommCheck::Cpu.
+  std::optional<CommCheck> check;
 };
 
 // Meets the other ranks (rank 0 serves a c10d::TCPStore at MASTER_ADDR:MASTER_PORT) and returns

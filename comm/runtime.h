@@ -20,6 +20,7 @@ struct Runtime {
   RankEnv env;
   std::chrono::milliseconds timeout{};
   bool blocking_wait = false;
+  CommCheck check = CommCheck::Cpu;  // which calls the members compare first (check.h)
   std::unique_ptr<Store> store;  // this process's main connection (rank 0 serves it)
   std::unique_ptr<Liveness> liveness;
   std::shared_ptr<void> gloo_device;  // a gloo::transport::Device, opaque outside gloo_backend.cpp

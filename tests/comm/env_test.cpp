@@ -141,5 +141,16 @@ TEST(CommEnv, Timeout) {
   EXPECT_THROW(resolve_timeout(0.0, fake({})), Error);
 }
 
+TEST(CommEnv, CommCheck) {
+  EXPECT_EQ(resolve_comm_check(std::nullopt, fake({})), CommCheck::Cpu);
+  EXPECT_EQ(resolve_comm_check(std::nullopt, fake({{"STRATA_COMM_CHECK", "1"}})), CommCheck::All);
+  EXPECT_EQ(resolve_comm_check(std::nullopt, fake({{"STRATA_COMM_CHECK", "all"}})),
+            CommCheck::All);
+  EXPECT_EQ(resolve_comm_check(std::nullopt, fake({{"STRATA_COMM_CHECK", "0"}})), CommCheck::Off);
+  EXPECT_EQ(resolve_comm_check(CommCheck::Off, fake({{"STRATA_COMM_CHECK", "1"}})),
+            CommCheck::Off);
+  EXPECT_THROW(resolve_comm_check(std::nullopt, fake({{"STRATA_COMM_CHECK", "yes"}})), Error);
+}
+
 }  // namespace
 }  // namespace strata::comm

@@ -81,6 +81,13 @@ TEST(CommGpu, DeadRankIsNamed) {
   EXPECT_LT(r.seconds, 30) << r.report();
 }
 
+// With STRATA_COMM_CHECK=all the ranks compare CUDA calls too, over Gloo, before NCCL sees them.
+TEST(CommGpu, MismatchedCallsFailOnEveryRankWithCheckAll) {
+  REQUIRE_GPUS(2);
+  auto r = run_on_gpus("mismatch", 2, {{"STRATA_COMM_CHECK", "all"}, {"STRATA_TIMEOUT", "5"}});
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
 TEST(CommGpu, AnyDtypeAndNonContiguousTensors) {
   REQUIRE_GPUS(2);
   auto r = run_on_gpus("any_dtype", 2);

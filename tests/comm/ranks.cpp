@@ -32,7 +32,8 @@ bool launcher_variable(const std::string& name) {
   static const char* exact[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                 "MASTER_ADDR", "MASTER_PORT", "STRATA_TIMEOUT",
                                 "STRATA_COMM_SCENARIO", "STRATA_COMM_DEVICE",
-                                "STRATA_NCCL_BLOCKING_WAIT", "GROUP_RANK", "NODE_RANK"};
+                                "STRATA_NCCL_BLOCKING_WAIT", "STRATA_COMM_CHECK", "GROUP_RANK",
+                                "NODE_RANK"};
   for (const char* e : exact)
     if (name == e) return true;
   return name.rfind("OMPI_", 0) == 0 || name.rfind("SLURM_", 0) == 0;

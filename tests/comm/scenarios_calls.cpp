@@ -1,5 +1,6 @@
-// Scenarios about what the ranks pass to a collective: tensors of any dtype and layout, and
-// float16 averages whose float16 sum overflows.
+// Scenarios about what the ranks pass to a collective: calls that differ between the ranks (an
+// error on every rank at once, naming the collective, the ranks and what each passed; the group
+// works on), tensors of any dtype and layout, and float16 averages whose float16 sum overflows.
 #include <torch/torch.h>
 
 #include "comm/process_group.h"
@@ -11,12 +12,97 @@ namespace {
 
 using namespace strata::comm;
 
+// Every rank must get the error at once, not after a timeout (the tests set STRATA_TIMEOUT=5).
+template <class F>
+void expect_mismatch(F&& call, std::vector<std::string> needles, const std::string& what) {
+  const auto start = Clock::now();
+  expect_error(std::forward<F>(call), std::move(needles), what);
+  check(seconds_since(start) < 2, what + ": took " + std::to_string(seconds_since(start)) + " s");
+}
+
 // Rows [k * rows, (k + 1) * rows) of a [n * rows, width] matrix of rank p's values.
 torch::Tensor block(int p, int n, int k, int64_t rows, int64_t width) {
   return values(p, n * rows * width).reshape({n * rows, width}).slice(0, k * rows, (k + 1) * rows);
 }
 
 }  // namespace
+
+// The last rank passes something else than the others. Before the check, Gloo aborted a rank
+// that received more than it expected (SIGABRT on Gloo's thread) and the others read stale data.
+STRATA_SCENARIO(mismatch) {
+  auto pg = init_process_group();
+  const int n = pg->size(), r = pg->rank(), odd = n - 1;
+  const bool me = r == odd;
+  const std::string last = "rank " + std::to_string(odd) + ": ";
+  const std::string others = n == 2 ? "rank 0: " : "ranks 0, 1: ";
+  const auto f32 = torch::TensorOptions().device(device());
+  const std::string usable = "the group can still be used";
+
+  auto a = torch::ones({me ? 2000 : 1000}, f32);
+  expect_mismatch([&] { pg->all_reduce(a); },
+                  {"all_reduce on group world: the members' calls differ",
+                   others + "all_reduce(sum) of 1000 float32",
+                   last + "all_reduce(sum) of 2000 float32", usable},
+                  "all_reduce of different sizes");
+  check(a.sum().item<double>() == double(a.numel()), "the tensor is untouched");
+
+  auto b = torch::ones({8}, f32.dtype(me ? torch::kDouble : torch::kFloat));
+  expect_mismatch([&] { pg->all_reduce(b, ReduceOp::Max); },
+                  {others + "all_reduce(max) of 8 float32", last + "all_reduce(max) of 8 float64"},
+                  "all_reduce of different dtypes");
+
+  // The root's tensor smaller (the others used to "succeed" with a stale tail), then larger (the
+  // others used to abort).
+  for (int64_t root_numel : {8, 32}) {
+    auto c = torch::full({r == 0 ? root_numel : 16}, double(r), f32);
+    const std::string rest = n == 2 ? "rank 1: " : "ranks 1, 2: ";
+    expect_mismatch([&] { pg->broadcast(c, 0); },
+                    {"broadcast on group world",
+                     "rank 0: broadcast of " + std::to_string(root_numel) + " float32 from rank 0",
+                     rest + "broadcast of 16 float32 from rank 0"},
+                    "broadcast of different sizes");
+    check(c.eq(double(r)).all().item<bool>(), "nothing was broadcast");
+  }
+  auto d = torch::zeros({4}, f32);
+  expect_mismatch([&] { pg->broadcast(d, me ? 1 : 0); },
+                  {others + "broadcast of 4 float32 from rank 0",
+                   last + "broadcast of 4 float32 from rank 1"},
+                  "broadcast from different roots");
+
+  auto g_in = torch::ones({me ? 3 : 2}, f32), g_out = torch::zeros({n * g_in.numel()}, f32);
+  expect_mismatch([&] { pg->all_gather(g_out, g_in); },
+                  {others + "all_gather of 2 float32 per rank",
+                   last + "all_gather of 3 float32 per rank"},
+                  "all_gather of different sizes");
+
+  auto rs_out = torch::zeros({me ? 3 : 2}, f32), rs_in = torch::ones({n * rs_out.numel()}, f32);
+  expect_mismatch([&] { pg->reduce_scatter(rs_out, rs_in); },
+                  {others + "reduce_scatter(sum) of 2 float32 per rank",
+                   last + "reduce_scatter(sum) of 3 float32 per rank"},
+                  "reduce_scatter of different sizes");
+
+  // Equal splits: the last rank sends two rows to everyone, who expect one.
+  auto x_in = torch::ones({me ? 2 * n : n, 1}, f32), x_out = torch::zeros({n, 1}, f32);
+  expect_mismatch([&] { pg->all_to_all_single(x_out, x_in); },
+                  {"all_to_all_single on group world: the split sizes differ",
+                   "rank " + std::to_string(odd) + " sends 2 elements to rank 0, which expects 1",
+                   usable},
+                  "all_to_all_single with different splits");
+
+  auto e = torch::ones({4}, f32);
+  expect_mismatch([&] { me ? pg->barrier() : pg->all_reduce(e); },
+                  {me ? "barrier on group world" : "all_reduce on group world",
+                   others + "all_reduce(sum) of 4 float32", last + "barrier"},
+                  "different collectives");
+
+  // Nothing was sent, so the group works on.
+  auto ok = on_device(values(r, 50), torch::kFloat);
+  pg->all_reduce(ok);
+  torch::Tensor want = values(0, 50);
+  for (int k = 1; k < n; ++k) want = want + values(k, 50);
+  expect_close(ok, want, "all_reduce after the mismatches");
+  pg->barrier();
+}
 
 // What a model's broadcast at start-up meets: bool, int8 and int16 buffers (a causal mask,
 // codes), a channels_last parameter, views. All collectives that move data take any dtype; a
