@@ -7,6 +7,7 @@
 
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/model_check.h"
 #include "runtime/optim/adam.h"
 #include "runtime/optim/registry.h"
 #include "runtime/optim/state_bytes.h"
@@ -44,6 +45,20 @@ torch::ScalarType comm_dtype(const Config& config) {
   if (name == "bf16") return torch::kBFloat16;
   if (name == "fp32") return torch::kFloat;
   return config.fp16.enabled ? torch::kHalf : torch::kFloat;
+}
+
+torch::ScalarType dtype_named(const std::string& name) {
+  if (name == "fp16") return torch::kHalf;
+  if (name == "bf16") return torch::kBFloat16;
+  return torch::kFloat;
+}
+
+// The dtype gradients are summed in over the accumulation window (data_types.grad_accum_dtype):
+// fp32 unless the config names the model's own dtype (the config's rules refuse other 16-bit
+// dtypes), as DeepSpeed's bf16 optimizer accumulates in fp32.
+torch::ScalarType accum_dtype(const Config& config) {
+  const auto& named = config.data_types.grad_accum_dtype;
+  return named ? dtype_named(*named) : torch::kFloat;
 }
 
 LoadOptions load_options(const InitOptions& options) {
@@ -90,30 +105,39 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
   if (group_ && group_->size() == 1) group_.reset();
   if (group_) log::set_rank(group_->rank());
 
+  // Before anything is broadcast: every rank must hold the same tensors.
+  if (group_) check_same_model_on_every_rank(*module_, *group_);
+
   // Mixed precision: the module's parameters and buffers in 16 bits, as DeepSpeed casts them.
   const bool fp16 = config_.fp16.enabled, bf16 = config_.bf16.enabled;
   if (fp16) module_->to(torch::kHalf);
   if (bf16) module_->to(torch::kBFloat16);
   skip_on_overflow_ = fp16 || (bf16 && config_.bf16.check_grad_overflow);
 
-  for (auto& p : module_->parameters())
-    if (p.requires_grad()) params_.push_back(p);
-  if (params_.empty())
+  // Each tensor once, however many names it has (tied weights).
+  const auto trainable = unique_parameters(*module_, /*trainable_only=*/true);
+  if (trainable.empty())
     throw Error("strata::initialize: the model has no parameter that requires a gradient");
+  check_one_device(trainable);
+  for (const auto& p : trainable) params_.push_back(p.tensor);
 
   if (group_) {
     // Every rank starts from rank 0's parameters and buffers, as DeepSpeed and DDP do.
     torch::NoGradGuard no_grad;
-    for (auto& p : module_->parameters()) group_->broadcast(p.detach(), 0);
+    for (auto& p : unique_parameters(*module_, /*trainable_only=*/false))
+      group_->broadcast(p.tensor.detach(), 0);
     for (auto& b : module_->buffers()) group_->broadcast(b, 0);
   }
 
   const auto& zero = config_.zero_optimization;
+  const auto accum = accum_dtype(config_);
   if (uses_partitioned_optimizer(config_)) {
     zero::PartitionedOptions po;
     po.stage = zero.stage;
     po.comm_dtype = comm_dtype(config_);
     po.reduce_bucket_numel = zero.reduce_bucket_size.value;
+    po.accumulation_steps = gradient_accumulation_steps();
+    po.accum_dtype = accum;
     partitioned_ = std::make_unique<zero::PartitionedOptimizer>(
         params_, group_, po,
         [&](std::vector<torch::Tensor> master) { return make_optimizer_over(master, options); });
@@ -280,6 +304,10 @@ void Engine::write_monitor_events(const std::vector<monitor::Event>& events) {
 
 void Engine::plain_step() {
   if (reducer_) reducer_->finish();  // gradients averaged over the data-parallel group
+  // Sparse gradients (Embedding(...).sparse(true)) are stepped dense, as the reducer sends them:
+  // the same numbers, and every optimizer and the clipping accept them.
+  for (auto& p : params_)
+    if (p.grad().defined() && p.grad().is_sparse()) p.mutable_grad() = p.grad().to_dense();
   if (config_.gradient_clipping.value > 0.0) clip_gradients();
   optimizer_->step();
   if (lr_scheduler_) lr_scheduler_->step();

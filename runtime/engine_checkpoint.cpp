@@ -5,7 +5,10 @@
 //     flat layout, one file per rank at stages 1-2 (shared otherwise), with the partition's
 //     place in the flat layout (shard_pieces.h), so that another world size or sharding can
 //     re-partition them; the plain fp32 stage-0 path stores its per-parameter state instead.
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -14,6 +17,7 @@
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/model_check.h"
 #include "runtime/optim/state_io.h"
 
 namespace strata {
@@ -62,6 +66,58 @@ optim::ParamState get_state(const checkpoint::TensorFile& file, const std::strin
   return state;
 }
 
+// The trainable tensors in the engine's order, each under its first name (model_check.h).
+json trainable_names(torch::nn::Module& module) {
+  json names = json::array();
+  for (const auto& p : unique_parameters(module, true)) names.push_back(p.name);
+  return names;
+}
+
+json trainable_numels(torch::nn::Module& module) {
+  json numels = json::array();
+  for (const auto& p : unique_parameters(module, true)) numels.push_back(p.tensor.numel());
+  return numels;
+}
+
+// Tied weights: every further name of a trainable tensor -> the name it is trained under.
+json trainable_aliases(torch::nn::Module& module) {
+  json aliases = json::object();
+  std::map<const c10::TensorImpl*, std::string> first;
+  for (const auto& p : module.named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    const auto [it, inserted] = first.emplace(p.value().unsafeGetTensorImpl(), p.key());
+    if (!inserted) aliases[p.key()] = it->second;
+  }
+  return aliases;
+}
+
+// The checkpoint's trainable tensors must be this model's, in the same order and sizes:
+// optimizer state is stored by position (flat ranges or indices).
+void check_same_trainables(const json& scalars, const std::string& key, torch::nn::Module& module,
+                           const std::string& folder) {
+  if (!scalars.contains(key)) return;  // saved before the names were kept
+  const auto saved = scalars.at(key).get<std::vector<std::string>>();
+  const auto mine = unique_parameters(module, true);
+  std::vector<int64_t> numels;
+  if (scalars.contains("flat_param_numels"))
+    numels = scalars.at("flat_param_numels").get<std::vector<int64_t>>();
+  const size_t n = std::max(saved.size(), mine.size());
+  for (size_t i = 0; i < n; ++i) {
+    const std::string s = i < saved.size() ? "'" + saved[i] + "'" : "nothing";
+    const std::string m = i < mine.size() ? "'" + mine[i].name + "'" : "nothing";
+    const bool size_differs = i < numels.size() && i < mine.size() &&
+                              numels[i] != mine[i].tensor.numel();
+    if (i >= saved.size() || i >= mine.size() || saved[i] != mine[i].name || size_differs)
+      throw Error(fmt::format(
+          "{}: the checkpoint's trainable parameters are not this model's: trainable #{} is {}{} "
+          "in the checkpoint and {}{} here ({} saved, {} here). Resume with the same model and "
+          "the same frozen parameters",
+          folder, i, s, i < numels.size() ? fmt::format(" ({} elements)", numels[i]) : "", m,
+          i < mine.size() ? fmt::format(" ({} elements)", mine[i].tensor.numel()) : "",
+          saved.size(), mine.size()));
+  }
+}
+
 }  // namespace
 
 void Engine::save_checkpoint(const std::string& dir, std::string tag, const json& client_state) {
@@ -84,10 +140,9 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     scalars["layout"] = "flat";
     scalars["flat_numel"] = partitioned_->flat().numel();
     // Which parameter each range of the flat layout is (strata-ckpt consolidates by it).
-    json names = json::array();
-    for (const auto& p : module_->named_parameters())
-      if (p.value().requires_grad()) names.push_back(p.key());
-    scalars["flat_params"] = names;
+    scalars["flat_params"] = trainable_names(*module_);
+    scalars["flat_param_numels"] = trainable_numels(*module_);
+    scalars["flat_param_aliases"] = trainable_aliases(*module_);
     // Where this partition's elements sit in the flat layout (zero/shard_map.h).
     const auto& shards = partitioned_->shards();
     scalars["shard_pieces"] = pieces_json(shards.pieces(partitioned_->partition_index()));
@@ -101,6 +156,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     }
   } else {
     scalars["layout"] = "per_param";
+    scalars["param_names"] = trainable_names(*module_);
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto state = optim::export_param_state(*optimizer_, params_[i]);
       if (!state) {
@@ -131,11 +187,20 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
 
 json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   torch::NoGradGuard no_grad;
+  // Everything is read and checked first; the engine changes only once all of it has passed, so
+  // a checkpoint that does not fit leaves the model, master weights and optimizer as they were.
   checkpoint::CheckpointReader reader(dir, tag, {/*verify_checksums=*/false});
   const auto model = model_tensors(*module_);
   const auto states = reader.load_shared("model_states", checkpoint::specs_of(model));
-  states.copy_to(model);
   const json& engine_state = states.scalars;
+  const auto global_steps = engine_state.at("global_steps").get<int64_t>();
+  const auto micro_steps = engine_state.at("micro_steps").get<int64_t>();
+  const auto skipped_steps = engine_state.at("skipped_steps").get<int64_t>();
+  LossScaler scaler = scaler_;
+  scaler.load_state(engine_state.at("loss_scaler"));
+  const json client_state = engine_state.at("client_state");
+  const bool has_schedule = lr_scheduler_ && engine_state.contains("lr_scheduler");
+  if (has_schedule) engine_state.at("lr_scheduler").at("last_batch_iteration").get<int64_t>();
 
   const bool partitioned_files = reader.has_partition("optim_states");
   const int saved_parts = partitioned_files ? reader.world_size() : 1;
@@ -143,6 +208,12 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     return partitioned_files ? reader.load_partition("optim_states", part)
                              : reader.load_shared("optim_states");
   };
+  // What the optimizer gets: the master partition with its state, an archive, or per-parameter
+  // states.
+  torch::Tensor master;
+  std::optional<optim::ParamState> master_state;
+  std::optional<std::string> archive;
+  std::vector<optim::ParamState> param_states;
   if (partitioned_) {
     const auto& flat = partitioned_->flat();
     const auto& shards = partitioned_->shards();
@@ -151,6 +222,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     if (first.scalars.at("layout") != "flat")
       throw Error(fmt::format("{}: saved by the plain fp32 stage-0 path; resume it with the same "
                               "precision and ZeRO stage", reader.folder()));
+    check_same_trainables(first.scalars, "flat_params", *module_, reader.folder());
     if (first.scalars.at("flat_numel").get<int64_t>() != flat.numel())
       throw Error(fmt::format("{}: {} trainable elements saved, this model has {}",
                               reader.folder(), first.scalars.at("flat_numel").get<int64_t>(),
@@ -159,11 +231,11 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
                              first.at("master").numel() == shards.partition_numel() &&
                              saved_pieces(first, static_cast<int>(part)) == shards.pieces(part);
     if (same_layout) {
-      partitioned_->master().copy_(first.at("master"));
+      master = first.at("master");
       if (first.scalars.contains("archive"))
-        optim::load_optimizer_archive(*optimizer_, tensor_bytes(first.at("archive")));
+        archive = tensor_bytes(first.at("archive"));
       else
-        optim::import_param_state(*optimizer_, partitioned_->master(), get_state(first, "state."));
+        master_state = get_state(first, "state.");
     } else {
       // Another world size or sharding: put the saved partitions back into the flat layout and
       // cut this rank's partition out of it.
@@ -180,11 +252,15 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
         for (const auto& f : files) parts.push_back(f.at(name));
         return shards.gather(saved.assemble(parts, flat.numel()), part);
       };
-      partitioned_->master().copy_(mine("master"));
-      auto state = get_state(files.front(), "state.");
-      for (auto& [name, t] : state.tensors) t = mine("state." + name);
-      optim::import_param_state(*optimizer_, partitioned_->master(), state);
+      master = mine("master");
+      master_state = get_state(files.front(), "state.");
+      for (auto& [name, t] : master_state->tensors) t = mine("state." + name);
     }
+    if (master.sizes() != partitioned_->master().sizes())
+      throw Error(fmt::format("{}: the saved master partition has shape {}, this rank's {}",
+                              reader.folder(), c10::str(master.sizes()),
+                              c10::str(partitioned_->master().sizes())));
+    if (master_state) optim::check_param_state(*optimizer_, partitioned_->master(), *master_state);
   } else {
     const auto file = optim_file(0);
     const auto layout = file.scalars.at("layout").get<std::string>();
@@ -192,23 +268,44 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
       throw Error(fmt::format("{}: saved with mixed precision or ZeRO; resume it with the same "
                               "precision and a ZeRO stage of 1 or 2 (or the same stage 0 "
                               "precision)", reader.folder()));
-    if (layout == "archive")
-      optim::load_optimizer_archive(*optimizer_, tensor_bytes(file.at("archive")));
-    else
-      for (size_t i = 0; i < params_.size(); ++i)
-        optim::import_param_state(*optimizer_, params_[i],
-                                  get_state(file, fmt::format("state.{}.", i)));
+    if (layout == "archive") {
+      archive = tensor_bytes(file.at("archive"));
+    } else {
+      check_same_trainables(file.scalars, "param_names", *module_, reader.folder());
+      for (size_t i = 0; i < params_.size(); ++i) {
+        const auto prefix = fmt::format("state.{}.", i);
+        if (!file.scalars.contains(prefix + "type"))
+          throw Error(fmt::format("{}: no optimizer state for trainable parameter #{}: the "
+                                  "checkpoint has fewer trainable parameters than this model",
+                                  reader.folder(), i));
+        param_states.push_back(get_state(file, prefix));
+        optim::check_param_state(*optimizer_, params_[i], param_states.back());
+      }
+      if (file.scalars.contains(fmt::format("state.{}.type", params_.size())))
+        throw Error(fmt::format("{}: the checkpoint has more trainable parameters than this "
+                                "model's {}", reader.folder(), params_.size()));
+    }
   }
 
-  global_steps_ = engine_state.at("global_steps").get<int64_t>();
-  micro_steps_ = engine_state.at("micro_steps").get<int64_t>();
-  skipped_steps_ = engine_state.at("skipped_steps").get<int64_t>();
-  scaler_.load_state(engine_state.at("loss_scaler"));
-  if (lr_scheduler_ && engine_state.contains("lr_scheduler"))
-    lr_scheduler_->load_state_dict(engine_state.at("lr_scheduler"));
+  // Everything fits: install it. LibTorch's own archive goes first, the one step that can still
+  // fail (it is checked only by loading it).
+  if (archive) optim::load_optimizer_archive(*optimizer_, *archive);
+  states.copy_to(model);
+  if (partitioned_) {
+    partitioned_->master().copy_(master);
+    if (master_state)
+      optim::import_param_state(*optimizer_, partitioned_->master(), *master_state);
+  }
+  for (size_t i = 0; i < param_states.size(); ++i)
+    optim::import_param_state(*optimizer_, params_[i], param_states[i]);
+  global_steps_ = global_steps;
+  micro_steps_ = micro_steps;
+  skipped_steps_ = skipped_steps;
+  scaler_ = scaler;
+  if (has_schedule) lr_scheduler_->load_state_dict(engine_state.at("lr_scheduler"));
   log::info("[strata] loaded checkpoint {} (step {}, saved by {} rank(s))", reader.folder(),
             global_steps_, reader.world_size());
-  return engine_state.at("client_state");
+  return client_state;
 }
 
 }  // namespace strata

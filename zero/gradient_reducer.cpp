@@ -137,7 +137,9 @@ void GradientReducer::stage(size_t k) {
   }
   auto slot = bucket.flat.narrow(0, bucket.slots[i], params_[k].numel());
   const auto& grad = params_[k].grad();
-  if (grad.defined())
+  if (grad.defined() && grad.is_sparse())  // Embedding(...).sparse(true): sent dense
+    slot.copy_(grad.to_dense().reshape({-1}));
+  else if (grad.defined())
     slot.copy_(grad.reshape({-1}));
   else
     slot.zero_();
@@ -185,7 +187,7 @@ void GradientReducer::deliver(Bucket& bucket) {
     for (size_t i = 0; i < bucket.params.size(); ++i) {
       auto& p = params_[bucket.params[i]];
       auto reduced = bucket.flat.narrow(0, bucket.slots[i], p.numel());
-      if (p.grad().defined())
+      if (p.grad().defined() && !p.grad().is_sparse())
         p.mutable_grad().copy_(reduced.view_as(p));
       else
         p.mutable_grad() = reduced.view_as(p).to(p.scalar_type()).clone();

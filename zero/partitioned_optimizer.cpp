@@ -49,15 +49,24 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
   r.bucket_numel = options_.reduce_bucket_numel;
   r.comm_dtype = options_.comm_dtype;
   r.plan = plan;
+  // Summing several micro-steps in a wider dtype than the model's (fp32 under bf16/fp16).
+  const bool wide = options_.accumulation_steps > 1 &&
+                    c10::elementSize(options_.accum_dtype) > c10::elementSize(model_dtype);
   if (options_.stage <= 1) {
     grad_flat_ = flat_.zeros_like_data(model_dtype);
     own_local_gradients();
-    if (group_) {
+    if (wide) {
+      // The window's sum lives in fp32 and is all-reduced at its end (end_micro_step()); the
+      // reducer's per-parameter hooks would reduce only the last micro-step's 16-bit gradient.
+      grad_accum_ = flat_.zeros_like_data(options_.accum_dtype);
+    } else if (group_) {
       r.mode = GradientReducer::Mode::kFull;
       reducer_ = GradientReducer::create(flat_.params(), group_, r);
     }
   } else {
-    grad_partition_ = torch::zeros({shards_.partition_numel()}, flat_.data().options());
+    grad_partition_ = torch::zeros({shards_.partition_numel()},
+                                   flat_.data().options().dtype(wide ? options_.accum_dtype
+                                                                     : model_dtype));
     r.mode = GradientReducer::Mode::kPartition;
     for (size_t i = 0; i < flat_.params().size(); ++i) r.flat_offsets.push_back(flat_.offset(i));
     r.shards = shards_;
@@ -67,11 +76,29 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
 }
 
 void PartitionedOptimizer::begin_backward(bool boundary) {
+  boundary_ = boundary;
   if (reducer_) reducer_->begin_backward(boundary);
 }
 
 void PartitionedOptimizer::end_micro_step() {
   if (reducer_) reducer_->finish();
+  if (accumulates_wide()) {
+    // This micro-step's 16-bit gradients join the fp32 sum; .grad starts from zero again.
+    torch::NoGradGuard no_grad;
+    own_local_gradients();
+    grad_accum_.add_(grad_flat_);
+    grad_flat_.zero_();
+    if (boundary_ && group_) {
+      if (options_.comm_dtype == grad_accum_.scalar_type()) {
+        group_->all_reduce(grad_accum_, comm::ReduceOp::Avg);
+      } else {
+        auto sent = grad_accum_.to(options_.comm_dtype);
+        group_->all_reduce(sent, comm::ReduceOp::Avg);
+        grad_accum_.copy_(sent);
+      }
+    }
+  }
+  boundary_ = false;
 }
 
 void PartitionedOptimizer::own_local_gradients() {
@@ -81,13 +108,14 @@ void PartitionedOptimizer::own_local_gradients() {
     auto view = flat_.view(grad_flat_, i);
     const auto& g = p.grad();
     if (g.defined() && g.data_ptr() == view.data_ptr()) continue;
-    if (g.defined()) view.copy_(g);
+    if (g.defined()) view.copy_(g.is_sparse() ? g.to_dense() : g);
     p.mutable_grad() = view;
   }
 }
 
 torch::Tensor PartitionedOptimizer::partition_gradient() const {
   if (options_.stage == 2) return grad_partition_;
+  if (accumulates_wide()) return shards_.range(grad_accum_, partition_index());
   return shards_.range(grad_flat_, partition_index());  // stage 0, 1: contiguous
 }
 
@@ -96,6 +124,7 @@ void PartitionedOptimizer::zero_gradients() {
     grad_flat_.zero_();
     own_local_gradients();
   }
+  if (grad_accum_.defined()) grad_accum_.zero_();
   if (grad_partition_.defined()) grad_partition_.zero_();
   master_.mutable_grad() = torch::Tensor();  // the fp32 gradient lives only during a step
   grad_ = torch::Tensor();
@@ -103,7 +132,7 @@ void PartitionedOptimizer::zero_gradients() {
 
 GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   torch::NoGradGuard no_grad;
-  if (options_.stage <= 1) own_local_gradients();
+  if (options_.stage <= 1 && !accumulates_wide()) own_local_gradients();
   // A sum of squares is finite iff every element is: one reduction gives the overflow flag
   // and the norm.
   torch::Tensor sum_squares;
@@ -170,7 +199,7 @@ void PartitionedOptimizer::discard() {
 ModelStateBytes PartitionedOptimizer::state_bytes() const {
   ModelStateBytes bytes;
   bytes.params = nbytes(flat_.data());
-  bytes.grads = nbytes(grad_flat_) + nbytes(grad_partition_);
+  bytes.grads = nbytes(grad_flat_) + nbytes(grad_accum_) + nbytes(grad_partition_);
   bytes.master = nbytes(master_);
   return bytes;
 }

@@ -10,8 +10,11 @@
 //   - stage 0, 1: each .grad is a view into one flat gradient buffer; on the boundary
 //     micro-step the reducer averages them over the data-parallel group (all-reduce);
 //   - stage 2: every micro-step's gradients are reduce-scattered in buckets during backward and
-//     this rank's chunk of each is accumulated (in the model's dtype); no full gradient buffer
-//     exists.
+//     this rank's chunk of each is accumulated (in the accumulation dtype); no full gradient
+//     buffer exists.
+// Accumulating in fp32 over several micro-steps at stage 0, 1 (DeepSpeed's BF16_Optimizer): after
+// each micro-step the 16-bit gradients are added into an fp32 flat buffer and zeroed; at the
+// boundary that buffer is all-reduced (after backward, not overlapped with it).
 // At the boundary the engine (which owns the loss scaler) calls prepare(): one sum of squares of
 // the partition's gradient, all-reduced, gives both the overflow flag and the global norm (the
 // step's one host sync). Then discard() (an overflowing step is skipped) or apply(): unscale and
@@ -43,6 +46,12 @@ struct PartitionedOptions {
   int64_t stage = 0;  // 0, 1 or 2
   torch::ScalarType comm_dtype = torch::kFloat;
   int64_t reduce_bucket_numel = 0;
+  // Micro-steps per optimizer step, and the dtype their gradients are summed in (DeepSpeed's
+  // data_types.grad_accum_dtype): with more than one micro-step and an accumulation dtype wider
+  // than the model's, gradients are summed in it (fp32) so that 16-bit rounding does not build
+  // up over the window. One micro-step needs no accumulator.
+  int64_t accumulation_steps = 1;
+  torch::ScalarType accum_dtype = torch::kFloat;
 };
 
 struct GradientSummary {
@@ -94,7 +103,8 @@ class PartitionedOptimizer {
 
  private:
   void own_local_gradients();  // stage 0, 1: every .grad is its view of grad_flat_ again
-  torch::Tensor partition_gradient() const;  // in the model's dtype, no copy
+  bool accumulates_wide() const { return grad_accum_.defined(); }
+  torch::Tensor partition_gradient() const;  // in the accumulation dtype, no copy
   void zero_gradients();
 
   PartitionedOptions options_;
@@ -103,7 +113,9 @@ class PartitionedOptimizer {
   FlatParams flat_;
   ShardMap shards_;
   torch::Tensor grad_flat_;       // stage 0, 1: full gradients, model dtype
-  torch::Tensor grad_partition_;  // stage 2: this rank's gradients, model dtype
+  torch::Tensor grad_accum_;      // stage 0, 1, wide accumulation: full gradients, fp32
+  torch::Tensor grad_partition_;  // stage 2: this rank's gradients, accumulation dtype
+  bool boundary_ = false;         // the running backward ends the accumulation window
   torch::Tensor master_;          // fp32 partition (stage 0: everything)
   std::shared_ptr<torch::optim::Optimizer> inner_;
   std::shared_ptr<GradientReducer> reducer_;

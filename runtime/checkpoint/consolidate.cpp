@@ -36,6 +36,9 @@ NamedTensors consolidate(const std::string& dir, const std::string& tag,
       master[name] = flat.narrow(0, offset, saved.numel()).view(saved.sizes());
       offset += saved.numel();
     }
+    // Tied weights: a second name of one tensor takes the value of the name it was saved under.
+    for (const auto& [alias, name] : optim0.scalars.value("flat_param_aliases", json::object()).items())
+      master[alias] = master.at(name.get<std::string>());
   }
   // Parameters from the fp32 master when there is one; frozen ones and buffers as saved.
   for (const auto& [key, tensor] : model.tensors) {

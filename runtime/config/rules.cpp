@@ -11,6 +11,16 @@ namespace {
 void precision(const Config& cfg, Ctx& ctx) {
   if (cfg.fp16.enabled && cfg.bf16.enabled)
     ctx.error("bf16.enabled", "fp16.enabled and bf16.enabled are both true; enable one of them");
+  // Gradients are summed in fp32 (the default under mixed precision) or in the model's own
+  // 16-bit dtype; any other 16-bit dtype would round twice.
+  const auto& accum = cfg.data_types.grad_accum_dtype;
+  const char* model = cfg.fp16.enabled ? "fp16" : cfg.bf16.enabled ? "bf16" : "fp32";
+  if (accum && *accum != "fp32" && *accum != model)
+    ctx.error("data_types.grad_accum_dtype",
+              fmt::format("data_types.grad_accum_dtype = \"{}\" but the model trains in {}: "
+                          "gradients are summed in fp32 or in the model's own dtype; write "
+                          "\"fp32\" (the default) or \"{}\"",
+                          *accum, model, model));
 }
 
 void unresolved_autos(Ctx& ctx) {

@@ -60,10 +60,8 @@ Block make_checkpoint() {
 Block make_data_types() {
   auto sixteen_bit = [](const json& v) { return !v.is_null() && v != "fp32"; };
   BlockBuilder<DataTypesConfig> b("data_types");
-  b.add(&DataTypesConfig::grad_accum_dtype, "grad_accum_dtype")
-      .one_of({"fp32", "fp16", "bf16"})
-      .when(sixteen_bit)
-      .not_implemented("accumulating gradients in 16 bits changes the numerics");
+  // fp32, or the model's own 16-bit dtype (checked across blocks in rules.cpp).
+  b.add(&DataTypesConfig::grad_accum_dtype, "grad_accum_dtype").one_of({"fp32", "fp16", "bf16"});
   b.add(&DataTypesConfig::param_dtype, "param_dtype")
       .one_of({"fp32", "fp16", "bf16"})
       .when(sixteen_bit)

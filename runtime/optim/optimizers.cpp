@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <sstream>
@@ -397,8 +398,36 @@ std::optional<ParamState> export_param_state(const torch::optim::Optimizer& opti
   return std::nullopt;
 }
 
+void check_param_state(const torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                       const ParamState& state) {
+  std::vector<std::string> needs;
+  if (state.type == "none") {
+  } else if (state.type == "adam" && dynamic_cast<const Adam*>(&optimizer)) {
+    needs = {"exp_avg", "exp_avg_sq"};
+    if (!state.scalars.contains("step") || !state.scalars.at("step").is_number_integer())
+      throw Error("optimizer state 'adam' lacks its integer 'step'");
+  } else if (state.type == "sgd" && dynamic_cast<const SGD*>(&optimizer)) {
+    needs = {"momentum_buffer"};
+  } else {
+    throw Error(fmt::format("a checkpoint's '{}' optimizer state does not fit this optimizer; "
+                            "resume with the optimizer type the checkpoint was saved with",
+                            state.type));
+  }
+  for (const auto& name : needs) {
+    const auto it = std::find_if(state.tensors.begin(), state.tensors.end(),
+                                 [&](const auto& t) { return t.first == name; });
+    if (it == state.tensors.end())
+      throw Error(fmt::format("optimizer state '{}' lacks tensor '{}'", state.type, name));
+    if (it->second.sizes() != param.sizes())
+      throw Error(fmt::format("optimizer state '{}': tensor '{}' has shape {}, the parameter {}",
+                              state.type, name, c10::str(it->second.sizes()),
+                              c10::str(param.sizes())));
+  }
+}
+
 void import_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
                         const ParamState& state) {
+  check_param_state(optimizer, param, state);
   auto& states = optimizer.state();
   const auto key = detail::state_key<std::decay_t<decltype(states)>>(param);
   auto tensor = [&](const std::string& name) {
@@ -408,20 +437,16 @@ void import_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor&
   };
   if (state.type == "none") {
     states.erase(key);
-  } else if (state.type == "adam" && dynamic_cast<Adam*>(&optimizer)) {
+  } else if (state.type == "adam") {
     auto s = std::make_unique<AdamParamState>();
     s->step(state.scalars.at("step").get<int64_t>());
     s->exp_avg(tensor("exp_avg"));
     s->exp_avg_sq(tensor("exp_avg_sq"));
     states[key] = std::move(s);
-  } else if (state.type == "sgd" && dynamic_cast<SGD*>(&optimizer)) {
+  } else {
     auto s = std::make_unique<SGDParamState>();
     s->momentum_buffer(tensor("momentum_buffer"));
     states[key] = std::move(s);
-  } else {
-    throw Error(fmt::format("a checkpoint's '{}' optimizer state does not fit this optimizer; "
-                            "resume with the optimizer type the checkpoint was saved with",
-                            state.type));
   }
 }
 

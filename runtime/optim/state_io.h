@@ -22,8 +22,11 @@ struct ParamState {
 // nullopt when the optimizer keeps a state type Strata does not know.
 std::optional<ParamState> export_param_state(const torch::optim::Optimizer& optimizer,
                                              const torch::Tensor& param);
-// Replaces `param`'s state (tensors are copied). Throws strata::Error when the type does not
-// fit the optimizer.
+// Throws strata::Error unless `state` fits `optimizer` and `param`: its type, every tensor the
+// type needs, each shaped like the parameter. Changes nothing (checkpoints check before loading).
+void check_param_state(const torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                       const ParamState& state);
+// Replaces `param`'s state (tensors are copied) after check_param_state.
 void import_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
                         const ParamState& state);
 

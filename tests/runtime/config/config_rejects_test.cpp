@@ -130,6 +130,15 @@ TEST(ConfigRejects, Fp16AndBf16BothEnabled) {
                   "fp16.enabled and bf16.enabled are both true");
 }
 
+TEST(ConfigRejects, GradAccumDtypeIsFp32OrTheModels) {
+  const std::string m = load_error(
+      with(R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp16"})"));
+  EXPECT_CONTAINS(m, "data_types.grad_accum_dtype = \"fp16\" but the model trains in bf16");
+  EXPECT_CONTAINS(m, "\"fp32\" (the default) or \"bf16\"");
+  EXPECT_CONTAINS(load_error(with(R"("data_types": {"grad_accum_dtype": "bf16"})")),
+                  "the model trains in fp32");
+}
+
 TEST(ConfigRejects, BatchTriangleMustHoldExactly) {
   const std::string m = load_error(
       R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})");

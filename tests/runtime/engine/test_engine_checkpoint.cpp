@@ -150,4 +150,96 @@ TEST(CheckpointErrors, MissingOrMismatchedCheckpointsNameTheFile) {
   }
 }
 
+// Three layers, one of them frozen: which one is part of what a checkpoint's optimizer state
+// means (it is stored by position).
+struct ThreeNetImpl : torch::nn::Module {
+  explicit ThreeNetImpl(const std::string& frozen) {
+    for (const char* name : {"a", "b", "c"}) {
+      auto layer = register_module(name, torch::nn::Linear(8, 8));
+      if (frozen == name)
+        for (auto& p : layer->parameters()) p.set_requires_grad(false);
+      layers.push_back(layer);
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    auto h = x.to(layers[0]->weight.scalar_type());
+    for (auto& l : layers) h = torch::tanh(l(h));
+    return (h.to(torch::kFloat).sum(1, true) - y).pow(2).mean();
+  }
+  std::vector<torch::nn::Linear> layers;
+};
+TORCH_MODULE(ThreeNet);
+
+std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void expect_unchanged(torch::nn::Module& m, const std::vector<torch::Tensor>& before,
+                      const std::string& what) {
+  auto now = m.parameters();
+  for (size_t i = 0; i < now.size(); ++i)
+    EXPECT_TRUE(torch::equal(now[i], before[i])) << what << ": parameter " << i << " changed";
+}
+
+// Saved with layer c frozen, resumed with b frozen (as many trainable elements): the optimizer
+// state of b must not land in c. The load is refused by name and changes nothing.
+TEST(CheckpointErrors, AnotherSetOfTrainableParametersIsRefusedByName) {
+  for (const RunSetup& setup : {RunSetup{0, false, "AdamW"}, RunSetup{1, true, "AdamW"},
+                                RunSetup{2, false, "SGD"}}) {
+    const std::string dir = testing::TempDir() + "/ckpt_frozen_" + std::to_string(getpid()) +
+                            "_" + std::to_string(setup.stage);
+    strata::checkpoint::remove_tree(dir);
+    {
+      torch::manual_seed(1);
+      ThreeNet saved("c");
+      auto engine = strata::initialize(saved, config_for(setup));
+      train(engine, 0, 2);
+      engine->save_checkpoint(dir, "t");
+    }
+    torch::manual_seed(2);
+    ThreeNet resumed("b");
+    auto engine = strata::initialize(resumed, config_for(setup));
+    const auto before = snapshot(*resumed);
+    try {
+      engine->load_checkpoint(dir, "t");
+      ADD_FAILURE() << "stage " << setup.stage << ": b's state was loaded into c";
+    } catch (const strata::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'b.weight'"), std::string::npos) << what;
+      EXPECT_NE(what.find("'c.weight'"), std::string::npos) << what;
+    }
+    expect_unchanged(*resumed, before, "after the refused load at stage " +
+                                           std::to_string(setup.stage));
+    // The engine still trains from its own state.
+    train(engine, 0, 1);
+    EXPECT_EQ(engine->global_steps(), 1);
+  }
+}
+
+// A checkpoint whose optimizer state does not fit (SGD's momentum into Adam) fails before any
+// weight is copied: the model keeps its own weights, not the checkpoint's.
+TEST(CheckpointErrors, AFailedLoadLeavesTheModelAsItWas) {
+  for (const auto& [stage, bf16] : {std::pair{0, false}, std::pair{1, true}, std::pair{2, false}}) {
+    const std::string dir = testing::TempDir() + "/ckpt_txn_" + std::to_string(getpid()) + "_" +
+                            std::to_string(stage);
+    strata::checkpoint::remove_tree(dir);
+    {
+      torch::manual_seed(1);
+      Net saved;
+      auto engine = strata::initialize(saved, config_for({stage, bf16, "SGD"}));
+      train(engine, 0, 2);
+      engine->save_checkpoint(dir, "t");
+    }
+    torch::manual_seed(2);
+    Net other;
+    auto engine = strata::initialize(other, config_for({stage, bf16, "AdamW"}));
+    const auto before = snapshot(*other);
+    EXPECT_THROW(engine->load_checkpoint(dir, "t"), strata::Error) << "stage " << stage;
+    expect_unchanged(*other, before, "after the failed load at stage " + std::to_string(stage));
+    EXPECT_EQ(engine->global_steps(), 0);
+  }
+}
+
 }  // namespace

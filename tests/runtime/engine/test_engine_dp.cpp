@@ -5,14 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <sys/wait.h>
-
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <string>
 
 #include "runtime/engine.h"
+#include "tests/runtime/engine/launch_workers.h"
 
 namespace {
 
@@ -30,10 +27,7 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : -1;
-}
+using strata::test_support::env_int;
 
 struct Batch {
   torch::Tensor x, y;
@@ -101,7 +95,7 @@ void run_worker(const json& optimizer, double clipping,
   }
 }
 
-bool is_worker() { return std::getenv("STRATA_DP_WORKER") != nullptr; }
+bool is_worker() { return strata::test_support::is_worker("STRATA_DP_WORKER"); }
 
 TEST(EngineDataParallelWorker, SgdMomentumMatchesTheFullBatch) {
   if (!is_worker()) GTEST_SKIP() << "runs under strata-run (see EngineDataParallel.*)";
@@ -208,25 +202,15 @@ TEST(EngineDataParallelWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
   EXPECT_EQ(engine->skipped_steps(), 1);
 }
 
-int launch_workers(int ranks, std::string* output) {
-  const std::string command = std::string("STRATA_DP_WORKER=1 STRATA_TIMEOUT=60 ") +
-                              STRATA_BIN_DIR + "/strata-run --nproc-per-node " +
-                              std::to_string(ranks) + " -- /proc/" + std::to_string(getpid()) +
-                              "/exe --gtest_filter='EngineDataParallelWorker.*' 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output->append(buffer, n);
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 class EngineDataParallel : public testing::TestWithParam<int> {};
 
 TEST_P(EngineDataParallel, RanksReachTheSingleProcessParameters) {
   if (is_worker()) GTEST_SKIP();
   std::string output;
-  EXPECT_EQ(launch_workers(GetParam(), &output), 0) << output;
+  EXPECT_EQ(strata::test_support::launch_workers("STRATA_DP_WORKER", GetParam(),
+                                            "EngineDataParallelWorker.*", &output),
+            0)
+      << output;
   EXPECT_NE(output.find("[  PASSED  ] 6 tests"), std::string::npos) << output;
 }
 

@@ -38,6 +38,7 @@
 #include "examples/data.h"
 #include "examples/gpt.h"
 #include "runtime/engine.h"
+#include "runtime/error.h"
 #include "tests/runtime/checkpoint/scratch_dir.h"
 
 extern char** environ;
@@ -696,6 +697,38 @@ TEST(EngineGpu, TwoGpusZero2Bf16CheckpointResumesExactlyAndOnOneGpu) {
         EXPECT_DOUBLE_EQ(b.at("lr").get<double>(), a.at("lr").get<double>());
       }
       EXPECT_FALSE(b.at("skipped").get<bool>());
+    }
+  }
+}
+
+// A model with parameters on the CPU and on a GPU is refused at initialize, naming one of each:
+// its gradients would arrive on two autograd threads (one per device) into one reducer, and the
+// flat buffer and the gradient norm assume one device.
+TEST(EngineGpu, ParametersOnCpuAndGpuAreRefusedNamingBoth) {
+  if (on_cpu_for_development()) GTEST_SKIP() << "needs a second device";
+  REQUIRE_GPUS(1);
+  struct SplitImpl : torch::nn::Module {
+    SplitImpl() {
+      near = register_module("near", torch::nn::Linear(4, 4));
+      far = register_module("far", torch::nn::Linear(4, 1));
+      near->to(torch::Device(torch::kCUDA, 0));
+    }
+    torch::Tensor forward(const torch::Tensor& x) { return far(near(x).cpu()).sum(); }
+    torch::nn::Linear near{nullptr}, far{nullptr};
+  };
+  for (const auto& [stage, bf16] : {std::pair{0, false}, std::pair{2, true}}) {
+    auto model = torch::nn::ModuleHolder<SplitImpl>(std::make_shared<SplitImpl>());
+    json config = {{"train_micro_batch_size_per_gpu", 2},
+                   {"zero_optimization", {{"stage", stage}}},
+                   {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}}};
+    if (bf16) config["bf16"] = {{"enabled", true}};
+    try {
+      strata::initialize(model, config);
+      ADD_FAILURE() << "stage " << stage << ": a model on a GPU and the CPU was accepted";
+    } catch (const strata::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'near.weight' on cuda:0"), std::string::npos) << what;
+      EXPECT_NE(what.find("on cpu"), std::string::npos) << what;
     }
   }
 }

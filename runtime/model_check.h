@@ -1,0 +1,38 @@
+// What the engine trains of the user's module, and the checks made on it at initialize.
+//
+// LibTorch's C++ Module::parameters() lists a tensor once per name it is registered under (a head
+// tied to an embedding with register_parameter("out_w", emb->weight) appears twice), unlike
+// Python's, which removes duplicates. The engine trains each tensor once: the optimizer, the
+// gradient norm, the reducer's hooks and the flat buffer see unique tensors (by TensorImpl, as
+// Python does); checkpoints keep every name.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "comm/process_group.h"
+
+namespace strata {
+
+struct NamedTensor {
+  std::string name;  // the first name it is registered under, in module order
+  torch::Tensor tensor;
+};
+
+// Every parameter once (by TensorImpl), in module order; `trainable_only` keeps those that
+// require a gradient.
+std::vector<NamedTensor> unique_parameters(torch::nn::Module& module, bool trainable_only);
+
+// Throws strata::Error unless every trainable parameter is on one device, naming two that are
+// not (the flat buffer, the reducer's buckets and the gradient norm assume one device).
+void check_one_device(const std::vector<NamedTensor>& params);
+
+// Every rank's module must have the same parameters and buffers (names, shapes, dtypes,
+// requires_grad) before rank 0's values are broadcast: otherwise collectives of different sizes
+// would mix unrelated tensors, or fail deep inside the backend. Collective over `group`; on a
+// difference every rank throws strata::Error naming the first tensor that differs and how.
+void check_same_model_on_every_rank(torch::nn::Module& module, comm::ProcessGroup& group);
+
+}  // namespace strata
