@@ -1,7 +1,10 @@
 // strata-bench gpt: the benchmark models of ../shared/bench/README.md (the example GPT, wrapped by
 // the engine from a JSON config) trained on random tokens; prints tokens/s, model TFLOP/s, MFU
 // against a matrix product measured in the same run, and peak GPU memory, as one JSON line in
-// the PyTorch peer's format (bench/run_dense.sh prints both side by side).
+// the PyTorch peer's format (bench/run_dense.sh prints both side by side). For an fp32 config on
+// one rank it also times a plain LibTorch loop over the same model and batch (torch::optim::AdamW
+// with the engine's hyper-parameters, clip_grad_norm_) and prints Strata's ratio to it: the
+// runtime's own cost.
 //   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3]
 //                    [--device cuda|cpu]
 //   strata-bench adam [--numel N] [--steps N] [--device cuda|cpu]   (bench/adam_bench.h)
@@ -20,6 +23,7 @@
 #include "bench/bench_device.h"
 #include "examples/gpt.h"
 #include "runtime/engine.h"
+#include "runtime/optim/adam.h"
 #include "runtime/error.h"
 
 namespace {
@@ -84,6 +88,35 @@ void reset_peak_memory(const torch::Device& device) {
 #endif
 }
 
+// The same micro-steps as the engine runs, written as a user would without Strata.
+double plain_step_seconds(const strata::examples::GPTConfig& cfg, const torch::Device& device,
+                          const strata::optim::AdamOptions& adam, double clipping, int64_t gas,
+                          const torch::Tensor& tokens, const torch::Tensor& targets,
+                          const Args& args) {
+  torch::manual_seed(0);
+  strata::examples::GPT model(cfg);
+  model->to(device);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(adam.lr())
+                                                   .betas(adam.betas())
+                                                   .eps(adam.eps())
+                                                   .weight_decay(adam.weight_decay()));
+  auto step = [&] {
+    for (int64_t m = 0; m < gas; ++m) {
+      auto loss = model->forward(tokens, targets);
+      (gas > 1 ? loss / double(gas) : loss).backward();
+    }
+    if (clipping > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clipping);
+    opt.step();
+    opt.zero_grad();
+  };
+  for (int64_t i = 0; i < args.warmup; ++i) step();
+  synchronize(device);
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < args.steps; ++i) step();
+  synchronize(device);
+  return std::chrono::duration<double>(Clock::now() - t0).count() / args.steps;
+}
+
 int run(const Args& args) {
   using namespace strata::examples;
   const auto cfg = GPTConfig::by_name(args.model);
@@ -135,6 +168,21 @@ int run(const Args& args) {
                       {"peak_tflops", peak}, {"mem_GiB", peak_memory_gib(device)},
                       {"warm_s", warm}, {"loss", loss.item<double>()}};
   if (engine->data_parallel_rank() == 0) std::printf("%s\n", r.dump().c_str());
+
+  // The baseline: fp32 on one rank with Strata's AdamW, where a plain loop computes the same.
+  const auto& c = engine->config();
+  const auto* adam = dynamic_cast<const strata::optim::AdamOptions*>(
+      &engine->optimizer().param_groups().at(0).options());
+  if (engine->data_parallel_size() == 1 && !c.bf16.enabled && !c.fp16.enabled && adam &&
+      adam->adam_w_mode() && c.zero_optimization.stage == 0) {
+    const double plain = plain_step_seconds(cfg, device, *adam, c.gradient_clipping.value,
+                                            engine->gradient_accumulation_steps(), tokens,
+                                            targets, args);
+    nlohmann::json b = {{"name", "libtorch loop " + args.model + " AdamW"},
+                        {"B", batch}, {"T", seq}, {"step_ms", plain * 1e3},
+                        {"tok_s", tok / plain}, {"strata_over_plain", plain / dt}};
+    std::printf("%s\n", b.dump().c_str());
+  }
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <mutex>
 
+#include "runtime/cpu_threads.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/model_check.h"
@@ -22,8 +23,11 @@ namespace {
 // keeps its default group): a second engine in the same program joins the same group instead
 // of meeting the other ranks again on the same port.
 void connect(InitOptions& options) {
+  const auto env = comm::read_rank_env();
+  // Ranks sharing a machine share its cores (before any rank starts its thread pools' work).
+  configure_cpu_threads(env.local_world_size);
   if (options.group) return;
-  if (comm::read_rank_env().world_size <= 1) return;
+  if (env.world_size <= 1) return;
   static std::mutex mutex;
   static comm::GroupPtr world;
   std::lock_guard<std::mutex> lock(mutex);
@@ -120,6 +124,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     throw Error("strata::initialize: the model has no parameter that requires a gradient");
   check_one_device(trainable);
   for (const auto& p : trainable) params_.push_back(p.tensor);
+  if (params_.front().is_cpu()) {
+    static std::once_flag logged;  // once per process, however many engines
+    std::call_once(logged, [] {
+      const auto threads = configure_cpu_threads(1);
+      log::info("[strata] CPU: BLAS {}; {} thread(s) per rank of {} core(s){}",
+                describe_cpu_blas(), threads.threads, threads.cores,
+                threads.user_chosen ? " (OMP_NUM_THREADS)" : "");
+    });
+  }
 
   if (group_) {
     // Every rank starts from rank 0's parameters and buffers, as DeepSpeed and DDP do.
