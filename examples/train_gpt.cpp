@@ -12,13 +12,12 @@
 #include <optional>
 
 #include <c10/core/DeviceGuard.h>
+#include <strata/strata.h>
 #include <torch/torch.h>
 
 #include "comm/env.h"
 #include "examples/data.h"
 #include "examples/gpt.h"
-#include "runtime/engine.h"
-#include "runtime/error.h"
 #include "runtime/log.h"
 
 namespace {
@@ -42,7 +41,7 @@ struct Args {
 const char* kUsage =
     "usage: train_gpt --config FILE [--model tiny|small|dense-350M] [--steps N] [--seed S]\n"
     "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n"
-    "                 [--save-dir DIR] [--save-every N] [--resume DIR]\n";
+    "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n";
 
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
   try {
@@ -60,6 +59,10 @@ Args parse_args(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (flag == "--version") {
+      std::puts(strata::version_line());
       std::exit(0);
     }
     if (i + 1 >= argc) throw Error(fmt::format("{}: missing value\n{}", flag, kUsage));

@@ -12,18 +12,24 @@
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/error.h"
+#include "strata/version.h"
 
 namespace {
 
 const char* kUsage =
     "usage: strata-ckpt consolidate DIR [--tag TAG] [--dtype fp32|bf16|fp16] [--out FILE]\n"
-    "                               [--safetensors FILE]\n";
+    "                               [--safetensors FILE]\n"
+    "       strata-ckpt --version\n";
 
 struct Usage : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
 int run(const std::vector<std::string>& args) {
+  if (args.size() == 1 && args[0] == "--version") {
+    std::puts(strata::version_line());
+    return 0;
+  }
   if (args.size() < 2 || args[0] != "consolidate") throw Usage("expected: consolidate DIR");
   const std::string dir = args[1];
   std::string tag = "latest", dtype_name = "fp32", out, safetensors;

@@ -16,7 +16,10 @@ const Block& torch_autocast_block();
 const Block& zero_block();  // schema_zero.cpp
 
 const Block& optimizer_block();  // schema_optimizer.cpp
+// The params tables of the built-in types (names "optimizer.params (Adam)", ...).
+std::vector<const Block*> optimizer_params_blocks();
 const Block& scheduler_block();  // schema_scheduler.cpp
+std::vector<const Block*> scheduler_params_blocks();
 
 const Block& tensorboard_block();  // schema_monitor.cpp
 const Block& csv_monitor_block();

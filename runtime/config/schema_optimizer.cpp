@@ -189,4 +189,6 @@ const Block& optimizer_block() {
   return b;
 }
 
+std::vector<const Block*> optimizer_params_blocks() { return {&adam_block(), &sgd_block()}; }
+
 }  // namespace strata::schema

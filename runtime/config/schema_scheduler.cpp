@@ -248,4 +248,9 @@ const Block& scheduler_block() {
   return b;
 }
 
+std::vector<const Block*> scheduler_params_blocks() {
+  return {&lr_range_test_block(), &one_cycle_block(), &warmup_lr_block(), &warmup_decay_block(),
+          &warmup_cosine_block()};
+}
+
 }  // namespace strata::schema

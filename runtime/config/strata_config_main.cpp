@@ -1,5 +1,8 @@
-// strata-config: checks a training config the way the engine will read it.
+// strata-config: checks a training config the way the engine will read it, and prints the
+// config reference generated from the schema tables.
 //   strata-config check FILE [--world-size N] [--allow-optimizer NAME] [--allow-scheduler NAME]
+//   strata-config schema [--markdown | --json]
+//   strata-config --version
 // stdout: the resolved config (every key, defaults included); stderr: warnings and errors.
 // Exit codes: 0 valid (warnings allowed), 1 invalid, 2 bad command line. Nothing else, ever.
 #include <cstdio>
@@ -9,6 +12,8 @@
 #include <vector>
 
 #include "runtime/config/config.h"
+#include "runtime/config/reference.h"
+#include "strata/version.h"
 
 namespace {
 
@@ -16,7 +21,8 @@ constexpr int kValid = 0, kInvalid = 1, kUsage = 2;
 
 const char* const kUsageText =
     "usage: strata-config check FILE [--world-size N] [--allow-optimizer NAME] [--allow-scheduler NAME]\n"
-    "       strata-config --help\n";
+    "       strata-config schema [--markdown | --json]\n"
+    "       strata-config --help | --version\n";
 
 const char* const kHelpText =
     "strata-config check FILE: validate a DeepSpeed-style training config as Strata reads it.\n"
@@ -34,7 +40,13 @@ const char* const kHelpText =
     "  --allow-optimizer NAME  accept optimizer type NAME, as a program that registers it would\n"
     "  --allow-scheduler NAME  accept scheduler type NAME likewise\n"
     "\n"
-    "exit status: 0 valid (warnings allowed), 1 invalid, 2 bad command line\n";
+    "exit status: 0 valid (warnings allowed), 1 invalid, 2 bad command line\n"
+    "\n"
+    "strata-config schema [--markdown | --json]: print the config reference (every key: JSON\n"
+    "path, type, default, allowed values, other spellings, whether Strata implements it, warns\n"
+    "or refuses it), generated from the schema tables; Markdown by default (docs/config.md).\n"
+    "\n"
+    "strata-config --version: the version and what this build was made with.\n";
 
 bool parse_world_size(const std::string& s, int64_t& out) {
   if (s.empty() || s.size() > 9) return false;
@@ -75,6 +87,22 @@ int run(int argc, char** argv) {
   if (args.empty()) return usage("missing command");
   if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::fputs(kHelpText, stdout);
+    return kValid;
+  }
+  if (args[0] == "--version") {
+    std::puts(strata::version_line());
+    return kValid;
+  }
+  if (args[0] == "schema") {
+    if (args.size() > 2) return usage("schema takes one option, --markdown or --json");
+    const std::string format = args.size() == 2 ? args[1] : "--markdown";
+    if (format == "--json") {
+      std::printf("%s\n", strata::config_reference_json().dump(2).c_str());
+    } else if (format == "--markdown") {
+      std::fputs(strata::config_reference_markdown().c_str(), stdout);
+    } else {
+      return usage("schema: unknown option '" + format + "' (--markdown or --json)");
+    }
     return kValid;
   }
   if (args[0] != "check") return usage("unknown command '" + args[0] + "'");

@@ -1,0 +1,26 @@
+// Strata's public include: everything a user's program needs to train its own LibTorch model.
+//
+//   #include <strata/strata.h>
+//
+//   auto engine = strata::initialize(model, "ds_config.json");
+//   auto loss = engine->forward(x, y);  engine->backward(loss);  engine->step();
+//
+// What it brings: the engine (strata::initialize, strata::InitOptions, strata::Engine), the
+// optimizer and LR-schedule registries (strata::register_optimizer, ...), checkpoints
+// (engine->save_checkpoint / load_checkpoint, strata::checkpoint::consolidate), monitors, the
+// config types, strata::Error, and the version (strata/version.h).
+//
+// The engine is a template over the user's module, so its headers (runtime/, zero/, comm/) come
+// along: they are installed under include/strata/ as an implementation detail, reached through
+// this header only. Include this one; the paths below it may change between versions.
+#pragma once
+
+#include "strata/version.h"
+
+#include "runtime/checkpoint/consolidate.h"
+#include "runtime/config/config.h"
+#include "runtime/engine.h"
+#include "runtime/error.h"
+#include "runtime/monitor/monitor.h"
+#include "runtime/optim/registry.h"
+#include "runtime/sched/registry.h"
