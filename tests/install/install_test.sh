@@ -71,11 +71,13 @@ echo "consumer configured and built against the install in $((SECONDS - t0)) s"
 "$work/consumer/consumer" "$src/tests/install/consumer/config.json" ||
   fail "the consumer did not train (exit $?)"
 
-# The add_subdirectory route: configure and generate only (a build would compile Strata again).
+# The add_subdirectory route: configure and generate only (a build would compile Strata again),
+# with the prefixes Strata's own build was given (where Torch is, for a pip LibTorch).
 t0=$SECONDS
 rm -rf "$work/consumer-subdir"
+prefix_path=$(sed -n 's/^CMAKE_PREFIX_PATH:[A-Z]*=//p' "$build/CMakeCache.txt" | head -n1)
 "$cmake" -S "$src/tests/install/consumer" -B "$work/consumer-subdir" "${args[@]}" \
-  -DSTRATA_SOURCE_DIR="$src" >"$work/consumer-subdir.log" 2>&1 ||
+  -DCMAKE_PREFIX_PATH="$prefix_path" -DSTRATA_SOURCE_DIR="$src" >"$work/consumer-subdir.log" 2>&1 ||
   { cat "$work/consumer-subdir.log"; fail "configuring the consumer with add_subdirectory failed"; }
 echo "add_subdirectory route configured and generated in $((SECONDS - t0)) s"
 echo "PASS"
