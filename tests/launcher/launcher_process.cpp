@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -199,7 +200,9 @@ int free_port() {
 }
 
 std::string unique_sleep(int which) {
-  return "600." + std::to_string(::getpid()) + std::to_string(which);
+  char digits[32];
+  std::snprintf(digits, sizeof digits, "%02d%07d", which % 100, static_cast<int>(::getpid()));
+  return std::string("600.") + digits;
 }
 
 }  // namespace strata::test

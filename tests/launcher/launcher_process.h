@@ -71,8 +71,10 @@ std::vector<int> inherited_fds();
 // A TCP port that nothing listened on a moment ago.
 int free_port();
 
-// A sleep argument unique to this test process, e.g. "600.41237" (sleep takes decimals), so a
-// leftover can be found by its command line.
+// A sleep argument unique to this test process and `which` (0-99), e.g. "600.070041237" for 7 in
+// PID 41237 (sleep takes decimals), so a leftover can be found by its command line. Fixed width:
+// count_processes matches substrings, and "600.<pid><which>" of one test could be the start of
+// another's running at the same time (PID 1234 with 11 and PID 12341 with 1 gave the same).
 std::string unique_sleep(int which);
 
 }  // namespace strata::test

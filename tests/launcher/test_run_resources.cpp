@@ -32,31 +32,63 @@ launcher::ProcessInfo process(pid_t pid) {
 // The launcher signals a stopped job's groups by number (killpg), and a number is free for a new
 // process once its group is empty and its leader reaped. So a rank that exited while its group
 // still has a member must stay an unreaped zombie until that member is gone: otherwise, once the
-// member exits, an unrelated process could own the number by the time SIGKILL follows.
+// member exits, an unrelated process could own the number by the time a signal follows.
+//
+// The test ends the stop itself, once it has looked: the grace period is longer than any run, so
+// no check here races it. (With a 3 s grace the SIGKILL could come while the checks still ran on
+// a loaded machine, count_processes' walk over every process of it above all, and the test then
+// failed on a group the launcher had rightly killed and reaped: "count_processes(marker) Which
+// is: 1" (0 once the launcher was gone as well).)
 TEST(LauncherResources, ExitedRankStaysUnreapedWhileItsGroupMayBeSignalled) {
   const std::string marker = unique_sleep(11);
-  LauncherProcess launcher({"--grace", "3", "--", "bash", "-c",
-                            "trap '' TERM; sleep " + marker + " & echo leader $$; exit 3"});
-  ASSERT_TRUE(launcher.wait_for_stdout("leader", 1, 10));
+  LauncherProcess launcher(
+      {"--grace", "600", "--", "bash", "-c",
+       "trap '' TERM; sleep " + marker + " & echo leader $$ member $!; exit 3"});
+  ASSERT_TRUE(launcher.wait_for_stdout("member", 1, 30));
   ASSERT_TRUE(
-      launcher.wait_for_stderr("rank 0 exited with code 3; stopping the other ranks", 1, 10))
+      launcher.wait_for_stderr("rank 0 exited with code 3; stopping the other ranks", 1, 30))
       << launcher.out();
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(launcher.out(), m, std::regex(R"(\[rank 0\] leader (\d+))")));
-  const pid_t leader = std::stoi(m[1]);
-  // The sleep ignores SIGTERM: for the 3 s grace the launcher may still SIGKILL the group.
+  ASSERT_TRUE(std::regex_search(launcher.out(), m,
+                                std::regex(R"(\[rank 0\] leader (\d+) member (\d+))")));
+  const pid_t leader = std::stoi(m[1]), member = std::stoi(m[2]);
+  // The member (the sleep) ignores the SIGTERM the failure sent: its group lives until the end.
   for (int i = 0; i < 5; ++i) {
-    const launcher::ProcessInfo p = process(leader);
+    const launcher::ProcessInfo p = process(leader), q = process(member);
     EXPECT_EQ(p.state, 'Z') << "rank 0 (pid " << leader << ") was reaped while its group lives";
     EXPECT_EQ(p.ppid, launcher.pid());
+    EXPECT_TRUE(q.state != '-' && !q.dead()) << "the sleep (pid " << member << ") is gone";
+    EXPECT_EQ(q.pgrp, leader);
+    EXPECT_EQ(q.ppid, launcher.pid());  // the subreaper inherited it
     if (p.state != 'Z') break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  EXPECT_EQ(count_processes(marker), 2);  // the sleep and the launcher's own command line
-  Finished r = launcher.wait(15);
+  // The sleep and the launcher's own command line (polled: mid-execve a command line reads empty).
+  EXPECT_EQ(wait_for_count(marker, 2, 30), 2);
+  // A first signal is forwarded (the sleep ignores it too); a second one SIGKILLs every group at
+  // once, this one through the number its zombie leader still holds.
+  launcher.signal(SIGTERM);
+  ASSERT_TRUE(launcher.wait_for_stderr("forwarding it to every rank", 1, 30)) << launcher.out();
+  EXPECT_EQ(process(leader).state, 'Z');
+  launcher.signal(SIGTERM);
+  Finished r = launcher.wait(60);
+  EXPECT_EQ(r.code, 3) << r.err;  // the failure came first
+  EXPECT_NE(r.err.find("killing every rank now"), std::string::npos) << r.err;
+  EXPECT_EQ(count_processes(marker), 0);
+}
+
+// The grace period ends the same way for a group whose leader has exited: SIGKILL through the
+// zombie's number, and the launcher is done once the group is empty. Only its end is checked.
+TEST(LauncherResources, ExitedRanksGroupIsKilledAfterTheGracePeriod) {
+  const std::string marker = unique_sleep(13);
+  Finished r = run_launcher(
+      {"--grace", "1", "--", "bash", "-c", "trap '' TERM; sleep " + marker + " & exit 3"},
+      {}, 60);
   EXPECT_EQ(r.code, 3) << r.err;
-  EXPECT_GE(r.seconds, 3);
-  EXPECT_NE(r.err.find("sending SIGKILL"), std::string::npos) << r.err;
+  EXPECT_GE(r.seconds, 1);
+  EXPECT_NE(r.err.find("rank 0 still running 1 s after the stop signal; sending SIGKILL"),
+            std::string::npos)
+      << r.err;
   EXPECT_EQ(count_processes(marker), 0);
 }
 
