@@ -24,6 +24,7 @@ configure_file(${PROJECT_SOURCE_DIR}/cmake/version.h.in
 # The tools print it (--version); the examples and the tools below get it through Strata::strata.
 target_include_directories(strata-config PRIVATE ${PROJECT_BINARY_DIR}/include)
 target_include_directories(strata-ckpt PRIVATE ${PROJECT_BINARY_DIR}/include)
+target_include_directories(strata-run PRIVATE ${PROJECT_BINARY_DIR}/include)
 
 # The in-tree target. The examples and the tools link it as a user does.
 add_library(strata INTERFACE)

@@ -12,6 +12,7 @@
 #include "launcher/program.h"
 #include "launcher/supervisor.h"
 #include "runtime/error.h"
+#include "strata/version.h"
 
 using namespace strata::launcher;
 
@@ -38,6 +39,10 @@ std::vector<ChildSpec> children_of(const LaunchPlan& plan) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--version") {
+    std::puts(strata::version_line());
+    return 0;
+  }
   try {
     std::optional<LauncherOptions> options =
         parse_command_line(std::vector<std::string>(argv + 1, argv + argc));

@@ -195,6 +195,7 @@ Other:
   --grace SECONDS                    SIGTERM -> SIGKILL delay when stopping ranks (default 5)
   --dry-run                          print the command lines it would run, one per line; start none
   -h, --help                         this text
+  --version                          Strata's version and what it was built with
   (--world-info and --watch-stdin are what the head launcher passes to the remote nodes)
 
 If a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after the grace

@@ -24,6 +24,13 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
+TEST(LauncherRun, VersionNamesStrataAndItsBuild) {
+  Finished r = run_launcher({"--version"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("strata ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("(Torch "), std::string::npos) << r.out;
+}
+
 TEST(LauncherRun, FailingRankStopsTheOthersWithItsExitCode) {
   const std::string marker = unique_sleep(1);
   Finished r = run_launcher(
