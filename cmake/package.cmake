@@ -24,7 +24,9 @@ configure_file(${PROJECT_SOURCE_DIR}/cmake/version.h.in
 # The tools print it (--version); the examples and the tools below get it through Strata::strata.
 target_include_directories(strata-config PRIVATE ${PROJECT_BINARY_DIR}/include)
 target_include_directories(strata-ckpt PRIVATE ${PROJECT_BINARY_DIR}/include)
-target_include_directories(strata-run PRIVATE ${PROJECT_BINARY_DIR}/include)
+# strata-run includes nothing of Strata's upper layers: the same line as a definition.
+target_compile_definitions(strata-run PRIVATE
+  "STRATA_VERSION_LINE=\"strata ${PROJECT_VERSION} (Torch ${Torch_VERSION}, CUDA ${STRATA_HAS_CUDA_YESNO}, NCCL ${STRATA_HAS_NCCL_YESNO})\"")
 
 # The in-tree target. The examples and the tools link it as a user does.
 add_library(strata INTERFACE)

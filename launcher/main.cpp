@@ -12,7 +12,6 @@
 #include "launcher/program.h"
 #include "launcher/supervisor.h"
 #include "runtime/error.h"
-#include "strata/version.h"
 
 using namespace strata::launcher;
 
@@ -40,7 +39,7 @@ std::vector<ChildSpec> children_of(const LaunchPlan& plan) {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--version") {
-    std::puts(strata::version_line());
+    std::puts(STRATA_VERSION_LINE);  // cmake/package.cmake, as strata/version.h's line
     return 0;
   }
   try {
