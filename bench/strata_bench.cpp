@@ -8,6 +8,7 @@
 //   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3]
 //                    [--device cuda|cpu]
 //   strata-bench adam [--numel N] [--steps N] [--device cuda|cpu]   (bench/adam_bench.h)
+//   strata-bench --version
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "examples/gpt.h"
 #include "runtime/engine.h"
 #include "runtime/optim/adam.h"
+#include "strata/version.h"
 #include "runtime/error.h"
 
 namespace {
@@ -211,6 +213,10 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--version") {
+    std::puts(strata::version_line());
+    return 0;
+  }
   try {
     if (argc >= 2 && std::string(argv[1]) == "adam") return strata::bench::run_adam(argc, argv);
     return run(parse(argc, argv));
