@@ -43,18 +43,17 @@ bool uses_partitioned_optimizer(const Config& config) {
 
 // The dtype gradients travel in: communication_data_type, else fp16 under fp16 and fp32
 // otherwise (DeepSpeed's defaults).
-torch::ScalarType comm_dtype(const Config& config) {
-  const auto& name = config.communication_data_type;
-  if (name == "fp16") return torch::kHalf;
-  if (name == "bf16") return torch::kBFloat16;
-  if (name == "fp32") return torch::kFloat;
-  return config.fp16.enabled ? torch::kHalf : torch::kFloat;
-}
-
+// A config's dtype name ("fp32", "fp16", "bf16", as the schema allows them).
 torch::ScalarType dtype_named(const std::string& name) {
   if (name == "fp16") return torch::kHalf;
   if (name == "bf16") return torch::kBFloat16;
   return torch::kFloat;
+}
+
+torch::ScalarType comm_dtype(const Config& config) {
+  const auto& name = config.communication_data_type;
+  if (!name.empty()) return dtype_named(name);
+  return config.fp16.enabled ? torch::kHalf : torch::kFloat;
 }
 
 // The dtype gradients are summed in over the accumulation window (data_types.grad_accum_dtype):

@@ -7,7 +7,6 @@
 //     re-partition them; the plain fp32 stage-0 path stores its per-parameter state instead.
 #include <algorithm>
 #include <cstring>
-#include <map>
 #include <optional>
 
 #include <fmt/format.h>
@@ -66,29 +65,21 @@ optim::ParamState get_state(const checkpoint::TensorFile& file, const std::strin
   return state;
 }
 
-// The trainable tensors in the engine's order, each under its first name (model_check.h).
-json trainable_names(torch::nn::Module& module) {
-  json names = json::array();
-  for (const auto& p : unique_parameters(module, true)) names.push_back(p.name);
-  return names;
-}
-
-json trainable_numels(torch::nn::Module& module) {
-  json numels = json::array();
-  for (const auto& p : unique_parameters(module, true)) numels.push_back(p.tensor.numel());
-  return numels;
-}
-
-// Tied weights: every further name of a trainable tensor -> the name it is trained under.
-json trainable_aliases(torch::nn::Module& module) {
-  json aliases = json::object();
-  std::map<const c10::TensorImpl*, std::string> first;
-  for (const auto& p : module.named_parameters()) {
-    if (!p.value().requires_grad()) continue;
-    const auto [it, inserted] = first.emplace(p.value().unsafeGetTensorImpl(), p.key());
-    if (!inserted) aliases[p.key()] = it->second;
+// The trainable tensors in the engine's order, each under its first name (model_check.h): the
+// names and sizes a resume checks, and the further names of tied weights (strata-ckpt gives them
+// the same weights).
+// The per-parameter layout (`flat` false) records the names only, as before.
+void put_trainables(torch::nn::Module& module, json& scalars, bool flat) {
+  json names = json::array(), numels = json::array(), aliases = json::object();
+  for (const auto& p : unique_parameters(module, true)) {
+    names.push_back(p.name);
+    numels.push_back(p.tensor.numel());
+    for (const auto& alias : p.aliases) aliases[alias] = p.name;
   }
-  return aliases;
+  scalars[flat ? "flat_params" : "param_names"] = names;
+  if (!flat) return;
+  scalars["flat_param_numels"] = numels;
+  scalars["flat_param_aliases"] = aliases;
 }
 
 // The checkpoint's trainable tensors must be this model's, in the same order and sizes:
@@ -140,9 +131,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     scalars["layout"] = "flat";
     scalars["flat_numel"] = partitioned_->flat().numel();
     // Which parameter each range of the flat layout is (strata-ckpt consolidates by it).
-    scalars["flat_params"] = trainable_names(*module_);
-    scalars["flat_param_numels"] = trainable_numels(*module_);
-    scalars["flat_param_aliases"] = trainable_aliases(*module_);
+    put_trainables(*module_, scalars, /*flat=*/true);
     // Where this partition's elements sit in the flat layout (zero/shard_map.h).
     const auto& shards = partitioned_->shards();
     scalars["shard_pieces"] = pieces_json(shards.pieces(partitioned_->partition_index()));
@@ -156,7 +145,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     }
   } else {
     scalars["layout"] = "per_param";
-    scalars["param_names"] = trainable_names(*module_);
+    put_trainables(*module_, scalars, /*flat=*/false);
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto state = optim::export_param_state(*optimizer_, params_[i]);
       if (!state) {

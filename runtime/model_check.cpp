@@ -1,7 +1,7 @@
 #include "runtime/model_check.h"
 
 #include <algorithm>
-#include <unordered_set>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -50,10 +50,14 @@ std::vector<std::string> gather_text(comm::ProcessGroup& group, const std::strin
 
 std::vector<NamedTensor> unique_parameters(torch::nn::Module& module, bool trainable_only) {
   std::vector<NamedTensor> out;
-  std::unordered_set<const c10::TensorImpl*> seen;
+  std::unordered_map<const c10::TensorImpl*, size_t> seen;  // -> its place in `out`
   for (const auto& p : module.named_parameters()) {
     if (trainable_only && !p.value().requires_grad()) continue;
-    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.push_back({p.key(), p.value()});
+    const auto [it, first] = seen.emplace(p.value().unsafeGetTensorImpl(), out.size());
+    if (first)
+      out.push_back({p.key(), p.value(), {}});
+    else
+      out[it->second].aliases.push_back(p.key());
   }
   return out;
 }

@@ -19,6 +19,7 @@ namespace strata {
 struct NamedTensor {
   std::string name;  // the first name it is registered under, in module order
   torch::Tensor tensor;
+  std::vector<std::string> aliases;  // its further names (a tied weight's second name)
 };
 
 // Every parameter once (by TensorImpl), in module order; `trainable_only` keeps those that
