@@ -13,7 +13,8 @@ bool is_local_host(const std::string& host);
 // Throws strata::Error naming the port if something on this machine already listens on it.
 void check_port_free(int port);
 
-// A port that was free a moment ago (bind to port 0). Racy by nature, as torchrun's is.
+// A port free a moment ago, outside the ephemeral range (runtime/util/free_port.h); throws
+// strata::Error when none can be bound.
 int pick_free_port();
 
 }  // namespace strata::launcher

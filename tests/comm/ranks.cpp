@@ -18,6 +18,8 @@
 #include <sstream>
 #include <thread>
 
+#include "runtime/util/free_port.h"
+
 extern char** environ;
 
 namespace strata::test {
@@ -71,16 +73,8 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  // Outside the ephemeral range: see runtime/util/free_port.h for the race a bind(0) port has.
+  return pick_free_port();
 }
 
 bool Launched::all_ok() const {

@@ -19,6 +19,8 @@
 #include <sstream>
 #include <thread>
 
+#include "launcher/net.h"
+
 namespace strata::test {
 namespace {
 
@@ -188,16 +190,7 @@ std::vector<int> inherited_fds() {
   return fds;
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+int free_port() { return launcher::pick_free_port(); }
 
 std::string unique_sleep(int which) {
   char digits[32];
