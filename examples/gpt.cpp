@@ -9,6 +9,16 @@ namespace strata::examples {
 namespace F = torch::nn::functional;
 
 GPTConfig GPTConfig::by_name(const std::string& name) {
+  const std::string suffix = "-tied";
+  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    const std::string base = name.substr(0, name.size() - suffix.size());
+    if (base == "tiny" || base == "small") {
+      GPTConfig c = by_name(base);
+      c.name = name;
+      c.tied = true;
+      return c;
+    }
+  }
   GPTConfig c;
   c.name = name;
   if (name == "tiny") {  // a step in well under a second on 2 CPU cores
@@ -26,7 +36,9 @@ GPTConfig GPTConfig::by_name(const std::string& name) {
     c.seq_len = 2048, c.experts = 8;
   } else {
     throw Error(fmt::format(
-        "unknown model '{}': known models are tiny, small, tiny-moe, dense-350M, moe-8x", name));
+        "unknown model '{}': known models are tiny, small, tiny-tied, small-tied, tiny-moe, "
+        "dense-350M, moe-8x",
+        name));
   }
   return c;
 }
@@ -128,14 +140,17 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
     blocks_->push_back(Block(config));
   norm_ = register_module("norm",
                           torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
-  head_ = register_module(
-      "head", torch::nn::Linear(torch::nn::LinearOptions(config.d_model, config.vocab).bias(false)));
+  if (config.tied)
+    register_parameter("head_weight", embed_->weight);
+  else
+    head_ = register_module("head", torch::nn::Linear(
+                                        torch::nn::LinearOptions(config.d_model, config.vocab).bias(false)));
 }
 
 torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) {
   auto x = embed_(tokens);
   for (auto& block : *blocks_) x = block->as<Block>()->forward(x);
-  return head_(norm_(x));
+  return config_.tied ? F::linear(norm_(x), embed_->weight) : head_(norm_(x));
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const torch::Tensor& targets) {

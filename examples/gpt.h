@@ -1,6 +1,7 @@
 // A GPT written as plain LibTorch modules: nothing in it knows about Strata. The architecture is
 // the benchmark peer's (../shared/bench/peer_torch_gpt.py): token embedding, pre-LayerNorm
-// blocks of causal attention and a GELU MLP, linear layers without bias, untied output head.
+// blocks of causal attention and a GELU MLP, linear layers without bias, untied output head
+// (tied in the -tied variants).
 #pragma once
 
 #include <string>
@@ -23,7 +24,11 @@ struct GPTConfig {
   int64_t top_k = 2;
   double capacity_factor = 1.25;
   double aux_loss_coef = 0.01;
-  // Sizes by name: tiny, small, tiny-moe, dense-350M, moe-8x (../shared/bench/README.md).
+  // The output head is the token embedding's weight (the usual C++ tie: one tensor registered
+  // under a second name, "head_weight").
+  bool tied = false;
+  // Sizes by name: tiny, small, tiny-moe, dense-350M, moe-8x (../shared/bench/README.md);
+  // "-tied" after tiny or small ties the head to the embedding.
   // Unknown name: Error listing the known ones.
   static GPTConfig by_name(const std::string& name);
 };
@@ -98,7 +103,7 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::Embedding embed_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};
   torch::nn::LayerNorm norm_{nullptr};
-  torch::nn::Linear head_{nullptr};
+  torch::nn::Linear head_{nullptr};  // untied
 };
 TORCH_MODULE(GPT);
 

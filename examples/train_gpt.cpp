@@ -198,6 +198,7 @@ int run(const Args& args) {
       row["loss_scale"] = engine->loss_scale();
       row["skipped"] = engine->last_step_skipped();
       row["model_state_bytes"] = engine->model_state_bytes().total();
+      row["live_param_bytes_peak"] = engine->live_param_bytes_peak();
       metrics << row.dump() << '\n' << std::flush;
       if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: write failed",
                                             args.metrics_jsonl));

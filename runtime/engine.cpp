@@ -150,9 +150,22 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     po.reduce_bucket_numel = zero.reduce_bucket_size.value;
     po.accumulation_steps = gradient_accumulation_steps();
     po.accum_dtype = accum;
-    partitioned_ = std::make_unique<zero::PartitionedOptimizer>(
-        params_, group_, po,
-        [&](std::vector<torch::Tensor> master) { return make_optimizer_over(master, options); });
+    auto build = [&](std::vector<torch::Tensor> master) {
+      return make_optimizer_over(master, options);
+    };
+    if (zero.stage == 3) {
+      // Every parameter, frozen ones too, is cut into units and sharded; from here on a unit's
+      // bytes exist only while the model uses it (zero/param_coordinator.h).
+      zero::UnitOptions uo;
+      uo.persistence_threshold = zero.stage3_param_persistence_threshold.value;
+      uo.model_persistence_threshold = zero.stage3_model_persistence_threshold;
+      units_ = std::make_shared<zero::ParamUnits>(zero::plan_units(*module_, options.stage3_units),
+                                                  group_, uo);
+      coordinator_ = std::make_unique<zero::ParamCoordinator>(units_, group_);
+      partitioned_ = std::make_unique<zero::PartitionedOptimizer>(units_, group_, po, build);
+    } else {
+      partitioned_ = std::make_unique<zero::PartitionedOptimizer>(params_, group_, po, build);
+    }
     optimizer_ = partitioned_->inner();
     // Strata's Adam steps the flat master in one fused pass (a CUDA kernel on GPUs).
     if (auto adam = std::dynamic_pointer_cast<optim::Adam>(optimizer_); adam && adam->can_step_flat())
@@ -243,6 +256,44 @@ zero::ModelStateBytes Engine::model_state_bytes() const {
   return bytes;
 }
 
+std::optional<zero::ParamCoordinator::Scope> Engine::begin_forward() {
+  std::optional<zero::ParamCoordinator::Scope> scope;
+  if (!coordinator_) return scope;
+  coordinator_->rethrow_if_failed();
+  scope.emplace(coordinator_.get(), zero::ParamCoordinator::Phase::kForward);
+  return scope;
+}
+
+void Engine::end_forward() {
+  if (coordinator_) coordinator_->rethrow_if_failed();
+}
+
+int64_t Engine::live_param_bytes_peak() const {
+  if (coordinator_) return last_live_peak_;
+  int64_t bytes = 0;
+  for (const auto& p : unique_parameters(*module_, /*trainable_only=*/false))
+    bytes += p.tensor.numel() * p.tensor.element_size();
+  return bytes;
+}
+
+std::shared_ptr<void> Engine::gathered_parameters() {
+  if (!coordinator_) return std::make_shared<int>(0);
+  coordinator_->rethrow_if_failed();
+  struct Gathered {
+    explicit Gathered(zero::ParamCoordinator& c)
+        : c(c), scope(&c, zero::ParamCoordinator::Phase::kGathered) {}
+    ~Gathered() {
+      c.unpin();
+      c.release_all();
+    }
+    zero::ParamCoordinator& c;
+    zero::ParamCoordinator::Scope scope;
+  };
+  auto g = std::make_shared<Gathered>(*coordinator_);
+  coordinator_->pin({});
+  return g;
+}
+
 void Engine::backward(const torch::Tensor& loss) {
   if (!loss.defined() || loss.numel() != 1)
     throw Error(fmt::format("Engine::backward: the loss must be a one-element tensor (got {})",
@@ -257,10 +308,17 @@ void Engine::backward(const torch::Tensor& loss) {
   if (partitioned_) partitioned_->begin_backward(boundary);
   // fp16: the loss scale; accumulation: 1/gas, so the window's gradients sum to the mean.
   const double factor = scaler_.cur_scale() / static_cast<double>(gradient_accumulation_steps());
+  std::optional<zero::ParamCoordinator::Scope> scope;
+  if (coordinator_) scope.emplace(coordinator_.get(), zero::ParamCoordinator::Phase::kBackward);
   if (factor != 1.0)
     (loss * factor).backward();
   else
     loss.backward();
+  if (coordinator_) {
+    scope.reset();
+    coordinator_->release_all();  // the units backward used last (the first layers)
+    coordinator_->rethrow_if_failed();
+  }
 }
 
 void Engine::clip_gradients() {
@@ -280,12 +338,19 @@ void Engine::clip_gradients() {
 }
 
 void Engine::step() {
+  if (coordinator_) coordinator_->rethrow_if_failed();
   if (partitioned_) partitioned_->end_micro_step();
   if (is_gradient_accumulation_boundary()) {
+    // Before any weight changes: did every rank gather the same units?
+    if (coordinator_) coordinator_->check_same_gathers();
     if (partitioned_)
       partitioned_step();
     else
       plain_step();
+    if (coordinator_) {
+      last_live_peak_ = coordinator_->live_bytes_peak();
+      coordinator_->reset_peak();
+    }
     ++global_steps_;
     if (monitored_) write_step_events();
     if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) log_step();
@@ -305,7 +370,8 @@ void Engine::write_step_events() {
       {"Train/Samples/train_loss", loss.item<double>(), x},
       {"Train/Samples/lr", get_lr().at(0), x},
       {"Train/Samples/loss_scale", loss_scale(), x},
-      {"Train/Samples/model_state_MiB", model_state_bytes().total() / 1048576.0, x}};
+      {"Train/Samples/model_state_MiB", model_state_bytes().total() / 1048576.0, x},
+      {"Train/Samples/live_param_MiB_peak", live_param_bytes_peak() / 1048576.0, x}};
   if (!std::isnan(last_grad_norm_)) events.push_back({"Train/Samples/grad_norm", last_grad_norm_, x});
   monitor_->write_events(events);
 }

@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "runtime/monitor/monitor.h"
 #include "runtime/precision/loss_scaler.h"
 #include "runtime/sched/lr_scheduler.h"
+#include "zero/param_coordinator.h"
 #include "zero/partitioned_optimizer.h"
 
 namespace strata {
@@ -46,6 +48,10 @@ struct InitOptions {
   std::shared_ptr<LRScheduler> lr_scheduler;
   SchedulerBuilder lr_scheduler_builder;
   AutoValues autos;
+  // ZeRO-3: the module paths whose parameters are gathered and released together ("units",
+  // e.g. {"embed", "blocks.0", ...}). Empty: the children of every ModuleList / Sequential and
+  // the remaining top-level modules (zero/param_units.h).
+  std::vector<std::string> stage3_units;
   // The data-parallel group. Unset: when the environment names a world of several ranks
   // (WORLD_SIZE, OpenMPI's or SLURM's variables), strata::initialize meets the other ranks and
   // creates it; otherwise training is single-process.
@@ -85,6 +91,14 @@ class Engine {
   bool last_step_skipped() const { return last_step_skipped_; }
   // This rank's bytes of parameters, gradients, master weights and optimizer state.
   zero::ModelStateBytes model_state_bytes() const;
+  // The most bytes of whole (gathered) parameters that existed on this rank during the last
+  // optimizer step's window (stage 3; below it every parameter is whole all the time).
+  int64_t live_param_bytes_peak() const;
+  // Stage 3: every parameter whole on this rank until the returned handle is dropped
+  // (DeepSpeed's GatheredParameters, FSDP's summon_full_params), e.g. to print or save weights.
+  // Every rank must enter it (it all-gathers). Changes made inside are not kept: the next
+  // gather reads the shards. Below stage 3 it does nothing.
+  [[nodiscard]] std::shared_ptr<void> gathered_parameters();
   // Checkpoints (runtime/checkpoint's layout: DIR/TAG/ with a manifest, DIR/latest): model
   // states, this rank's master weights and optimizer state, the loss scaler, the LR schedule,
   // the step counters and the program's own `client_state` (e.g. its data position). Every rank
@@ -115,6 +129,14 @@ class Engine {
   void plain_step();        // fp32 stage 0: the optimizer over the module's own tensors
   void partitioned_step();  // mixed precision and ZeRO 1-2
   void clip_gradients();
+
+ protected:
+  // Stage 3: the model may gather parameters while the returned scope lives; end_forward()
+  // raises what went wrong inside (a failed gather).
+  std::optional<zero::ParamCoordinator::Scope> begin_forward();
+  void end_forward();
+
+ private:
   void log_step() const;
   void write_step_events();
 
@@ -123,7 +145,9 @@ class Engine {
   comm::GroupPtr group_;
   std::vector<torch::Tensor> params_;  // trainable parameters, in module order
   std::shared_ptr<zero::GradientReducer> reducer_;            // plain path, several ranks
-  std::unique_ptr<zero::PartitionedOptimizer> partitioned_;  // mixed precision / ZeRO 1-2
+  std::unique_ptr<zero::PartitionedOptimizer> partitioned_;  // mixed precision / ZeRO 1-3
+  std::shared_ptr<zero::ParamUnits> units_;                  // stage 3
+  std::unique_ptr<zero::ParamCoordinator> coordinator_;      // stage 3
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<LRScheduler> lr_scheduler_;
   LossScaler scaler_;
@@ -135,6 +159,7 @@ class Engine {
   int64_t micro_steps_ = 0;
   int64_t skipped_steps_ = 0;
   bool last_step_skipped_ = false;
+  int64_t last_live_peak_ = 0;  // stage 3: live_param_bytes_peak() of the last window
   double last_grad_norm_;
 };
 
@@ -149,7 +174,10 @@ class ModelEngine : public Engine {
 
   template <class... Args>
   auto forward(Args&&... args) {
-    return model_->forward(std::forward<Args>(args)...);
+    auto scope = begin_forward();
+    auto out = model_->forward(std::forward<Args>(args)...);
+    end_forward();
+    return out;
   }
   ModuleHolder& model() { return model_; }
 

@@ -113,6 +113,10 @@ void check_same_trainables(const json& scalars, const std::string& key, torch::n
 
 void Engine::save_checkpoint(const std::string& dir, std::string tag, const json& client_state) {
   torch::NoGradGuard no_grad;
+  if (coordinator_)
+    throw Error("save_checkpoint at ZeRO stage 3 is not implemented in this build yet; train at "
+                "stage 2 to checkpoint, or save the weights yourself inside "
+                "engine->gathered_parameters()");
   if (tag.empty()) tag = fmt::format("global_step{}", global_steps_);
   const int rank = data_parallel_rank(), world = data_parallel_size();
   checkpoint::CheckpointWriter writer(dir, tag, rank, world);
@@ -176,6 +180,9 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
 
 json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   torch::NoGradGuard no_grad;
+  if (coordinator_)
+    throw Error("load_checkpoint at ZeRO stage 3 is not implemented in this build yet; train at "
+                "stage 2 to checkpoint");
   // Everything is read and checked first; the engine changes only once all of it has passed, so
   // a checkpoint that does not fit leaves the model, master weights and optimizer as they were.
   checkpoint::CheckpointReader reader(dir, tag, {/*verify_checksums=*/false});

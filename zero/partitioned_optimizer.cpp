@@ -34,16 +34,12 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
     : options_(options),
       group_(group && group->size() > 1 ? std::move(group) : nullptr),
       rank_(group_ ? group_->rank() : 0),
-      flat_(std::move(params), partitions_for(options.stage, group_)) {
-  const auto model_dtype = flat_.data().scalar_type();
-  const auto plan = GradientReducer::plan(flat_.params(), options_.reduce_bucket_numel);
-  shards_ = shard_map_for(flat_, options_.stage, plan);
-  {
-    torch::NoGradGuard no_grad;
-    master_ = shards_.gather(flat_.data(), partition_index()).to(torch::kFloat);
-  }
-  inner_ = make_inner({master_});
-  if (!inner_) throw Error("the optimizer builder returned null");
+      flat_(std::make_unique<FlatParams>(std::move(params), partitions_for(options.stage, group_))) {
+  if (options_.stage > 2) throw Error("PartitionedOptimizer: stage 3 takes the ParamUnits");
+  const auto model_dtype = flat_->data().scalar_type();
+  const auto plan = GradientReducer::plan(flat_->params(), options_.reduce_bucket_numel);
+  shards_ = shard_map_for(*flat_, options_.stage, plan);
+  init_master(shards_.gather(flat_->data(), partition_index()), make_inner);
 
   GradientReducer::Options r;
   r.bucket_numel = options_.reduce_bucket_numel;
@@ -53,26 +49,71 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
   const bool wide = options_.accumulation_steps > 1 &&
                     c10::elementSize(options_.accum_dtype) > c10::elementSize(model_dtype);
   if (options_.stage <= 1) {
-    grad_flat_ = flat_.zeros_like_data(model_dtype);
+    grad_flat_ = flat_->zeros_like_data(model_dtype);
     own_local_gradients();
     if (wide) {
       // The window's sum lives in fp32 and is all-reduced at its end (end_micro_step()); the
       // reducer's per-parameter hooks would reduce only the last micro-step's 16-bit gradient.
-      grad_accum_ = flat_.zeros_like_data(options_.accum_dtype);
+      grad_accum_ = flat_->zeros_like_data(options_.accum_dtype);
     } else if (group_) {
       r.mode = GradientReducer::Mode::kFull;
-      reducer_ = GradientReducer::create(flat_.params(), group_, r);
+      reducer_ = GradientReducer::create(flat_->params(), group_, r);
     }
   } else {
     grad_partition_ = torch::zeros({shards_.partition_numel()},
-                                   flat_.data().options().dtype(wide ? options_.accum_dtype
-                                                                     : model_dtype));
+                                   flat_->data().options().dtype(wide ? options_.accum_dtype
+                                                                      : model_dtype));
     r.mode = GradientReducer::Mode::kPartition;
-    for (size_t i = 0; i < flat_.params().size(); ++i) r.flat_offsets.push_back(flat_.offset(i));
+    for (size_t i = 0; i < flat_->params().size(); ++i) r.flat_offsets.push_back(flat_->offset(i));
     r.shards = shards_;
     r.partition_grad = grad_partition_;
-    reducer_ = GradientReducer::create(flat_.params(), group_, r);
+    reducer_ = GradientReducer::create(flat_->params(), group_, r);
   }
+}
+
+PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
+                                           comm::GroupPtr group, PartitionedOptions options,
+                                           const InnerBuilder& make_inner)
+    : options_(options),
+      group_(group && group->size() > 1 ? std::move(group) : nullptr),
+      rank_(group_ ? group_->rank() : 0),
+      units_(std::move(units)) {
+  options_.stage = 3;
+  if (units_->trainable_params().empty())
+    throw Error("ZeRO-3: the model has no parameter that requires a gradient");
+  shards_ = units_->shards();
+  init_master(units_->partition(), make_inner);
+  // As stage 2, with one bucket per unit: its gradient is reduce-scattered once the unit's
+  // backward is done, and only this rank's chunk is kept.
+  const auto model_dtype = units_->partition().scalar_type();
+  const bool wide = options_.accumulation_steps > 1 &&
+                    c10::elementSize(options_.accum_dtype) > c10::elementSize(model_dtype);
+  grad_partition_ = torch::zeros({shards_.partition_numel()},
+                                 units_->partition().options().dtype(wide ? options_.accum_dtype
+                                                                          : model_dtype));
+  GradientReducer::Options r;
+  r.mode = GradientReducer::Mode::kPartition;
+  r.comm_dtype = options_.comm_dtype;
+  r.plan = units_->plan();
+  r.flat_offsets = units_->flat_offsets();
+  r.shards = shards_;
+  r.partition_grad = grad_partition_;
+  reducer_ = GradientReducer::create(units_->trainable_params(), group_, r);
+}
+
+void PartitionedOptimizer::init_master(const torch::Tensor& partition,
+                                       const InnerBuilder& make_inner) {
+  {
+    torch::NoGradGuard no_grad;
+    master_ = partition.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  }
+  inner_ = make_inner({master_});
+  if (!inner_) throw Error("the optimizer builder returned null");
+}
+
+const FlatParams& PartitionedOptimizer::flat() const {
+  if (!flat_) throw Error("PartitionedOptimizer::flat(): stage 3 keeps no flat buffer");
+  return *flat_;
 }
 
 void PartitionedOptimizer::begin_backward(bool boundary) {
@@ -103,9 +144,9 @@ void PartitionedOptimizer::end_micro_step() {
 
 void PartitionedOptimizer::own_local_gradients() {
   // A program may have reset or replaced a .grad (zero_grad(set_to_none)): fold it back in.
-  for (size_t i = 0; i < flat_.params().size(); ++i) {
-    auto p = flat_.params()[i];
-    auto view = flat_.view(grad_flat_, i);
+  for (size_t i = 0; i < flat_->params().size(); ++i) {
+    auto p = flat_->params()[i];
+    auto view = flat_->view(grad_flat_, i);
     const auto& g = p.grad();
     if (g.defined() && g.data_ptr() == view.data_ptr()) continue;
     if (g.defined()) view.copy_(g.is_sparse() ? g.to_dense() : g);
@@ -114,7 +155,7 @@ void PartitionedOptimizer::own_local_gradients() {
 }
 
 torch::Tensor PartitionedOptimizer::partition_gradient() const {
-  if (options_.stage == 2) return grad_partition_;
+  if (options_.stage >= 2) return grad_partition_;
   if (accumulates_wide()) return shards_.range(grad_accum_, partition_index());
   return shards_.range(grad_flat_, partition_index());  // stage 0, 1: contiguous
 }
@@ -148,7 +189,7 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
     if (loss_scale != 1.0) grad_.mul_(1.0 / loss_scale);
     sum_squares = grad_.pow(2).sum().to(torch::kDouble);
   }
-  if (group_ && flat_.partitions() > 1) group_->all_reduce(sum_squares, comm::ReduceOp::Sum);
+  if (group_ && shards_.parts() > 1) group_->all_reduce(sum_squares, comm::ReduceOp::Sum);
   double total = sum_squares.item<double>();  // the step's one host sync
   if (flat_step_) total *= grad_scale_ * grad_scale_;
   return {!std::isfinite(total), std::sqrt(total)};
@@ -160,8 +201,10 @@ void PartitionedOptimizer::apply(double clip_coef) {
   const int64_t n = shards_.partition_numel();
   // The new 16-bit weights of this partition: written straight into the flat layout when the
   // partition is a range of it, else into a buffer scattered into place after the all-gather.
-  auto mine = shards_.is_contiguous() ? shards_.range(flat_.data(), partition_index())
-                                      : torch::empty({n}, flat_.data().options());
+  // Stage 3: the units' shards are the partition, written in place; the next gathers read them.
+  auto mine = units_ ? units_->partition()
+              : shards_.is_contiguous() ? shards_.range(flat_->data(), partition_index())
+                                        : torch::empty({n}, flat_->data().options());
   if (flat_step_) {
     flat_step_(grad_, grad_scale_ * std::min(clip_coef, 1.0), mine);
   } else {
@@ -171,8 +214,10 @@ void PartitionedOptimizer::apply(double clip_coef) {
     mine.copy_(master_);
   }
   const int64_t parts = shards_.parts();
-  if (shards_.is_contiguous()) {
-    if (parts > 1) group_->all_gather(flat_.data(), mine.clone());  // input may not alias output
+  if (units_) {
+    units_->refresh_persistent();
+  } else if (shards_.is_contiguous()) {
+    if (parts > 1) group_->all_gather(flat_->data(), mine.clone());  // input may not alias output
   } else if (parts > 1) {
     // Bucket by bucket through one buffer of the largest: the step's extra memory is one
     // bucket's 16-bit weights, not the model's.
@@ -183,10 +228,10 @@ void PartitionedOptimizer::apply(double clip_coef) {
       const auto& b = shards_.buckets()[i];
       auto out = gathered.narrow(0, 0, parts * b.chunk);
       group_->all_gather(out, mine.narrow(0, b.base, b.chunk));
-      shards_.scatter_bucket(out, i, flat_.data());
+      shards_.scatter_bucket(out, i, flat_->data());
     }
   } else {
-    shards_.scatter(mine, 0, flat_.data());
+    shards_.scatter(mine, 0, flat_->data());
   }
   zero_gradients();
 }
@@ -198,7 +243,7 @@ void PartitionedOptimizer::discard() {
 
 ModelStateBytes PartitionedOptimizer::state_bytes() const {
   ModelStateBytes bytes;
-  bytes.params = nbytes(flat_.data());
+  bytes.params = units_ ? units_->resident_bytes() : nbytes(flat_->data());
   bytes.grads = nbytes(grad_flat_) + nbytes(grad_accum_) + nbytes(grad_partition_);
   bytes.master = nbytes(master_);
   return bytes;

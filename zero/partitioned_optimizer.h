@@ -38,12 +38,13 @@
 #include "comm/process_group.h"
 #include "zero/flat_params.h"
 #include "zero/gradient_reducer.h"
+#include "zero/param_units.h"
 #include "zero/shard_map.h"
 
 namespace strata::zero {
 
 struct PartitionedOptions {
-  int64_t stage = 0;  // 0, 1 or 2
+  int64_t stage = 0;  // 0, 1, 2 or 3 (3: the constructor that takes the ParamUnits)
   torch::ScalarType comm_dtype = torch::kFloat;
   int64_t reduce_bucket_numel = 0;
   // Micro-steps per optimizer step, and the dtype their gradients are summed in (DeepSpeed's
@@ -76,6 +77,11 @@ class PartitionedOptimizer {
 
   PartitionedOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr group,
                        PartitionedOptions options, const InnerBuilder& make_inner);
+  // Stage 3: the 16-bit partition is the units' trainable shards (param_units.h); gradients
+  // are reduce-scattered per unit as at stage 2; a step writes new shards, which the next
+  // gathers pick up (the persistent unit is gathered again at once).
+  PartitionedOptimizer(std::shared_ptr<ParamUnits> units, comm::GroupPtr group,
+                       PartitionedOptions options, const InnerBuilder& make_inner);
 
   void begin_backward(bool boundary);
   // After every micro-step's backward: completes that micro-step's gradient reduction.
@@ -91,17 +97,20 @@ class PartitionedOptimizer {
   void discard();
 
   const std::shared_ptr<torch::optim::Optimizer>& inner() const { return inner_; }
-  const FlatParams& flat() const { return flat_; }
+  // Stages 0-2: the flat buffer of the model's parameters (there is none at stage 3).
+  const FlatParams& flat() const;
+  ParamUnits* units() const { return units_.get(); }
   // The fp32 master weights of partition partition_index() of flat(), laid out as shards()
   // says (the inner optimizer's one parameter); a checkpoint restores them in place.
   const torch::Tensor& master() const { return master_; }
   const ShardMap& shards() const { return shards_; }
-  int64_t partition_index() const { return flat_.partitions() > 1 ? rank_ : 0; }
+  int64_t partition_index() const { return shards_.parts() > 1 ? rank_ : 0; }
   // Parameters, gradients and master weights (the inner optimizer's state is counted by the
   // caller, which knows the optimizer types).
   ModelStateBytes state_bytes() const;
 
  private:
+  void init_master(const torch::Tensor& partition, const InnerBuilder& make_inner);
   void own_local_gradients();  // stage 0, 1: every .grad is its view of grad_flat_ again
   bool accumulates_wide() const { return grad_accum_.defined(); }
   torch::Tensor partition_gradient() const;  // in the accumulation dtype, no copy
@@ -110,7 +119,8 @@ class PartitionedOptimizer {
   PartitionedOptions options_;
   comm::GroupPtr group_;
   int64_t rank_ = 0;
-  FlatParams flat_;
+  std::unique_ptr<FlatParams> flat_;  // stages 0-2
+  std::shared_ptr<ParamUnits> units_;  // stage 3
   ShardMap shards_;
   torch::Tensor grad_flat_;       // stage 0, 1: full gradients, model dtype
   torch::Tensor grad_accum_;      // stage 0, 1, wide accumulation: full gradients, fp32

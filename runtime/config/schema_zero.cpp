@@ -108,10 +108,7 @@ void finish_zero(void* obj, Ctx& ctx, const std::string& path) {
 
 Block make_zero() {
   BlockBuilder<ZeroConfig> b("zero_optimization");
-  b.add(&ZeroConfig::stage, "stage")
-      .range(0, 3)
-      .when([](const json& v) { return v.get<int64_t>() == 3; })
-      .pending("ZeRO stage 3 (parameter partitioning)");
+  b.add(&ZeroConfig::stage, "stage").range(0, 3);
   b.add(&ZeroConfig::contiguous_gradients, "contiguous_gradients");
   // Both choose how gradients travel, not what they are: Strata always takes the faster way.
   b.add(&ZeroConfig::reduce_scatter, "reduce_scatter")

@@ -1,0 +1,228 @@
+#include "zero/param_coordinator.h"
+
+#include <algorithm>
+#include <thread>
+
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace strata::zero {
+namespace {
+
+// RecordFunction callbacks are plain function pointers: the live coordinators are listed here.
+std::mutex g_registry_mutex;
+std::vector<ParamCoordinator*>& registry() {
+  static std::vector<ParamCoordinator*> coordinators;
+  return coordinators;
+}
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  std::vector<ParamCoordinator*> live;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mutex);
+    live = registry();
+  }
+  for (auto* c : live) c->on_op(fn);
+  return nullptr;
+}
+
+// The thread running a gather: ops that the communication backend runs on its own threads
+// while it fills a unit are the gather's, not the model's.
+std::atomic<std::thread::id> g_gathering{};
+
+void add_units_of(const at::Tensor& t, const ParamUnits& units, std::vector<size_t>& out) {
+  if (!t.defined() || !t.has_storage()) return;
+  const int64_t u = units.unit_of(t.storage().unsafeGetStorageImpl());
+  if (u >= 0 && std::find(out.begin(), out.end(), size_t(u)) == out.end()) out.push_back(size_t(u));
+}
+
+// FNV-1a over the gathered units' ids and sizes.
+uint64_t fingerprint(const std::vector<int32_t>& record, const ParamUnits& units) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (int32_t u : record) {
+    mix(uint64_t(u));
+    mix(uint64_t(units.unit(size_t(u)).numel));
+  }
+  return h >> 1;  // fits a non-negative int64
+}
+
+}  // namespace
+
+ParamCoordinator::ParamCoordinator(std::shared_ptr<ParamUnits> units, comm::GroupPtr group)
+    : units_(std::move(units)),
+      group_(group && group->size() > 1 ? std::move(group) : nullptr),
+      pinned_(units_->size(), false) {
+  peak_bytes_ = units_->gathered_bytes();
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mutex);
+    registry().push_back(this);
+  }
+  callback_ = at::addGlobalCallback(
+      at::RecordFunctionCallback(&on_op_start)
+          .needsInputs(true)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+}
+
+ParamCoordinator::~ParamCoordinator() {
+  at::removeCallback(callback_);
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  auto& r = registry();
+  r.erase(std::remove(r.begin(), r.end(), this), r.end());
+}
+
+ParamCoordinator::Scope::Scope(ParamCoordinator* c, Phase phase) : c_(c) {
+  std::lock_guard<std::mutex> lock(c_->mutex_);
+  previous_ = c_->phase_;
+  c_->phase_ = phase;
+}
+
+ParamCoordinator::Scope::~Scope() {
+  if (!c_) return;
+  std::lock_guard<std::mutex> lock(c_->mutex_);
+  c_->phase_ = previous_;
+}
+
+void ParamCoordinator::on_op(const at::RecordFunction& fn) {
+  ops_seen_.fetch_add(1, std::memory_order_relaxed);
+  std::vector<size_t> touched;
+  for (const auto& input : fn.inputs()) {
+    if (input.isTensor()) {
+      add_units_of(input.toTensor(), *units_, touched);
+    } else if (input.isTensorList()) {
+      for (const at::Tensor& t : input.toTensorList().vec()) add_units_of(t, *units_, touched);
+    }
+  }
+  if (touched.empty()) return;
+  const auto gathering = g_gathering.load();
+  if (gathering != std::thread::id() && gathering != std::this_thread::get_id()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  ops_on_units_.fetch_add(1, std::memory_order_relaxed);
+  for (size_t u : touched) {
+    if (units_->unit(u).gathered) continue;
+    if (phase_ == Phase::kIdle && group_) {
+      // No collective the other ranks never join: poison the bytes and report.
+      fail(fmt::format("'{}' (ZeRO-3 unit '{}') was read by {} outside the engine's forward and "
+                       "backward; its parameters are partitioned across the ranks, and gathering "
+                       "them takes every rank. Read parameters inside engine->forward(), or in a "
+                       "gathered-parameters scope (engine->gathered_parameters()) entered on every "
+                       "rank",
+                       units_->unit(u).names.front(), units_->unit(u).name, fn.name()),
+           u);
+      continue;
+    }
+    g_gathering.store(std::this_thread::get_id());
+    try {
+      units_->gather(u);
+      record_.push_back(int32_t(u));
+      ++gathers_;
+    } catch (const std::exception& e) {
+      fail(fmt::format("ZeRO-3 could not gather unit '{}' ({} elements) for {}: {}",
+                       units_->unit(u).name, units_->unit(u).numel, fn.name(), e.what()),
+           u);
+    }
+    g_gathering.store(std::thread::id());
+  }
+  // The op's units are the ones in use: the others have had their last use for now.
+  if (phase_ != Phase::kIdle)
+    for (size_t v = 0; v < units_->size(); ++v)
+      if (units_->unit(v).gathered && !pinned_[v] &&
+          std::find(touched.begin(), touched.end(), v) == touched.end())
+        units_->release(v);
+  peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());
+}
+
+void ParamCoordinator::fail(const std::string& message, size_t unit) {
+  // The op runs anyway (callbacks cannot stop it): give it bytes, NaN, so nothing reads freed
+  // memory and nothing looks like a trained weight.
+  units_->poison(unit);
+  if (!error_) error_ = message;
+  fmt::print(stderr, "[strata] error: {}\n", message);
+}
+
+void ParamCoordinator::pin(const std::vector<size_t>& units) {
+  std::vector<size_t> which = units;
+  if (which.empty())
+    for (size_t u = 0; u < units_->size(); ++u) which.push_back(u);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t u : which) {
+    if (u >= units_->size()) throw Error(fmt::format("ZeRO-3: no unit {}", u));
+    if (!units_->unit(u).gathered) {
+      units_->gather(u);
+      record_.push_back(int32_t(u));
+      ++gathers_;
+    }
+    pinned_[u] = true;
+  }
+  peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());
+}
+
+void ParamCoordinator::unpin() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::fill(pinned_.begin(), pinned_.end(), false);
+}
+
+void ParamCoordinator::release_all() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t u = 0; u < units_->size(); ++u)
+    if (!pinned_[u]) units_->release(u);
+}
+
+void ParamCoordinator::rethrow_if_failed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!error_) return;
+  std::string message = std::move(*error_);
+  error_.reset();
+  throw Error(message);
+}
+
+void ParamCoordinator::check_same_gathers() {
+  std::vector<int32_t> record;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    record.swap(record_);
+  }
+  if (!group_) return;
+  const int64_t h = int64_t(fingerprint(record, *units_)), n = int64_t(record.size());
+  auto summary = torch::tensor({h, -h, n, -n}, torch::kLong);
+  group_->all_reduce(summary, comm::ReduceOp::Max);
+  const auto* s = summary.data_ptr<int64_t>();
+  if (s[0] == -s[1] && s[2] == -s[3]) return;
+  // Someone differs: every rank's record, padded with -1, finds the first difference.
+  const int64_t longest = s[2], world = group_->size();
+  auto mine = torch::full({longest}, int64_t(-1), torch::kLong);
+  for (int64_t i = 0; i < n; ++i) mine[i] = record[size_t(i)];
+  auto all = torch::empty({world * longest}, torch::kLong);
+  group_->all_gather(all, mine);
+  const auto* a = all.data_ptr<int64_t>();
+  int64_t at = 0;
+  for (; at < longest; ++at) {
+    bool same = true;
+    for (int64_t r = 1; r < world; ++r) same = same && a[r * longest + at] == a[at];
+    if (!same) break;
+  }
+  std::string who;
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t u = at < longest ? a[r * longest + at] : -1;
+    who += fmt::format("{}rank {}: {}", r ? "; " : "", r,
+                       u < 0 ? std::string("nothing more")
+                             : fmt::format("'{}' ({} elements)", units_->unit(size_t(u)).name,
+                                           units_->unit(size_t(u)).numel));
+  }
+  throw Error(fmt::format(
+      "ZeRO-3: the ranks gathered different parameters in this step (gather {} of the step: {}). "
+      "Every rank must run the same modules in the same order; a branch decided differently "
+      "on the ranks (by rank, by local data) mixes their weights. Decide such branches the same "
+      "on every rank (e.g. by step number)",
+      at + 1, who));
+}
+
+}  // namespace strata::zero

@@ -1,0 +1,292 @@
+#include "zero/param_units.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <unordered_set>
+
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace strata::zero {
+namespace {
+
+bool is_container(const torch::nn::Module& m) {
+  return dynamic_cast<const torch::nn::ModuleListImpl*>(&m) ||
+         dynamic_cast<const torch::nn::SequentialImpl*>(&m) ||
+         dynamic_cast<const torch::nn::ModuleDictImpl*>(&m);
+}
+
+bool holds_container(const torch::nn::Module& m) {
+  for (const auto& child : m.children())
+    if (is_container(*child) || holds_container(*child)) return true;
+  return false;
+}
+
+std::string join(const std::string& path, const std::string& name) {
+  return path.empty() ? name : path + "." + name;
+}
+
+// Collects units, each tensor once (the first unit that registers a tied tensor owns it).
+class Planner {
+ public:
+  void unit(const std::string& name, const torch::nn::Module& m, bool recurse) {
+    UnitSpec spec;
+    spec.name = name;
+    for (const auto& p : m.named_parameters(recurse)) {
+      if (!seen_.insert(p.value().unsafeGetTensorImpl()).second) continue;
+      spec.param_names.push_back(join(name == "(root)" ? "" : name, p.key()));
+      spec.params.push_back(p.value());
+    }
+    if (!spec.params.empty()) specs_.push_back(std::move(spec));
+  }
+  // `m` at `path`: the children of a container are units; a child holding no container is a
+  // unit; others are walked further; the module's own parameters form a unit.
+  void walk(const torch::nn::Module& m, const std::string& path, bool top) {
+    if (!top && !holds_container(m)) return unit(path, m, true);
+    for (const auto& child : m.named_children()) {
+      const std::string child_path = join(path, child.key());
+      if (is_container(*child.value())) {
+        for (const auto& item : child.value()->named_children())
+          walk(*item.value(), join(child_path, item.key()), false);
+      } else {
+        walk(*child.value(), child_path, false);
+      }
+    }
+    // Own parameters last: a tensor tied to a child's (a head reusing the embedding) is the
+    // child's.
+    unit(path.empty() ? "(root)" : path, m, false);
+  }
+  std::vector<UnitSpec> take() { return std::move(specs_); }
+
+ private:
+  std::unordered_set<const c10::TensorImpl*> seen_;
+  std::vector<UnitSpec> specs_;
+};
+
+void set_storage_view(torch::Tensor& p, const torch::Tensor& flat, int64_t offset) {
+  const std::vector<int64_t> sizes = p.sizes().vec();
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
+  p.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
+}
+
+int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+}  // namespace
+
+std::vector<UnitSpec> plan_units(torch::nn::Module& root,
+                                 const std::vector<std::string>& unit_modules) {
+  Planner planner;
+  if (unit_modules.empty()) {
+    planner.walk(root, "", /*top=*/true);
+    return planner.take();
+  }
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> modules;
+  for (const auto& m : root.named_modules()) modules[m.key()] = m.value();
+  for (const auto& path : unit_modules) {
+    auto it = modules.find(path);
+    if (it == modules.end() || path.empty())
+      throw Error(fmt::format("ZeRO-3 unit '{}' is not a submodule of the model (a unit is "
+                              "named by its module path, e.g. 'blocks.0')",
+                              path));
+    planner.unit(path, *it->second, true);
+  }
+  planner.unit("(rest)", root, true);
+  return planner.take();
+}
+
+ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOptions options)
+    : group_(group && group->size() > 1 ? std::move(group) : nullptr),
+      parts_(group_ ? group_->size() : 1),
+      rank_(group_ ? group_->rank() : 0) {
+  // Persistent parameters: the smallest first, while under both thresholds.
+  std::vector<std::pair<int64_t, const c10::TensorImpl*>> small;
+  for (const auto& s : specs)
+    for (const auto& p : s.params)
+      if (p.numel() <= options.persistence_threshold)
+        small.emplace_back(p.numel(), p.unsafeGetTensorImpl());
+  std::sort(small.begin(), small.end());
+  std::unordered_set<const c10::TensorImpl*> persistent;
+  int64_t persistent_numel = 0;
+  for (const auto& [n, impl] : small) {
+    if (persistent_numel + n > options.model_persistence_threshold) break;
+    persistent_numel += n;
+    persistent.insert(impl);
+  }
+
+  // Units: each spec's trainable and frozen parameters, then the persistent ones.
+  Unit kept_trainable{"(persistent)"}, kept_frozen{"(persistent, frozen)"};
+  kept_trainable.persistent = kept_frozen.persistent = true;
+  kept_frozen.trainable = false;
+  auto add = [](Unit& u, const torch::Tensor& p, const std::string& name) {
+    u.params.push_back(p);
+    u.names.push_back(name);
+    u.offsets.push_back(u.numel);
+    u.numel += p.numel();
+  };
+  for (const auto& s : specs) {
+    Unit trainable{s.name}, frozen{s.name + " (frozen)"};
+    frozen.trainable = false;
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      const auto& p = s.params[i];
+      const bool keep = persistent.count(p.unsafeGetTensorImpl()) > 0;
+      add(keep ? (p.requires_grad() ? kept_trainable : kept_frozen)
+               : (p.requires_grad() ? trainable : frozen),
+          p, s.param_names[i]);
+    }
+    for (auto* u : {&trainable, &frozen})
+      if (u->numel > 0) units_.push_back(std::move(*u));
+  }
+  for (auto* u : {&kept_trainable, &kept_frozen})
+    if (u->numel > 0) units_.push_back(std::move(*u));
+  if (units_.empty()) throw Error("ZeRO-3: the model has no parameters to partition");
+
+  const auto& first = units_.front().params.front();
+  for (const auto& u : units_)
+    for (size_t i = 0; i < u.params.size(); ++i)
+      if (u.params[i].scalar_type() != first.scalar_type() ||
+          u.params[i].device() != first.device())
+        throw Error(fmt::format("ZeRO-3: parameters '{}' ({} on {}) and '{}' ({} on {}) differ in "
+                                "dtype or device; move the model to one device and dtype",
+                                units_.front().names.front(), c10::toString(first.scalar_type()),
+                                first.device().str(), u.names[i],
+                                c10::toString(u.params[i].scalar_type()),
+                                u.params[i].device().str()));
+
+  // The trainable units' flat layout and its ShardMap: buckets are the units, last unit first.
+  std::vector<size_t> trainable_units;
+  int64_t flat = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].trainable) continue;
+    trainable_units.push_back(u);
+    units_[u].flat_base = flat;
+    int64_t chunk = (units_[u].numel + parts_ - 1) / parts_;
+    chunk = (chunk + options.alignment - 1) / options.alignment * options.alignment;
+    flat += parts_ * chunk;
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (size_t k = trainable_units.size(); k-- > 0;) {
+    const auto& u = units_[trainable_units[k]];
+    ranges.emplace_back(u.flat_base, u.flat_base + u.numel);
+  }
+  shards_ = ShardMap::bucketed(ranges, parts_, options.alignment);
+  const auto opts = first.options();
+  partition_ = torch::empty({shards_.partition_numel()}, opts);
+  for (size_t k = trainable_units.size(); k-- > 0;) {
+    const size_t b = trainable_units.size() - 1 - k;
+    auto& u = units_[trainable_units[k]];
+    const auto& bucket = shards_.buckets()[b];
+    u.chunk = bucket.chunk;
+    u.shard = partition_.narrow(0, bucket.base, bucket.chunk);
+    plan_.emplace_back();
+  }
+  for (size_t k = 0; k < trainable_units.size(); ++k) {
+    auto& u = units_[trainable_units[k]];
+    auto& bucket_params = plan_[trainable_units.size() - 1 - k];
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      bucket_params.push_back(trainable_params_.size());
+      trainable_params_.push_back(u.params[i]);
+      flat_offsets_.push_back(u.flat_base + u.offsets[i]);
+    }
+  }
+
+  // Move every parameter into its unit's storage; keep this rank's chunk.
+  at::DisableRecordFunctionGuard no_callbacks;  // these ops are the layout's own
+  torch::NoGradGuard no_grad;
+  for (auto& u : units_) {
+    if (!u.trainable) {
+      u.chunk = (u.numel + parts_ - 1) / parts_;
+      u.chunk = (u.chunk + options.alignment - 1) / options.alignment * options.alignment;
+      u.shard = torch::empty({u.chunk}, opts);
+    }
+    u.full = torch::zeros({parts_ * u.chunk}, opts);
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      auto& p = u.params[i];
+      u.full.narrow(0, u.offsets[i], p.numel()).copy_(p.reshape({-1}));
+      p.mutable_grad() = torch::Tensor();
+      set_storage_view(p, u.full, u.offsets[i]);  // same TensorImpl: module and autograd keep it
+    }
+    u.shard.copy_(u.full.narrow(0, rank_ * u.chunk, u.chunk));
+    unit_of_storage_[u.full.storage().unsafeGetStorageImpl()] = size_t(&u - units_.data());
+    gathered_bytes_ += bytes_of(u.full);
+  }
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+}
+
+int64_t ParamUnits::unit_of(const c10::StorageImpl* storage) const {
+  const auto it = unit_of_storage_.find(storage);
+  return it == unit_of_storage_.end() ? -1 : static_cast<int64_t>(it->second);
+}
+
+void ParamUnits::fill(Unit& unit) {
+  auto* storage = unit.full.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(bytes_of(unit.full));
+  c10::Allocator* allocator = storage->allocator();
+  if (allocator == nullptr) allocator = c10::GetAllocator(unit.full.device().type());
+  storage->set_data_ptr_noswap(allocator->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+void ParamUnits::gather(size_t u) {
+  auto& unit = units_.at(u);
+  at::DisableRecordFunctionGuard no_callbacks;
+  torch::NoGradGuard no_grad;
+  if (!unit.gathered) {
+    fill(unit);
+    unit.gathered = true;
+    gathered_bytes_ += bytes_of(unit.full);
+  }
+  if (group_)
+    group_->all_gather(unit.full, unit.shard);
+  else
+    unit.full.copy_(unit.shard);
+  ++unit.gathers;
+}
+
+void ParamUnits::release(size_t u) {
+  auto& unit = units_.at(u);
+  if (unit.persistent || !unit.gathered) return;
+  auto* storage = unit.full.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, unit.full.device()));
+  storage->set_nbytes(0);
+  unit.gathered = false;
+  gathered_bytes_ -= bytes_of(unit.full);
+}
+
+void ParamUnits::poison(size_t u) {
+  auto& unit = units_.at(u);
+  if (unit.gathered) return;
+  at::DisableRecordFunctionGuard no_callbacks;
+  torch::NoGradGuard no_grad;
+  fill(unit);
+  unit.full.fill_(std::numeric_limits<double>::quiet_NaN());
+  unit.gathered = true;
+  gathered_bytes_ += bytes_of(unit.full);
+}
+
+void ParamUnits::refresh_persistent() {
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].persistent && units_[u].trainable) gather(u);
+}
+
+int64_t ParamUnits::resident_bytes() const {
+  int64_t bytes = bytes_of(partition_);
+  for (const auto& u : units_) {
+    if (!u.trainable) bytes += bytes_of(u.shard);
+    if (u.persistent) bytes += bytes_of(u.full);
+  }
+  return bytes;
+}
+
+int64_t ParamUnits::largest_unit_bytes() const {
+  int64_t most = 0;
+  for (const auto& u : units_)
+    if (!u.persistent) most = std::max(most, bytes_of(u.full));
+  return most;
+}
+
+}  // namespace strata::zero

@@ -1,0 +1,125 @@
+// ZeRO-3's parameter layout: the model's parameters grouped into units (blocks of the model that
+// are gathered and released together), each unit one flat storage that its parameters are views
+// of, and this rank's shard of every unit.
+//
+// A unit's full storage holds parts x chunk elements (chunk = ceil(numel / parts), aligned);
+// rank r keeps elements [r*chunk, (r+1)*chunk) as its shard, so an all-gather of the shards,
+// rank after rank, is the unit's flat layout. Releasing a unit frees its storage's bytes while
+// every parameter keeps its TensorImpl, its views and its place in autograd's saved state
+// (FSDP2's resize_(0)); gathering allocates the bytes again and all-gathers into them.
+//
+// Trainable units are laid out one after another in a flat layout (unit u at flat_base(u)); their
+// shards are the pieces of one bucketed ShardMap (shard_map.h) whose buckets are the units in
+// reverse order (backward's order), so the gradient reducer's per-bucket reduce-scatter is a
+// per-unit reduce-scatter, and the fp32 master of stages 1-2 covers the trainable partition.
+// Frozen parameters form units of their own (a block with adapters is a trainable and a frozen
+// unit), sharded the same way, outside the optimizer. Persistent parameters (numel at most
+// stage3_param_persistence_threshold) form one unit that is never released.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "comm/process_group.h"
+#include "zero/shard_map.h"
+
+namespace c10 {
+struct StorageImpl;
+}
+
+namespace strata::zero {
+
+// Which parameters go together. Each tensor appears in exactly one spec (the first unit that
+// uses a tied tensor owns it; later uses gather that unit again).
+struct UnitSpec {
+  std::string name;  // a module path ("blocks.3"), or "(root)" for the root's own parameters
+  std::vector<std::string> param_names;
+  std::vector<torch::Tensor> params;
+};
+
+// The default policy: the children of every ModuleList / Sequential / ModuleDict are units, and
+// so is every other module met on the way down that holds no such container (with its whole
+// subtree); a module's own parameters beside containers form a unit named by its path.
+// `unit_modules`, when not empty, names the units instead (module paths); parameters outside
+// all of them form the unit "(rest)". Throws strata::Error for a path that is not a module.
+std::vector<UnitSpec> plan_units(torch::nn::Module& root,
+                                 const std::vector<std::string>& unit_modules = {});
+
+struct UnitOptions {
+  int64_t persistence_threshold = 100000;  // a parameter this small is never released
+  int64_t model_persistence_threshold = INT64_MAX;  // total persistent elements, at most
+  int64_t alignment = 64;
+};
+
+class ParamUnits {
+ public:
+  struct Unit {
+    std::string name;
+    std::vector<torch::Tensor> params;  // views of `full`
+    std::vector<std::string> names;
+    std::vector<int64_t> offsets;  // each parameter's place in the unit's flat layout
+    int64_t numel = 0, chunk = 0;  // the unit's elements; this rank's share (parts x chunk)
+    bool trainable = true, persistent = false;
+    int64_t flat_base = 0;  // trainable: the unit's place in the flat layout
+    torch::Tensor full;     // the unit's storage (no bytes while released)
+    torch::Tensor shard;    // this rank's chunk: persistent, a view of partition() if trainable
+    bool gathered = true;
+    int64_t gathers = 0;  // all-gathers since creation
+  };
+
+  // Moves the parameters (identical on every rank: rank 0's, broadcast) into unit storages,
+  // keeps this rank's shards and releases every unit but the persistent one. One dtype and one
+  // device for all parameters.
+  ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOptions options);
+
+  size_t size() const { return units_.size(); }
+  const Unit& unit(size_t u) const { return units_[u]; }
+  int64_t parts() const { return parts_; }
+  // The unit whose storage this is, or -1.
+  int64_t unit_of(const c10::StorageImpl* storage) const;
+
+  // Collective over the group: every rank must gather the same unit at the same point.
+  void gather(size_t u);
+  // Frees the unit's bytes (a persistent unit stays).
+  void release(size_t u);
+  // Gives a released unit bytes filled with NaN, without a collective (an op that must not
+  // gather is about to read it).
+  void poison(size_t u);
+  // Bytes of gathered (full) parameters that exist now, persistent ones included.
+  int64_t gathered_bytes() const { return gathered_bytes_; }
+
+  // The trainable units' shards, in ShardMap order (model dtype): what the master covers.
+  const torch::Tensor& partition() const { return partition_; }
+  const ShardMap& shards() const { return shards_; }
+  // For the gradient reducer: trainable parameters, each one's flat offset, and the parameters
+  // of each ShardMap bucket (= trainable unit, reverse order).
+  const std::vector<torch::Tensor>& trainable_params() const { return trainable_params_; }
+  const std::vector<int64_t>& flat_offsets() const { return flat_offsets_; }
+  const std::vector<std::vector<size_t>>& plan() const { return plan_; }
+  // After the optimizer wrote new shards: the persistent unit is gathered again.
+  void refresh_persistent();
+  // Resident bytes: shards, frozen shards and the persistent unit's full copy.
+  int64_t resident_bytes() const;
+  // The largest unit's full bytes (the memory bound is stated in them).
+  int64_t largest_unit_bytes() const;
+
+ private:
+  void fill(Unit& unit);  // allocate the storage's bytes again
+
+  comm::GroupPtr group_;
+  int64_t parts_ = 1, rank_ = 0;
+  std::vector<Unit> units_;
+  std::unordered_map<const c10::StorageImpl*, size_t> unit_of_storage_;
+  ShardMap shards_;
+  torch::Tensor partition_;
+  std::vector<torch::Tensor> trainable_params_;
+  std::vector<int64_t> flat_offsets_;
+  std::vector<std::vector<size_t>> plan_;
+  int64_t gathered_bytes_ = 0;
+};
+
+}  // namespace strata::zero
