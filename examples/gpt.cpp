@@ -1,12 +1,31 @@
 #include "examples/gpt.h"
 
-#include "runtime/compat.h"
-#include <fmt/format.h>
+#include <torch/version.h>
 
-#include "runtime/error.h"
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 namespace strata::examples {
 namespace F = torch::nn::functional;
+
+// Causal self-attention over [batch, heads, seq, head_dim]: LibTorch 2.x's fused kernel, or the
+// textbook formula on 1.13.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                          /*is_causal=*/true);
+#else
+  const auto t = q.size(-2);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  auto mask = torch::ones({t, t}, q.options().dtype(torch::kBool)).triu(1);
+  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(scores, -1), v);
+#endif
+}
 
 GPTConfig GPTConfig::by_name(const std::string& name) {
   const std::string suffix = "-tied";
@@ -35,7 +54,7 @@ GPTConfig GPTConfig::by_name(const std::string& name) {
     c.vocab = 32000, c.d_model = 1024, c.layers = 12, c.heads = 16, c.ffn = 4096;
     c.seq_len = 2048, c.experts = 8;
   } else {
-    throw Error(fmt::format(
+    throw std::invalid_argument(fmt::format(
         "unknown model '{}': known models are tiny, small, tiny-tied, small-tied, tiny-moe, "
         "dense-350M, moe-8x",
         name));
@@ -45,7 +64,7 @@ GPTConfig GPTConfig::by_name(const std::string& name) {
 
 AttentionImpl::AttentionImpl(int64_t d_model, int64_t heads) : heads_(heads) {
   if (d_model % heads != 0)
-    throw Error(fmt::format("d_model {} is not a multiple of heads {}", d_model, heads));
+    throw std::invalid_argument(fmt::format("d_model {} is not a multiple of heads {}", d_model, heads));
   qkv_ = register_module("qkv", torch::nn::Linear(
                                     torch::nn::LinearOptions(d_model, 3 * d_model).bias(false)));
   out_ = register_module("out",
@@ -56,7 +75,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const auto b = x.size(0), t = x.size(1), c = x.size(2);
   // [b, t, 3, h, d] -> [3, b, h, t, d]
   auto qkv = qkv_(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});
-  auto y = compat::causal_attention(qkv[0], qkv[1], qkv[2]);
+  auto y = causal_attention(qkv[0], qkv[1], qkv[2]);
   return out_(y.transpose(1, 2).reshape({b, t, c}));
 }
 
@@ -73,7 +92,7 @@ MoEImpl::MoEImpl(int64_t d_model, int64_t ffn, int64_t experts, int64_t top_k,
                  double capacity_factor)
     : experts_(experts), top_k_(top_k), capacity_factor_(capacity_factor) {
   if (top_k < 1 || top_k > experts)
-    throw Error(fmt::format("MoE: top_k {} must be in [1, experts = {}]", top_k, experts));
+    throw std::invalid_argument(fmt::format("MoE: top_k {} must be in [1, experts = {}]", top_k, experts));
   gate_ = register_module("gate",
                           torch::nn::Linear(torch::nn::LinearOptions(d_model, experts).bias(false)));
   mlps_ = register_module("experts", torch::nn::ModuleList());

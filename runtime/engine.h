@@ -99,6 +99,8 @@ class Engine {
   // Every rank must enter it (it all-gathers). Changes made inside are not kept: the next
   // gather reads the shards. Below stage 3 it does nothing.
   [[nodiscard]] std::shared_ptr<void> gathered_parameters();
+  // Stage 3: the units the parameters are cut into (null below stage 3).
+  const zero::ParamUnits* stage3_units() const { return units_.get(); }
   // Checkpoints (runtime/checkpoint's layout: DIR/TAG/ with a manifest, DIR/latest): model
   // states, this rank's master weights and optimizer state, the loss scaler, the LR schedule,
   // the step counters and the program's own `client_state` (e.g. its data position). Every rank

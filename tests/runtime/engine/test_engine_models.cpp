@@ -85,6 +85,7 @@ void train_tied(int64_t stage, bool sgd, int rank, int world) {
     const double norm = torch::nn::utils::clip_grad_norm_(ref->unique_parameters(), 0.5);
     EXPECT_NEAR(engine->last_grad_norm(), norm, 1e-5 * norm) << "step " << step;
     opt->step();
+    auto whole = engine->gathered_parameters();  // stage 3: every rank gathers the weights
     auto pn = net->unique_parameters(), pr = ref->unique_parameters();
     for (size_t i = 0; i < pn.size(); ++i)
       ASSERT_TRUE(torch::allclose(pn[i], pr[i], 1e-5, 1e-6))
@@ -104,11 +105,11 @@ TEST_P(TiedWeights, TrainLikeLibTorchOnTheDeduplicatedParameters) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesAndOptimizers, TiedWeights,
-                         testing::Combine(testing::Values(0, 1, 2), testing::Bool()));
+                         testing::Combine(testing::Values(0, 1, 2, 3), testing::Bool()));
 
 TEST(ModelsWorker, TiedWeightsTrainLikeLibTorchOnEveryStage) {
   if (!is_worker()) GTEST_SKIP() << "runs under strata-run (see EngineModels.*)";
-  for (int stage : {0, 1, 2})
+  for (int stage : {0, 1, 2, 3})
     for (bool sgd : {true, false}) train_tied(stage, sgd, env_int("RANK"), env_int("WORLD_SIZE"));
 }
 

@@ -1,0 +1,287 @@
+// ZeRO-3 through the engine, on a model that knows nothing of it (blocks in a ModuleList, an
+// embedding tied to the output head, LayerNorms small enough to stay whole, a frozen layer):
+// against LibTorch's AdamW and clip_grad_norm_ on the whole batch in this process, on 1 rank
+// here and on 2 and 4 ranks through strata-run (this binary re-run as the ranks). Also: a step
+// that skips a block, ranks that take different branches, a weight read outside the step,
+// gathered parameters, and the memory the mechanism keeps.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "runtime/engine.h"
+#include "runtime/error.h"
+#include "tests/runtime/engine/launch_workers.h"
+
+namespace {
+
+using strata::json;
+namespace F = torch::nn::functional;
+
+constexpr const char* kWorker = "STRATA_STAGE3_WORKER";
+bool is_worker() { return strata::test_support::is_worker(kWorker); }
+int rank() { return is_worker() ? strata::test_support::env_int("RANK") : 0; }
+int world() { return is_worker() ? strata::test_support::env_int("WORLD_SIZE") : 1; }
+
+constexpr int64_t kVocab = 16, kDim = 16;
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl() {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
+    up = register_module("up", torch::nn::Linear(kDim, 2 * kDim));
+    down = register_module("down", torch::nn::Linear(2 * kDim, kDim));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + down(F::gelu(up(norm(x)))); }
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(Block);
+
+// `skip`: a block not run in this forward (-1: none).
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(int64_t blocks_n = 3) {
+    emb = register_module("emb", torch::nn::Embedding(kVocab, kDim));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < blocks_n; ++i) blocks->push_back(Block());
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
+    register_parameter("head_weight", emb->weight);  // tied
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y, int64_t skip = -1) {
+    auto h = emb(x);
+    for (size_t i = 0; i < blocks->size(); ++i)
+      if (int64_t(i) != skip) h = blocks[i]->as<Block>()->forward(h);
+    auto logits = F::linear(norm(h), emb->weight);
+    return F::cross_entropy(logits.reshape({-1, kVocab}), y.reshape({-1}));
+  }
+  std::vector<torch::Tensor> unique_trainable() {
+    std::vector<torch::Tensor> out;
+    std::set<const void*> seen;
+    for (auto& p : parameters())
+      if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+    return out;
+  }
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+};
+TORCH_MODULE(Net);
+
+json stage3_config(int64_t global, int64_t gas, bool bf16 = false) {
+  json c = {{"train_batch_size", global},
+            {"gradient_accumulation_steps", gas},
+            {"steps_per_print", 1000},
+            {"gradient_clipping", 0.5},
+            // LayerNorm weights (16 elements) stay whole; everything else is partitioned.
+            {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 16}}},
+            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"weight_decay", 0.01}}}}}};
+  if (bf16) c["bf16"] = {{"enabled", true}};
+  return c;
+}
+
+// ---- equivalence -------------------------------------------------------------------------------
+
+// This rank's slices of each global batch through the engine; the whole batch through LibTorch's
+// AdamW here. Step 2 skips block 1 on every rank (a branch decided by the step).
+void train_like_libtorch(int r, int w) {
+  const int64_t global = 8, gas = 2, micro = global / (gas * w);
+  torch::manual_seed(3);
+  Net net, ref;
+  net->blocks[2]->as<Block>()->up->weight.set_requires_grad(false);  // frozen, still partitioned
+  ref->blocks[2]->as<Block>()->up->weight.set_requires_grad(false);
+  {
+    torch::NoGradGuard no_grad;
+    auto pn = net->parameters(), pr = ref->parameters();
+    for (size_t i = 0; i < pn.size(); ++i) pr[i].copy_(pn[i]);
+  }
+  const auto frozen_before = net->blocks[2]->as<Block>()->up->weight.detach().clone();
+  auto engine = strata::initialize(net, stage3_config(global, gas));
+  ASSERT_NE(engine->stage3_units(), nullptr);
+  torch::optim::AdamW opt(ref->unique_trainable(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  for (int64_t step = 0; step < 4; ++step) {
+    const int64_t skip = step == 2 ? 1 : -1;
+    torch::manual_seed(70 + step);
+    const auto x = torch::randint(0, kVocab, {global, 6}), y = torch::randint(0, kVocab, {global, 6});
+    for (int64_t m = 0; m < gas; ++m) {
+      const int64_t first = (m * w + r) * micro;
+      engine->backward(engine->forward(x.narrow(0, first, micro), y.narrow(0, first, micro), skip));
+      engine->step();
+    }
+    opt.zero_grad();
+    ref->forward(x, y, skip).backward();
+    const double norm = torch::nn::utils::clip_grad_norm_(ref->unique_trainable(), 0.5);
+    EXPECT_NEAR(engine->last_grad_norm(), norm, 1e-5 * norm) << "step " << step;
+    opt.step();
+    auto whole = engine->gathered_parameters();  // every rank: a collective
+    auto pn = net->parameters(), pr = ref->parameters();
+    for (size_t i = 0; i < pn.size(); ++i)
+      ASSERT_TRUE(torch::allclose(pn[i], pr[i], 1e-5, 1e-6))
+          << "rank " << r << " of " << w << " step " << step << " parameter "
+          << net->named_parameters().keys()[i] << " differs by "
+          << (pn[i] - pr[i]).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(net->blocks[2]->as<Block>()->up->weight, frozen_before));
+  }
+  // Outside the scope the units are released again: only the whole LayerNorms stay.
+  const auto* units = engine->stage3_units();
+  EXPECT_LT(units->gathered_bytes(), units->largest_unit_bytes());
+  EXPECT_TRUE(net->named_parameters()["head_weight"].is_same(net->emb->weight));
+}
+
+TEST(Stage3, TrainsLikeLibTorchWithTiedFrozenAndSkippedBlocks) {
+  if (is_worker()) GTEST_SKIP();
+  train_like_libtorch(0, 1);
+}
+
+TEST(Stage3Worker, TrainsLikeLibTorchWithTiedFrozenAndSkippedBlocks) {
+  train_like_libtorch(rank(), world());
+}
+
+// ---- memory --------------------------------------------------------------------------------------
+
+// bf16 with Adam: between uses only shards stay; while the model runs, one unit at a time (an
+// op here touches one unit) beside the persistent LayerNorms. Model states per rank:
+// 2 (bf16 shard) + 2 (bf16 gradient shard) + 4 (fp32 master) + 8 (Adam) bytes per element of
+// the padded partition P, plus the persistent parameters' whole bf16 copy: ZeRO-3's
+// 16 Psi / N + 2 Psi_p (1 - 1/N), where this layout also keeps the persistent shard (2 Psi_p / N).
+void memory_follows_the_formula(int r, int w) {
+  torch::manual_seed(5);
+  Net net(4);
+  auto engine = strata::initialize(net, stage3_config(4 * w, 1, /*bf16=*/true));
+  const auto* units = engine->stage3_units();
+  int64_t persistent_numel = 0, persistent_bytes = 0, psi = 0;
+  for (size_t u = 0; u < units->size(); ++u) {
+    const auto& unit = units->unit(u);
+    if (unit.trainable) psi += unit.numel;
+    if (unit.persistent) {
+      persistent_numel += unit.numel;
+      persistent_bytes += unit.full.numel() * 2;
+    }
+  }
+  for (int step = 0; step < 3; ++step) {
+    torch::manual_seed(10 + step);
+    const auto x = torch::randint(0, kVocab, {4, 6}), y = torch::randint(0, kVocab, {4, 6});
+    engine->backward(engine->forward(x, y));
+    engine->step();
+  }
+  const int64_t peak = engine->live_param_bytes_peak();
+  EXPECT_GT(peak, persistent_bytes) << "rank " << r;
+  EXPECT_LE(peak, persistent_bytes + units->largest_unit_bytes()) << "rank " << r;
+  const auto bytes = engine->model_state_bytes();
+  const int64_t p = units->shards().partition_numel();
+  EXPECT_EQ(bytes.params, 2 * p + persistent_bytes);
+  EXPECT_EQ(bytes.grads, 2 * p);
+  EXPECT_EQ(bytes.master, 4 * p);
+  EXPECT_NEAR(double(bytes.optimizer), 8.0 * p, 64);  // + the step counter
+  // P is Psi / N plus alignment padding (64 elements per unit at most).
+  EXPECT_LE(p * w - psi, int64_t(units->size()) * 64 * w);
+  const double formula = 16.0 * psi / w + 2.0 * persistent_numel * (1.0 - 1.0 / w);
+  const double slack = 16.0 * (p - double(psi) / w) + 2.0 * persistent_numel / w;
+  EXPECT_NEAR(double(bytes.total()), formula, slack + 64) << "rank " << r;
+  std::printf("stage3 memory: rank %d of %d: live peak %lld B (persistent %lld + largest unit "
+              "%lld), model states %lld B, formula %.0f B\n",
+              r, w, (long long)peak, (long long)persistent_bytes,
+              (long long)units->largest_unit_bytes(), (long long)bytes.total(), formula);
+}
+
+TEST(Stage3, MemoryFollowsTheFormula) {
+  if (is_worker()) GTEST_SKIP();
+  memory_follows_the_formula(0, 1);
+}
+
+TEST(Stage3Worker, MemoryFollowsTheFormula) { memory_follows_the_formula(rank(), world()); }
+
+// ---- mistakes ------------------------------------------------------------------------------------
+
+// Reading a weight between steps would need a gather the other ranks never join: NaN, and the
+// next engine call names the parameter. Every rank makes the mistake here, so none waits.
+TEST(Stage3Worker, ReadingAReleasedWeightOutsideTheStepIsNamed) {
+  torch::manual_seed(5);
+  Net net;
+  auto engine = strata::initialize(net, stage3_config(2 * world(), 1));
+  const auto x = torch::randint(0, kVocab, {2, 6}), y = torch::randint(0, kVocab, {2, 6});
+  engine->backward(engine->forward(x, y));
+  engine->step();
+  const auto read = net->blocks[1]->as<Block>()->up->weight.sum();
+  if (world() > 1) {
+    EXPECT_TRUE(std::isnan(read.item<double>()));
+    try {
+      engine->forward(x, y);
+      FAIL() << "expected strata::Error";
+    } catch (const strata::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'blocks.1.up.weight'"), std::string::npos) << what;
+      EXPECT_NE(what.find("gathered_parameters"), std::string::npos) << what;
+    }
+  }
+}
+
+// Ranks that run different blocks of the same size would mix their weights without a word: the
+// step names what each rank gathered.
+TEST(Stage3Worker, RanksThatGatherDifferentUnitsAreNamed) {
+  if (world() < 2) GTEST_SKIP();
+  torch::manual_seed(5);
+  Net net(2);
+  auto engine = strata::initialize(net, stage3_config(2 * world(), 1));
+  const auto x = torch::randint(0, kVocab, {2, 6}), y = torch::randint(0, kVocab, {2, 6});
+  engine->backward(engine->forward(x, y, /*skip=*/rank() % 2));
+  try {
+    engine->step();
+    FAIL() << "expected strata::Error";
+  } catch (const strata::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("gathered different parameters"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank 0: 'blocks.1'"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank 1: 'blocks.0'"), std::string::npos) << what;
+  }
+}
+
+// Eval under NoGradGuard and a loop whose order differs from training's (a "generation" that
+// runs the blocks in reverse) gather on use like training does.
+TEST(Stage3Worker, EvalAndAnotherOrderWork) {
+  torch::manual_seed(5);
+  Net net;
+  auto engine = strata::initialize(net, stage3_config(2 * world(), 1));
+  const auto x = torch::randint(0, kVocab, {2, 6}), y = torch::randint(0, kVocab, {2, 6});
+  engine->backward(engine->forward(x, y));
+  engine->step();
+  torch::NoGradGuard no_grad;
+  const double loss = engine->forward(x, y).item<double>();
+  double reversed = 0;
+  {
+    auto whole = engine->gathered_parameters();
+    Net copy;
+    auto pc = copy->parameters(), pn = net->parameters();
+    for (size_t i = 0; i < pc.size(); ++i) pc[i].copy_(pn[i]);
+    EXPECT_NEAR(copy->forward(x, y).item<double>(), loss, 1e-6);
+    auto h = copy->emb(x);
+    for (size_t i = copy->blocks->size(); i-- > 0;) h = copy->blocks[i]->as<Block>()->forward(h);
+    reversed = F::cross_entropy(F::linear(copy->norm(h), copy->emb->weight).reshape({-1, kVocab}),
+                                y.reshape({-1}))
+                   .item<double>();
+  }
+  // The same reversed pass through the engine's model, gathered on use.
+  auto scoped = engine->gathered_parameters();
+  auto g = net->emb(x);
+  for (size_t i = net->blocks->size(); i-- > 0;) g = net->blocks[i]->as<Block>()->forward(g);
+  const double through = F::cross_entropy(F::linear(net->norm(g), net->emb->weight).reshape({-1, kVocab}),
+                                          y.reshape({-1}))
+                             .item<double>();
+  EXPECT_NEAR(through, reversed, 1e-6);
+}
+
+// ---- the ranks -----------------------------------------------------------------------------------
+
+class Stage3Ranks : public testing::TestWithParam<int> {};
+
+TEST_P(Stage3Ranks, EveryWorkerCasePassesOnEveryRank) {
+  if (is_worker()) GTEST_SKIP();
+  std::string output;
+  EXPECT_EQ(strata::test_support::launch_workers(kWorker, GetParam(), "Stage3Worker.*", &output), 0)
+      << output;
+  EXPECT_NE(output.find("[  PASSED  ] 5 tests"), std::string::npos) << output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Stage3Ranks, testing::Values(2, 4));
+
+}  // namespace
