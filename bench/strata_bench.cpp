@@ -4,7 +4,9 @@
 // the PyTorch peer's format (bench/run_dense.sh prints both side by side). For an fp32 config on
 // one rank it also times a plain LibTorch loop over the same model and batch (torch::optim::AdamW
 // with the engine's hyper-parameters, clip_grad_norm_) and prints Strata's ratio to it: the
-// runtime's own cost.
+// runtime's own cost. For a stage-3 config on one rank it also times the same config at stage 0
+// in the same process (rounds alternating) and prints stage 3's ratio to it and the mechanism's
+// cost per dispatched op (the op callback, gathers and releases).
 //   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3]
 //                    [--device cuda|cpu]
 //   strata-bench adam [--numel N] [--steps N] [--device cuda|cpu]   (bench/adam_bench.h)
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include <torch/cuda.h>
@@ -130,6 +133,61 @@ double seconds_per_step(Step&& step, int64_t n, const torch::Device& device) {
   return std::chrono::duration<double>(Clock::now() - t0).count() / n;
 }
 
+// Stage 3 on one rank against stage 0 of the same config, model and batch in this process: what
+// gathering on use and releasing after it costs where no communication hides it.
+template <class Stage3Step>
+void compare_with_stage0(const Args& args, strata::Engine& stage3, Stage3Step& step3, double tok,
+                         const torch::Device& device) {
+  using namespace strata::examples;
+  std::ifstream in(args.config);
+  auto config = nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
+  config["zero_optimization"]["stage"] = 0;
+  const auto cfg = GPTConfig::by_name(args.model);
+  torch::manual_seed(0);
+  GPT model(cfg);
+  model->to(device);
+  auto coordinator = stage3.stage3_coordinator();
+  coordinator->pause();  // the stage-0 engine's ops must not pay for stage 3's callback
+  auto engine0 = strata::initialize(model, config);
+  const auto tokens = torch::randint(0, cfg.vocab, {engine0->train_micro_batch_size_per_gpu(), cfg.seq_len},
+                                     torch::TensorOptions().dtype(torch::kLong).device(device));
+  auto step0 = [&] {
+    for (int64_t m = 0; m < engine0->gradient_accumulation_steps(); ++m) {
+      engine0->backward(engine0->forward(tokens, tokens));
+      engine0->step();
+    }
+  };
+  seconds_per_step(step0, args.warmup, device);
+  coordinator->resume();
+  std::vector<double> ratios, s0, s3;
+  int64_t ops = 0, gathers = 0;
+  for (int round = 0; round < 3; ++round) {
+    coordinator->pause();
+    s0.push_back(seconds_per_step(step0, args.steps, device));
+    coordinator->resume();
+    const int64_t ops_before = coordinator->ops_seen(), gathers_before = coordinator->gathers();
+    s3.push_back(seconds_per_step(step3, args.steps, device));
+    ops = (coordinator->ops_seen() - ops_before) / args.steps;
+    gathers = (coordinator->gathers() - gathers_before) / args.steps;
+    ratios.push_back(s3.back() / s0.back());
+  }
+  std::sort(ratios.begin(), ratios.end());
+  std::sort(s0.begin(), s0.end());
+  std::sort(s3.begin(), s3.end());
+  nlohmann::json b = {{"name", "strata " + args.model + " stage 0 (same run, same config)"},
+                      {"step_ms", s0[1] * 1e3},
+                      {"tok_s", tok / s0[1]},
+                      {"stage3_step_ms", s3[1] * 1e3},
+                      {"stage3_over_stage0", ratios[1]},
+                      {"rounds", ratios},
+                      {"ops_per_step", ops},
+                      {"gathers_per_step", gathers},
+                      {"mechanism_us_per_op", (s3[1] - s0[1]) / double(std::max<int64_t>(ops, 1)) * 1e6},
+                      {"live_param_bytes_peak", stage3.live_param_bytes_peak()},
+                      {"stage0_param_bytes", engine0->live_param_bytes_peak()}};
+  std::printf("%s\n", b.dump().c_str());
+}
+
 int run(const Args& args) {
   using namespace strata::examples;
   const auto cfg = GPTConfig::by_name(args.model);
@@ -207,6 +265,8 @@ int run(const Args& args) {
                         {"rounds", ratios}};
     std::printf("%s\n", b.dump().c_str());
   }
+  if (engine->data_parallel_size() == 1 && c.zero_optimization.stage == 3)
+    compare_with_stage0(args, *engine, step, tok, device);
   return 0;
 }
 

@@ -101,6 +101,7 @@ class Engine {
   [[nodiscard]] std::shared_ptr<void> gathered_parameters();
   // Stage 3: the units the parameters are cut into (null below stage 3).
   const zero::ParamUnits* stage3_units() const { return units_.get(); }
+  zero::ParamCoordinator* stage3_coordinator() const { return coordinator_.get(); }
   // Checkpoints (runtime/checkpoint's layout: DIR/TAG/ with a manifest, DIR/latest): model
   // states, this rank's master weights and optimizer state, the loss scaler, the LR schedule,
   // the step counters and the program's own `client_state` (e.g. its data position). Every rank

@@ -79,6 +79,9 @@ ParamCoordinator::~ParamCoordinator() {
   r.erase(std::remove(r.begin(), r.end(), this), r.end());
 }
 
+void ParamCoordinator::pause() { at::disableCallback(callback_); }
+void ParamCoordinator::resume() { at::reenableCallback(callback_); }
+
 ParamCoordinator::Scope::Scope(ParamCoordinator* c, Phase phase) : c_(c) {
   std::lock_guard<std::mutex> lock(c_->mutex_);
   previous_ = c_->phase_;

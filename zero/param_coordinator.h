@@ -83,6 +83,10 @@ class ParamCoordinator {
   int64_t ops_seen() const { return ops_seen_; }
   int64_t ops_on_units() const { return ops_on_units_; }
   ParamUnits& units() { return *units_; }
+  // Turns the op callback off and on again (benchmarks time other code in the same process
+  // without it; nothing may touch a released unit while it is off).
+  void pause();
+  void resume();
 
   // The callback's entry (public for the registration in the .cpp).
   void on_op(const at::RecordFunction& fn);
