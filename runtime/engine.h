@@ -110,6 +110,11 @@ class Engine {
   void save_checkpoint(const std::string& dir, std::string tag = "",
                        const json& client_state = json::object());
   json load_checkpoint(const std::string& dir, const std::string& tag = "latest");
+  // DeepSpeed's save_16bit_model: the weights as trained (16-bit under mixed precision) and the
+  // buffers in one LibTorch module archive, DIR/FILE, that torch::load(model, path) reads. Every
+  // rank calls it; rank 0 writes. At stage 3 it gathers the units one at a time and needs
+  // zero_optimization.stage3_gather_16bit_weights_on_model_save (else strata::Error saying so).
+  void save_16bit_model(const std::string& dir, const std::string& file = "model.pt");
   // The config's monitors (tensorboard, csv_monitor): the engine writes train_loss, lr,
   // loss_scale, grad_norm and model-state memory at every optimizer step (x axis: samples, as
   // DeepSpeed); a program adds its own events (e.g. tokens/s) here. Only rank 0 writes.
@@ -141,6 +146,12 @@ class Engine {
 
  private:
   void log_step() const;
+  // Stage 3 (collective): the module's parameters (every name) and buffers as host copies,
+  // gathered unit by unit; empty unless `keep` (only rank 0 keeps them).
+  std::vector<std::pair<std::string, torch::Tensor>> stage3_host_copies(bool keep);
+  // Stage 3: the saved parameters into the units' shards, the buffers into the module.
+  template <class TensorFile>
+  void install_stage3_weights(const TensorFile& states);
   void write_step_events();
 
   std::shared_ptr<torch::nn::Module> module_;

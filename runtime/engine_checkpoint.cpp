@@ -7,10 +7,13 @@
 //     re-partition them; the plain fp32 stage-0 path stores its per-parameter state instead.
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <optional>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/shard_pieces.h"
 #include "runtime/engine.h"
@@ -109,14 +112,86 @@ void check_same_trainables(const json& scalars, const std::string& key, torch::n
   }
 }
 
+
+// Where the checkpoint's flat layout comes from: stages 0-2 save the FlatParams layout; stage 3
+// saves its shards as pieces of the same gap-free layout (trainable parameters in module order),
+// so a checkpoint reads back at any stage and world size, and strata-ckpt consolidates it alike.
+struct FlatLayout {
+  int64_t numel = 0;
+  zero::ShardMap shards;
+  int64_t part = 0;
+};
+
+FlatLayout flat_layout(torch::nn::Module& module, const zero::PartitionedOptimizer& partitioned) {
+  const auto* units = partitioned.units();
+  if (!units) return {partitioned.flat().numel(), partitioned.shards(), partitioned.partition_index()};
+  std::unordered_map<const c10::TensorImpl*, int64_t> offset;
+  int64_t numel = 0;
+  for (const auto& p : unique_parameters(module, true)) {
+    offset[p.tensor.unsafeGetTensorImpl()] = numel;
+    numel += p.tensor.numel();
+  }
+  std::vector<int64_t> offsets;
+  for (const auto& p : units->trainable_params()) offsets.push_back(offset.at(p.unsafeGetTensorImpl()));
+  return {numel, units->shards_over(offsets), partitioned.partition_index()};
+}
+
 }  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> Engine::stage3_host_copies(bool keep) {
+  std::unordered_map<const c10::TensorImpl*, torch::Tensor> copies;
+  for (size_t u = 0; u < units_->size(); ++u) {
+    coordinator_->pin({u});
+    if (keep)
+      for (const auto& p : units_->unit(u).params)
+        copies[p.unsafeGetTensorImpl()] = p.detach().to(torch::kCPU, /*non_blocking=*/false,
+                                                        /*copy=*/true);
+    coordinator_->unpin();
+    coordinator_->release_all();
+  }
+  NamedTensors out;
+  if (!keep) return out;
+  for (const auto& p : module_->named_parameters())
+    out.emplace_back("param." + p.key(), copies.at(p.value().unsafeGetTensorImpl()));
+  for (const auto& b : module_->named_buffers()) out.emplace_back("buffer." + b.key(), b.value());
+  return out;
+}
+
+template <class TensorFile>
+void Engine::install_stage3_weights(const TensorFile& states) {
+  for (size_t u = 0; u < units_->size(); ++u) {
+    std::vector<torch::Tensor> values;
+    for (const auto& name : units_->unit(u).names) values.push_back(states.at("param." + name));
+    units_->assign(u, values);
+  }
+  for (const auto& b : module_->named_buffers()) b.value().copy_(states.at("buffer." + b.key()));
+}
+
+void Engine::save_16bit_model(const std::string& dir, const std::string& file) {
+  torch::NoGradGuard no_grad;
+  if (coordinator_ && !config_.zero_optimization.stage3_gather_16bit_weights_on_model_save)
+    throw Error(fmt::format(
+        "{}: save_16bit_model at ZeRO stage 3 gathers every weight to rank 0; set "
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save to true, or save a "
+        "checkpoint (save_checkpoint) and consolidate it with `strata-ckpt consolidate`",
+        config_.source));
+  NamedTensors params, buffers;
+  const bool writer = data_parallel_rank() == 0;
+  const auto whole = coordinator_ ? stage3_host_copies(writer) : model_tensors(*module_);
+  for (const auto& [key, t] : whole) {
+    const bool param = key.rfind("param.", 0) == 0;
+    (param ? params : buffers).emplace_back(key.substr(key.find('.') + 1), t.detach().cpu());
+  }
+  if (writer) {
+    std::filesystem::create_directories(dir);
+    checkpoint::save_module_archive(dir + "/" + file, params, buffers);
+  }
+  if (group_) group_->barrier();  // the file exists before any rank goes on
+  log::info("[strata] saved the 16-bit model to {}/{}", dir, file);
+}
 
 void Engine::save_checkpoint(const std::string& dir, std::string tag, const json& client_state) {
   torch::NoGradGuard no_grad;
-  if (coordinator_)
-    throw Error("save_checkpoint at ZeRO stage 3 is not implemented in this build yet; train at "
-                "stage 2 to checkpoint, or save the weights yourself inside "
-                "engine->gathered_parameters()");
   if (tag.empty()) tag = fmt::format("global_step{}", global_steps_);
   const int rank = data_parallel_rank(), world = data_parallel_size();
   checkpoint::CheckpointWriter writer(dir, tag, rank, world);
@@ -127,18 +202,24 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
                        {"loss_scaler", scaler_.state()},
                        {"client_state", client_state}};
   if (lr_scheduler_) engine_state["lr_scheduler"] = lr_scheduler_->state_dict();
-  if (rank == 0) writer.write_shared("model_states", model_tensors(*module_), engine_state);
+  if (coordinator_) {
+    // Stage 3: the units gathered one at a time; rank 0 keeps a host copy of each.
+    const auto whole = stage3_host_copies(/*keep=*/rank == 0);
+    if (rank == 0) writer.write_shared("model_states", whole, engine_state);
+  } else if (rank == 0) {
+    writer.write_shared("model_states", model_tensors(*module_), engine_state);
+  }
 
   NamedTensors optim;
   json scalars = json::object();
   if (partitioned_) {
+    const auto layout = flat_layout(*module_, *partitioned_);
     scalars["layout"] = "flat";
-    scalars["flat_numel"] = partitioned_->flat().numel();
+    scalars["flat_numel"] = layout.numel;
     // Which parameter each range of the flat layout is (strata-ckpt consolidates by it).
     put_trainables(*module_, scalars, /*flat=*/true);
     // Where this partition's elements sit in the flat layout (zero/shard_map.h).
-    const auto& shards = partitioned_->shards();
-    scalars["shard_pieces"] = pieces_json(shards.pieces(partitioned_->partition_index()));
+    scalars["shard_pieces"] = pieces_json(layout.shards.pieces(layout.part));
     optim.emplace_back("master", partitioned_->master());
     const auto state = optim::export_param_state(*optimizer_, partitioned_->master());
     if (state) {
@@ -160,7 +241,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
       put_state(*state, fmt::format("state.{}.", i), optim, scalars);
     }
   }
-  const bool partitioned_files = partitioned_ && partitioned_->flat().partitions() > 1;
+  const bool partitioned_files = partitioned_ && partitioned_->shards().parts() > 1;
   if (partitioned_files)
     writer.write_partition("optim_states", optim, scalars);
   else if (rank == 0)
@@ -180,9 +261,6 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
 
 json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   torch::NoGradGuard no_grad;
-  if (coordinator_)
-    throw Error("load_checkpoint at ZeRO stage 3 is not implemented in this build yet; train at "
-                "stage 2 to checkpoint");
   // Everything is read and checked first; the engine changes only once all of it has passed, so
   // a checkpoint that does not fit leaves the model, master weights and optimizer as they were.
   checkpoint::CheckpointReader reader(dir, tag, {/*verify_checksums=*/false});
@@ -211,18 +289,18 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   std::optional<std::string> archive;
   std::vector<optim::ParamState> param_states;
   if (partitioned_) {
-    const auto& flat = partitioned_->flat();
-    const auto& shards = partitioned_->shards();
-    const int64_t part = partitioned_->partition_index();
+    const auto layout = flat_layout(*module_, *partitioned_);
+    const auto& shards = layout.shards;
+    const int64_t part = layout.part;
     const auto first = optim_file(shards.parts() == saved_parts ? static_cast<int>(part) : 0);
     if (first.scalars.at("layout") != "flat")
       throw Error(fmt::format("{}: saved by the plain fp32 stage-0 path; resume it with the same "
                               "precision and ZeRO stage", reader.folder()));
     check_same_trainables(first.scalars, "flat_params", *module_, reader.folder());
-    if (first.scalars.at("flat_numel").get<int64_t>() != flat.numel())
+    if (first.scalars.at("flat_numel").get<int64_t>() != layout.numel)
       throw Error(fmt::format("{}: {} trainable elements saved, this model has {}",
                               reader.folder(), first.scalars.at("flat_numel").get<int64_t>(),
-                              flat.numel()));
+                              layout.numel));
     const bool same_layout = shards.parts() == saved_parts &&
                              first.at("master").numel() == shards.partition_numel() &&
                              saved_pieces(first, static_cast<int>(part)) == shards.pieces(part);
@@ -246,7 +324,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
       auto mine = [&](const std::string& name) {
         std::vector<torch::Tensor> parts;
         for (const auto& f : files) parts.push_back(f.at(name));
-        return shards.gather(saved.assemble(parts, flat.numel()), part);
+        return shards.gather(saved.assemble(parts, layout.numel), part);
       };
       master = mine("master");
       master_state = get_state(files.front(), "state.");
@@ -286,7 +364,10 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   // Everything fits: install it. LibTorch's own archive goes first, the one step that can still
   // fail (it is checked only by loading it).
   if (archive) optim::load_optimizer_archive(*optimizer_, *archive);
-  states.copy_to(model);
+  if (units_)
+    install_stage3_weights(states);
+  else
+    states.copy_to(model);
   if (partitioned_) {
     partitioned_->master().copy_(master);
     if (master_state)

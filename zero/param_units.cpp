@@ -268,6 +268,41 @@ void ParamUnits::poison(size_t u) {
   gathered_bytes_ += bytes_of(unit.full);
 }
 
+ShardMap ParamUnits::shards_over(const std::vector<int64_t>& offsets) const {
+  if (offsets.size() != trainable_params_.size())
+    throw Error("ParamUnits::shards_over: one offset per trainable parameter");
+  std::vector<std::vector<ShardPiece>> pieces(parts_);
+  size_t k = 0;  // trainable parameters in unit order, as the constructor listed them
+  for (const auto& u : units_) {
+    if (!u.trainable) continue;
+    const int64_t base = u.shard.storage_offset() - partition_.storage_offset();
+    for (int64_t r = 0; r < parts_; ++r) {
+      const int64_t a = r * u.chunk, b = std::min((r + 1) * u.chunk, u.numel);
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        const int64_t lo = std::max(a, u.offsets[i]);
+        const int64_t hi = std::min(b, u.offsets[i] + u.params[i].numel());
+        if (hi > lo) pieces[r].push_back({offsets[k + i] + lo - u.offsets[i], hi - lo, base + lo - a});
+      }
+    }
+    k += u.params.size();
+  }
+  return ShardMap::from_pieces(std::move(pieces), shards_.partition_numel());
+}
+
+void ParamUnits::assign(size_t u, const std::vector<torch::Tensor>& values) {
+  auto& unit = units_.at(u);
+  if (values.size() != unit.params.size())
+    throw Error(fmt::format("ParamUnits::assign: unit '{}' has {} parameters, {} values given",
+                            unit.name, unit.params.size(), values.size()));
+  at::DisableRecordFunctionGuard no_callbacks;
+  torch::NoGradGuard no_grad;
+  auto flat = torch::zeros({parts_ * unit.chunk}, unit.shard.options());
+  for (size_t i = 0; i < values.size(); ++i)
+    flat.narrow(0, unit.offsets[i], unit.params[i].numel()).copy_(values[i].reshape({-1}));
+  unit.shard.copy_(flat.narrow(0, rank_ * unit.chunk, unit.chunk));
+  if (unit.gathered) unit.full.copy_(flat);
+}
+
 void ParamUnits::refresh_persistent() {
   for (size_t u = 0; u < units_.size(); ++u)
     if (units_[u].persistent && units_[u].trainable) gather(u);

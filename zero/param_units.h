@@ -100,6 +100,12 @@ class ParamUnits {
   const std::vector<torch::Tensor>& trainable_params() const { return trainable_params_; }
   const std::vector<int64_t>& flat_offsets() const { return flat_offsets_; }
   const std::vector<std::vector<size_t>>& plan() const { return plan_; }
+  // The trainable shards as pieces of another flat layout in which trainable parameter k (of
+  // trainable_params()) starts at offsets[k]: checkpoints record partitions in the gap-free
+  // layout of stages 0-2, so that any stage and world size can read them.
+  ShardMap shards_over(const std::vector<int64_t>& offsets) const;
+  // Sets unit u's shard (and whole copy, if persistent) from its parameters' full values.
+  void assign(size_t u, const std::vector<torch::Tensor>& values);
   // After the optimizer wrote new shards: the persistent unit is gathered again.
   void refresh_persistent();
   // Resident bytes: shards, frozen shards and the persistent unit's full copy.

@@ -37,8 +37,9 @@ NamedTensors consolidate(const std::string& dir, const std::string& tag,
       offset += saved.numel();
     }
     // Tied weights: a second name of one tensor takes the value of the name it was saved under.
-    for (const auto& [alias, name] : optim0.scalars.value("flat_param_aliases", json::object()).items())
-      master[alias] = master.at(name.get<std::string>());
+    // (Named: items() of a temporary would dangle inside the loop.)
+    const json aliases = optim0.scalars.value("flat_param_aliases", json::object());
+    for (const auto& [alias, name] : aliases.items()) master[alias] = master.at(name.get<std::string>());
   }
   // Parameters from the fp32 master when there is one; frozen ones and buffers as saved.
   for (const auto& [key, tensor] : model.tensors) {

@@ -258,6 +258,59 @@ TEST(TrainGpt, ZeroCheckpointResumesAtAnotherWorldSize) {
   }
 }
 
+// A ZeRO-3 checkpoint of 2 ranks (the tied model, units really released) resumes exactly on 4
+// and 1 ranks at stage 3 and on 2 ranks at stage 2; strata-ckpt consolidates it into weights
+// that plain LibTorch loads, as the engine resumed from it computes.
+TEST(TrainGpt, Stage3CheckpointResumesAtAnotherWorldSizeAndStage) {
+  nlohmann::json config;
+  std::ifstream(std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json") >> config;
+  config.erase("launcher");
+  const std::string tag = std::to_string(getpid());
+  auto write = [&](int stage) {
+    config["zero_optimization"] = {{"stage", stage}, {"stage3_param_persistence_threshold", 100}};
+    const std::string file = testing::TempDir() + "/train_gpt_z3ck_" + std::to_string(stage) + "_" + tag + ".json";
+    std::ofstream(file) << config.dump();
+    return file;
+  };
+  const std::string stage3 = write(3), stage2 = write(2);
+  const std::string dir = testing::TempDir() + "/train_gpt_z3ckpt_" + tag;
+  const std::string full = testing::TempDir() + "/train_gpt_z3full_" + tag + ".jsonl";
+  const std::string model = "--model tiny-tied ";
+  ASSERT_EQ(launch(2, model + "--config " + stage3 + " --steps 16 --metrics-jsonl " + full), "");
+  ASSERT_EQ(launch(2, model + "--config " + stage3 + " --steps 8 --save-dir " + dir), "");
+  const auto reference = read_jsonl(full);
+  ASSERT_EQ(reference.size(), 16u);
+  for (const auto& [ranks, file] : {std::pair{4, stage3}, {1, stage3}, {2, stage2}}) {
+    const std::string out = testing::TempDir() + "/train_gpt_z3res" + std::to_string(ranks) +
+                            (file == stage2 ? "s2_" : "_") + tag + ".jsonl";
+    ASSERT_EQ(launch(ranks, model + "--config " + file + " --steps 16 --resume " + dir +
+                                " --metrics-jsonl " + out),
+              "");
+    const auto b = read_jsonl(out);
+    ASSERT_EQ(b.size(), 8u);
+    for (size_t i = 0; i < b.size(); ++i) {
+      const double la = reference[8 + i].at("loss").get<double>(), lb = b[i].at("loss").get<double>();
+      EXPECT_LE(std::abs(la - lb) / la, 1e-5) << ranks << " ranks, step " << i + 9;
+    }
+  }
+  const std::string pt = testing::TempDir() + "/train_gpt_z3ck_" + tag + ".pt";
+  ASSERT_EQ(std::system((std::string(STRATA_BIN_DIR) + "/strata-ckpt consolidate " + dir +
+                         " --out " + pt + " > /dev/null 2>&1").c_str()),
+            0);
+  const auto model_config = strata::examples::GPTConfig::by_name("tiny-tied");
+  const auto batch = strata::examples::TokenData::synthetic(1 << 16).batch(99, 0, 0, 8, model_config.seq_len);
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(7);
+  strata::examples::GPT plain(model_config);
+  torch::load(plain, pt);
+  torch::manual_seed(8);
+  strata::examples::GPT resumed(model_config);
+  auto engine = strata::initialize(resumed, stage3, strata::InitOptions{});
+  engine->load_checkpoint(dir);
+  EXPECT_EQ(plain->forward(batch.tokens, batch.targets).item<double>(),
+            engine->forward(batch.tokens, batch.targets).item<double>());
+}
+
 // strata-ckpt consolidates a ZeRO-2 checkpoint of 2 ranks into one file that plain LibTorch
 // loads into the model (torch::load), giving the loss of the engine resumed from the checkpoint.
 TEST(StrataCkpt, ConsolidatedWeightsLoadIntoThePlainModel) {

@@ -1,7 +1,8 @@
 // ZeRO-3 through the engine, on a model that knows nothing of it (blocks in a ModuleList, an
 // embedding tied to the output head, LayerNorms small enough to stay whole, a frozen layer):
-// against LibTorch's AdamW and clip_grad_norm_ on the whole batch in this process, on 1 rank
-// here and on 2 and 4 ranks through strata-run (this binary re-run as the ranks). Also: a step
+// against LibTorch's AdamW and clip_grad_norm_ on the whole batch in this process. The
+// Stage3Worker cases run as one process (CTest runs each) and on 2 and 4 ranks through
+// strata-run (this binary re-run as the ranks). Also: a step
 // that skips a block, ranks that take different branches, a weight read outside the step,
 // gathered parameters, and the memory the mechanism keeps.
 #include <gtest/gtest.h>
@@ -128,11 +129,6 @@ void train_like_libtorch(int r, int w) {
   EXPECT_TRUE(net->named_parameters()["head_weight"].is_same(net->emb->weight));
 }
 
-TEST(Stage3, TrainsLikeLibTorchWithTiedFrozenAndSkippedBlocks) {
-  if (is_worker()) GTEST_SKIP();
-  train_like_libtorch(0, 1);
-}
-
 TEST(Stage3Worker, TrainsLikeLibTorchWithTiedFrozenAndSkippedBlocks) {
   train_like_libtorch(rank(), world());
 }
@@ -182,11 +178,6 @@ void memory_follows_the_formula(int r, int w) {
               "%lld), model states %lld B, formula %.0f B\n",
               r, w, (long long)peak, (long long)persistent_bytes,
               (long long)units->largest_unit_bytes(), (long long)bytes.total(), formula);
-}
-
-TEST(Stage3, MemoryFollowsTheFormula) {
-  if (is_worker()) GTEST_SKIP();
-  memory_follows_the_formula(0, 1);
 }
 
 TEST(Stage3Worker, MemoryFollowsTheFormula) { memory_follows_the_formula(rank(), world()); }
@@ -270,6 +261,39 @@ TEST(Stage3Worker, EvalAndAnotherOrderWork) {
   EXPECT_NEAR(through, reversed, 1e-6);
 }
 
+// save_16bit_model: refused at stage 3 unless the config asks for the gathered weights; with it,
+// one module archive that plain LibTorch loads, holding the trained weights.
+TEST(Stage3Worker, Save16BitModelGathersTheWeightsWhenAsked) {
+  torch::manual_seed(5);
+  Net net;
+  auto config = stage3_config(2 * world(), 1);
+  auto engine = strata::initialize(net, config);
+  const auto x = torch::randint(0, kVocab, {2, 6}), y = torch::randint(0, kVocab, {2, 6});
+  engine->backward(engine->forward(x, y));
+  engine->step();
+  try {
+    engine->save_16bit_model(testing::TempDir());
+    FAIL() << "expected strata::Error";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stage3_gather_16bit_weights_on_model_save"),
+              std::string::npos) << e.what();
+  }
+  torch::manual_seed(5);
+  Net net2;
+  config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = true;
+  auto engine2 = strata::initialize(net2, config);
+  engine2->backward(engine2->forward(x, y));
+  engine2->step();
+  const char* job = std::getenv("MASTER_PORT");  // one folder per run of the ranks
+  const std::string dir = testing::TempDir() + "/stage3_16bit_" + (job ? job : "1");
+  engine2->save_16bit_model(dir, "net.pt");
+  Net plain;
+  torch::load(plain, dir + "/net.pt");
+  auto whole = engine2->gathered_parameters();
+  for (const auto& p : net2->named_parameters())
+    EXPECT_TRUE(torch::equal(plain->named_parameters()[p.key()], p.value())) << p.key();
+}
+
 // ---- the ranks -----------------------------------------------------------------------------------
 
 class Stage3Ranks : public testing::TestWithParam<int> {};
@@ -279,7 +303,7 @@ TEST_P(Stage3Ranks, EveryWorkerCasePassesOnEveryRank) {
   std::string output;
   EXPECT_EQ(strata::test_support::launch_workers(kWorker, GetParam(), "Stage3Worker.*", &output), 0)
       << output;
-  EXPECT_NE(output.find("[  PASSED  ] 5 tests"), std::string::npos) << output;
+  EXPECT_NE(output.find("[  PASSED  ] 6 tests"), std::string::npos) << output;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Stage3Ranks, testing::Values(2, 4));
