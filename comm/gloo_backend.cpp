@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gloo/allgather.h>
@@ -198,6 +199,9 @@ struct GlooBackend::Impl {
   }
 
   void run() {
+    // The worker's copies belong to the collectives, not to the program: op callbacks (profilers,
+    // ZeRO-3's gather-on-use) must not see them.
+    at::DisableRecordFunctionGuard no_op_callbacks;
     while (true) {
       Task task;
       {

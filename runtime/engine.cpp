@@ -161,7 +161,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       uo.model_persistence_threshold = zero.stage3_model_persistence_threshold;
       units_ = std::make_shared<zero::ParamUnits>(zero::plan_units(*module_, options.stage3_units),
                                                   group_, uo);
-      coordinator_ = std::make_unique<zero::ParamCoordinator>(units_, group_);
+      zero::CoordinatorOptions co;
+      co.prefetch_numel = zero.stage3_prefetch_bucket_size.value;
+      co.max_live_numel = zero.stage3_max_live_parameters;
+      co.max_reuse_distance = zero.stage3_max_reuse_distance;
+      coordinator_ = std::make_unique<zero::ParamCoordinator>(units_, group_, co);
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(units_, group_, po, build);
     } else {
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(params_, group_, po, build);
@@ -317,6 +321,7 @@ void Engine::backward(const torch::Tensor& loss) {
   if (coordinator_) {
     scope.reset();
     coordinator_->release_all();  // the units backward used last (the first layers)
+    coordinator_->end_micro_step();
     coordinator_->rethrow_if_failed();
   }
 }

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "runtime/log.h"
 
 namespace strata::zero {
 namespace {
@@ -28,10 +29,6 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   for (auto* c : live) c->on_op(fn);
   return nullptr;
 }
-
-// The thread running a gather: ops that the communication backend runs on its own threads
-// while it fills a unit are the gather's, not the model's.
-std::atomic<std::thread::id> g_gathering{};
 
 void add_units_of(const at::Tensor& t, const ParamUnits& units, std::vector<size_t>& out) {
   if (!t.defined() || !t.has_storage()) return;
@@ -57,10 +54,14 @@ uint64_t fingerprint(const std::vector<int32_t>& record, const ParamUnits& units
 
 }  // namespace
 
-ParamCoordinator::ParamCoordinator(std::shared_ptr<ParamUnits> units, comm::GroupPtr group)
+ParamCoordinator::ParamCoordinator(std::shared_ptr<ParamUnits> units, comm::GroupPtr group,
+                                   CoordinatorOptions options)
     : units_(std::move(units)),
       group_(group && group->size() > 1 ? std::move(group) : nullptr),
-      pinned_(units_->size(), false) {
+      pinned_(units_->size(), false),
+      options_(options),
+      inflight_(units_->size()),
+      prefetched_(units_->size(), false) {
   peak_bytes_ = units_->gathered_bytes();
   {
     std::lock_guard<std::mutex> lock(g_registry_mutex);
@@ -105,42 +106,128 @@ void ParamCoordinator::on_op(const at::RecordFunction& fn) {
     }
   }
   if (touched.empty()) return;
-  const auto gathering = g_gathering.load();
-  if (gathering != std::thread::id() && gathering != std::this_thread::get_id()) return;
   std::lock_guard<std::mutex> lock(mutex_);
   ops_on_units_.fetch_add(1, std::memory_order_relaxed);
-  for (size_t u : touched) {
-    if (units_->unit(u).gathered) continue;
-    if (phase_ == Phase::kIdle && group_) {
-      // No collective the other ranks never join: poison the bytes and report.
-      fail(fmt::format("'{}' (ZeRO-3 unit '{}') was read by {} outside the engine's forward and "
-                       "backward; its parameters are partitioned across the ranks, and gathering "
-                       "them takes every rank. Read parameters inside engine->forward(), or in a "
-                       "gathered-parameters scope (engine->gathered_parameters()) entered on every "
-                       "rank",
-                       units_->unit(u).names.front(), units_->unit(u).name, fn.name()),
-           u);
-      continue;
-    }
-    g_gathering.store(std::this_thread::get_id());
+  if (phase_ == Phase::kIdle && group_) {
+    // No collective the other ranks never join: poison the bytes and report.
+    for (size_t u : touched)
+      if (!units_->unit(u).gathered)
+        fail(fmt::format("'{}' (ZeRO-3 unit '{}') was read by {} outside the engine's forward "
+                         "and backward; its parameters are partitioned across the ranks, and "
+                         "gathering them takes every rank. Read parameters inside "
+                         "engine->forward(), or in a gathered-parameters scope "
+                         "(engine->gathered_parameters()) entered on every rank",
+                         units_->unit(u).names.front(), units_->unit(u).name, fn.name()),
+             u);
+    return;
+  }
+  for (size_t u : touched)
+    if (std::find(current_.begin(), current_.end(), u) == current_.end()) use(u, fn.name());
+  // The units the last op used and this one does not: their use is over for now.
+  if (phase_ != Phase::kIdle)
+    for (size_t v : current_)
+      if (std::find(touched.begin(), touched.end(), v) == touched.end() && !pinned_[v] &&
+          !kept_for_reuse(v))
+        release_unit(v);
+  current_ = touched;
+  if (on_trace_) prefetch();
+  peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());
+}
+
+void ParamCoordinator::use(size_t u, const char* op) {
+  if (inflight_[u]) {
+    finish_prefetch(u);
+  } else if (!units_->unit(u).gathered) {
     try {
       units_->gather(u);
-      record_.push_back(int32_t(u));
       ++gathers_;
     } catch (const std::exception& e) {
       fail(fmt::format("ZeRO-3 could not gather unit '{}' ({} elements) for {}: {}",
-                       units_->unit(u).name, units_->unit(u).numel, fn.name(), e.what()),
+                       units_->unit(u).name, units_->unit(u).numel, op, e.what()),
            u);
     }
-    g_gathering.store(std::thread::id());
   }
-  // The op's units are the ones in use: the others have had their last use for now.
-  if (phase_ != Phase::kIdle)
-    for (size_t v = 0; v < units_->size(); ++v)
-      if (units_->unit(v).gathered && !pinned_[v] &&
-          std::find(touched.begin(), touched.end(), v) == touched.end())
-        units_->release(v);
-  peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());
+  prefetched_[u] = false;
+  record_.push_back(int32_t(u));
+  micro_.push_back(int32_t(u));
+  if (!on_trace_) return;
+  if (pos_ < trace_.size() && trace_[pos_] == int32_t(u)) {
+    ++pos_;
+    return;
+  }
+  on_trace_ = false;
+  log::info("[strata] ZeRO-3: use {} of this micro-step is unit '{}' where the recorded order has "
+            "{}; gathering on use from here, and recording the new order",
+            micro_.size(), units_->unit(u).name,
+            pos_ < trace_.size() ? "'" + units_->unit(size_t(trace_[pos_])).name + "'"
+                                 : std::string("nothing more"));
+}
+
+bool ParamCoordinator::kept_for_reuse(size_t u) const {
+  if (prefetched_[u]) return true;  // gathered ahead of its use
+  if (!on_trace_ || options_.max_reuse_distance <= 0) return false;
+  int64_t distance = 0;
+  for (size_t k = pos_; k < trace_.size(); ++k) {
+    if (trace_[k] == int32_t(u)) return true;
+    distance += units_->unit(size_t(trace_[k])).numel;
+    if (distance > options_.max_reuse_distance) return false;
+  }
+  return false;
+}
+
+void ParamCoordinator::finish_prefetch(size_t u) {
+  if (!inflight_[u]) return;
+  auto work = std::move(inflight_[u]);
+  at::DisableRecordFunctionGuard no_callbacks;
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    fail(fmt::format("ZeRO-3 could not gather unit '{}' ({} elements) ahead of its use: {}",
+                     units_->unit(u).name, units_->unit(u).numel, e.what()),
+         u);
+  }
+}
+
+void ParamCoordinator::release_unit(size_t u) {
+  finish_prefetch(u);  // its bytes may still be being written
+  prefetched_[u] = false;
+  units_->release(u);
+}
+
+void ParamCoordinator::prefetch() {
+  int64_t ahead = 0, live = 0;
+  for (size_t u = 0; u < units_->size(); ++u) {
+    const auto& unit = units_->unit(u);
+    if (unit.gathered && !unit.persistent) live += unit.numel;
+    if (prefetched_[u]) ahead += unit.numel;
+  }
+  for (size_t k = pos_; k < trace_.size(); ++k) {
+    const size_t v = size_t(trace_[k]);
+    const auto& unit = units_->unit(v);
+    if (unit.gathered) continue;
+    if (ahead + unit.numel > options_.prefetch_numel || live + unit.numel > options_.max_live_numel)
+      break;
+    try {
+      inflight_[v] = units_->gather_async(v);
+    } catch (const std::exception& e) {
+      fail(fmt::format("ZeRO-3 could not launch the gather of unit '{}': {}", unit.name, e.what()), v);
+      return;
+    }
+    prefetched_[v] = true;
+    ++gathers_;
+    ++prefetches_;
+    ahead += unit.numel;
+    live += unit.numel;
+  }
+}
+
+void ParamCoordinator::end_micro_step() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!on_trace_ || pos_ != trace_.size()) trace_ = micro_;
+  micro_.clear();
+  pos_ = 0;
+  on_trace_ = !trace_.empty() && options_.prefetch_numel + options_.max_reuse_distance > 0;
+  current_.clear();
 }
 
 void ParamCoordinator::fail(const std::string& message, size_t unit) {
@@ -158,9 +245,9 @@ void ParamCoordinator::pin(const std::vector<size_t>& units) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t u : which) {
     if (u >= units_->size()) throw Error(fmt::format("ZeRO-3: no unit {}", u));
+    finish_prefetch(u);
     if (!units_->unit(u).gathered) {
       units_->gather(u);
-      record_.push_back(int32_t(u));
       ++gathers_;
     }
     pinned_[u] = true;
@@ -176,7 +263,8 @@ void ParamCoordinator::unpin() {
 void ParamCoordinator::release_all() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t u = 0; u < units_->size(); ++u)
-    if (!pinned_[u]) units_->release(u);
+    if (!pinned_[u]) release_unit(u);
+  current_.clear();
 }
 
 void ParamCoordinator::rethrow_if_failed() {

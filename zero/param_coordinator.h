@@ -14,10 +14,18 @@
 // with NaN and the error is raised by the next engine call. (RecordFunction swallows exceptions
 // thrown by callbacks, so every error here is kept and raised by rethrow_if_failed().)
 //
-// Every gather is recorded: check_same_gathers() compares, across the ranks, the sequence of
-// units gathered since the last check, and names the first unit on which the ranks differ
-// (ranks that take different branches could otherwise all-gather different units of equal size
-// and mix their weights silently).
+// Prefetch: the order in which units come into use (a "use" starts when an op touches a unit the
+// previous unit-touching op did not) is recorded over a micro-step; the next micro-steps follow
+// that trace and launch the gathers of the next units ahead (stage3_prefetch_bucket_size
+// elements in flight, bounded by stage3_max_live_parameters), and keep a unit whose next use
+// comes within stage3_max_reuse_distance elements. A micro-step that leaves the trace (a branch
+// taken the same way on every rank) falls back to gather-on-use, says so once, and is recorded
+// as the new trace.
+//
+// Every use is recorded: check_same_gathers() compares, across the ranks, the sequence of units
+// used since the last check, and names the first unit on which the ranks differ (ranks that take
+// different branches could otherwise all-gather different units of equal size and mix their
+// weights silently).
 #pragma once
 
 #include <atomic>
@@ -37,11 +45,18 @@ class RecordFunction;
 
 namespace strata::zero {
 
+struct CoordinatorOptions {
+  int64_t prefetch_numel = 0;          // elements gathered ahead, at most (0: no prefetch)
+  int64_t max_live_numel = INT64_MAX;  // gathered elements (persistent ones aside), at most
+  int64_t max_reuse_distance = 0;      // keep a unit used again within this many elements
+};
+
 class ParamCoordinator {
  public:
   enum class Phase { kIdle, kForward, kBackward, kGathered };
 
-  ParamCoordinator(std::shared_ptr<ParamUnits> units, comm::GroupPtr group);
+  ParamCoordinator(std::shared_ptr<ParamUnits> units, comm::GroupPtr group,
+                   CoordinatorOptions options = {});
   ~ParamCoordinator();
   ParamCoordinator(const ParamCoordinator&) = delete;
   ParamCoordinator& operator=(const ParamCoordinator&) = delete;
@@ -68,6 +83,9 @@ class ParamCoordinator {
   void unpin();
   // Releases every gathered unit that is not pinned or persistent.
   void release_all();
+  // After each micro-step's backward: the trace is followed again from its start (or replaced
+  // by this micro-step's uses when they left it).
+  void end_micro_step();
   // The first error a callback met (a failed gather, a touch outside the engine), once.
   void rethrow_if_failed();
   // Collective: throws strata::Error on every rank if the ranks gathered different units since
@@ -79,6 +97,8 @@ class ParamCoordinator {
   int64_t live_bytes_peak() const { return peak_bytes_; }
   void reset_peak() { peak_bytes_ = units_->gathered_bytes(); }
   int64_t gathers() const { return gathers_; }  // since creation
+  int64_t prefetches() const { return prefetches_; }  // of them, launched ahead of use
+  const std::vector<int32_t>& trace() const { return trace_; }
   // Ops that went through the callback, and of them the ones that touched a unit.
   int64_t ops_seen() const { return ops_seen_; }
   int64_t ops_on_units() const { return ops_on_units_; }
@@ -93,13 +113,27 @@ class ParamCoordinator {
 
  private:
   void fail(const std::string& message, size_t unit);
+  void use(size_t u, const char* op);  // u comes into use: gather or wait, follow the trace
+  bool kept_for_reuse(size_t u) const;
+  void finish_prefetch(size_t u);
+  void release_unit(size_t u);
+  void prefetch();
 
   std::shared_ptr<ParamUnits> units_;
   comm::GroupPtr group_;
   std::mutex mutex_;
   Phase phase_ = Phase::kIdle;
   std::vector<bool> pinned_;
-  std::vector<int32_t> record_;  // units gathered since the last check_same_gathers()
+  CoordinatorOptions options_;
+  std::vector<int32_t> record_;  // uses since the last check_same_gathers()
+  std::vector<int32_t> micro_;   // uses in this micro-step
+  std::vector<int32_t> trace_;   // the uses of the micro-step that recorded it
+  size_t pos_ = 0;               // the next use the trace expects
+  bool on_trace_ = false;
+  std::vector<size_t> current_;  // the units of the last op that touched any
+  std::vector<comm::WorkPtr> inflight_;  // per unit: a prefetch not yet waited for
+  std::vector<bool> prefetched_;         // gathered ahead and not used yet
+  int64_t prefetches_ = 0;
   std::optional<std::string> error_;
   int64_t peak_bytes_ = 0, gathers_ = 0;
   std::atomic<int64_t> ops_seen_{0}, ops_on_units_{0};

@@ -232,6 +232,13 @@ void ParamUnits::fill(Unit& unit) {
 }
 
 void ParamUnits::gather(size_t u) {
+  if (auto work = gather_async(u)) {
+    at::DisableRecordFunctionGuard no_callbacks;
+    work->wait();
+  }
+}
+
+comm::WorkPtr ParamUnits::gather_async(size_t u) {
   auto& unit = units_.at(u);
   at::DisableRecordFunctionGuard no_callbacks;
   torch::NoGradGuard no_grad;
@@ -240,11 +247,10 @@ void ParamUnits::gather(size_t u) {
     unit.gathered = true;
     gathered_bytes_ += bytes_of(unit.full);
   }
-  if (group_)
-    group_->all_gather(unit.full, unit.shard);
-  else
-    unit.full.copy_(unit.shard);
   ++unit.gathers;
+  if (group_) return group_->all_gather_async(unit.full, unit.shard);
+  unit.full.copy_(unit.shard);
+  return nullptr;
 }
 
 void ParamUnits::release(size_t u) {

@@ -84,6 +84,9 @@ class ParamUnits {
 
   // Collective over the group: every rank must gather the same unit at the same point.
   void gather(size_t u);
+  // The same, launched: the unit counts as gathered at once; wait on the returned work (null
+  // when there is nothing to wait for) before its bytes are read.
+  comm::WorkPtr gather_async(size_t u);
   // Frees the unit's bytes (a persistent unit stays).
   void release(size_t u);
   // Gives a released unit bytes filled with NaN, without a collective (an op that must not
