@@ -370,7 +370,7 @@ TEST_P(EngineGpuFp32, MatchesLibTorchAdamWOnTheSameGpuStepForStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StageAndAccumulation, EngineGpuFp32,
-                         testing::Combine(testing::Values(0, 1, 2), testing::Values(1, 2)),
+                         testing::Combine(testing::Values(0, 1, 2, 3), testing::Values(1, 2)),
                          [](const testing::TestParamInfo<std::tuple<int, int>>& info) {
                            return "Stage" + std::to_string(std::get<0>(info.param)) + "Gas" +
                                   std::to_string(std::get<1>(info.param));
@@ -387,8 +387,11 @@ struct GptRun {
   bool on_device = false;
 };
 
-// The example GPT ("tiny") trained by the engine for `steps` steps at stage 0 on one device.
-GptRun train_tiny_gpt(const std::string& precision, torch::Device device, int64_t steps) {
+// The example GPT ("tiny") trained by the engine for `steps` steps at `stage` on one device; with
+// `save_dir`, a checkpoint after step `save_at`; with `resume`, from that checkpoint on.
+GptRun train_tiny_gpt(const std::string& precision, torch::Device device, int64_t steps,
+                      int stage = 0, const std::string& save_dir = "", int64_t save_at = -1,
+                      const std::string& resume = "") {
   using namespace strata::examples;
   static const auto data = TokenData::synthetic(size_t{1} << 20);
   const auto model_config = GPTConfig::by_name("tiny");
@@ -404,15 +407,22 @@ GptRun train_tiny_gpt(const std::string& precision, torch::Device device, int64_
                    {"params", {{"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}}}}}};
   if (precision == "bf16") config["bf16"] = {{"enabled", true}};
   if (precision == "fp16") config["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
+  // Stage 3 with every unit released after use and one unit prefetched.
+  config["zero_optimization"] = {{"stage", stage},
+                                 {"stage3_param_persistence_threshold", 0},
+                                 {"stage3_prefetch_bucket_size", 50000},
+                                 {"stage3_max_reuse_distance", 0}};
   auto engine = strata::initialize(model, config);
   GptRun run;
   for (const auto& p : model->parameters()) run.numel += p.numel();
-  for (int64_t step = 0; step < steps; ++step) {
+  const int64_t first = resume.empty() ? 0 : (engine->load_checkpoint(resume), engine->global_steps());
+  for (int64_t step = first; step < steps; ++step) {
     const auto b = data.batch(7, step, 0, 16, model_config.seq_len);
     auto loss = engine->forward(b.tokens.to(device), b.targets.to(device));
     engine->backward(loss);
     engine->step();
     run.losses.push_back(loss.item<double>());
+    if (step + 1 == save_at) engine->save_checkpoint(save_dir);
   }
   run.bytes = engine->model_state_bytes();
   run.skipped = engine->skipped_steps();
@@ -467,6 +477,32 @@ TEST(EngineGpu, Bf16AndFp16TrainTheGptAndTrackFp32) {
     EXPECT_EQ(b.optimizer, 4 * b.params);
     EXPECT_EQ(b.total(), 8 * b.params);  // 16 bytes per (padded) parameter
   }
+}
+
+// ZeRO-3 on one GPU (units released after use, gathered again on the device's allocator, one
+// prefetched): the losses of stage 0 in fp32, bf16 and fp16 (with its loss scaler and skipped
+// steps), and a bf16 checkpoint that resumes exactly.
+TEST(EngineGpu, Stage3TrainsTheGptLikeStage0AndResumesExactly) {
+  REQUIRE_GPUS(1);
+  const auto device = test_device();
+  std::vector<std::string> precisions = {"fp32", "bf16"};
+  if (fp16_matmul_here()) precisions.push_back("fp16");
+  for (const auto& precision : precisions) {
+    SCOPED_TRACE(precision);
+    const auto s0 = train_tiny_gpt(precision, device, 12, 0);
+    const auto s3 = train_tiny_gpt(precision, device, 12, 3);
+    ASSERT_EQ(s3.losses.size(), s0.losses.size());
+    EXPECT_TRUE(s3.on_device);
+    for (size_t i = 0; i < s0.losses.size(); ++i)
+      EXPECT_LE(relative(s3.losses[i], s0.losses[i]), precision == "fp32" ? 1e-5 : 1e-3)
+          << "step " << i + 1 << ": " << s3.losses[i] << " vs " << s0.losses[i];
+    EXPECT_EQ(s3.skipped, s0.skipped);
+  }
+  const std::string dir = testing::TempDir() + "/stage3_gpu_ckpt_" + std::to_string(getpid());
+  const auto whole = train_tiny_gpt("bf16", device, 12, 3, dir, 6);
+  const auto resumed = train_tiny_gpt("bf16", device, 12, 3, "", -1, dir);
+  ASSERT_EQ(resumed.losses.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(resumed.losses[i], whole.losses[6 + i]) << "step " << i + 7;
 }
 
 // --- 3. two GPUs: ZeRO stages and data parallelism through train_gpt -------------------------
