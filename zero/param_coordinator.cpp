@@ -121,14 +121,30 @@ void ParamCoordinator::on_op(const at::RecordFunction& fn) {
              u);
     return;
   }
+  if (phase_ == Phase::kGathered || (phase_ == Phase::kIdle && !group_)) {
+    // The program's own reads of gathered weights (or, alone, of any): not the model's run, so
+    // neither a use to trace nor a reason to release anything.
+    for (size_t u : touched) {
+      finish_prefetch(u);
+      if (units_->unit(u).gathered) continue;
+      try {
+        units_->gather(u);
+      } catch (const std::exception& e) {
+        fail(fmt::format("ZeRO-3 could not gather unit '{}' for {}: {}", units_->unit(u).name,
+                         fn.name(), e.what()),
+             u);
+      }
+    }
+    peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());
+    return;
+  }
   for (size_t u : touched)
     if (std::find(current_.begin(), current_.end(), u) == current_.end()) use(u, fn.name());
   // The units the last op used and this one does not: their use is over for now.
-  if (phase_ != Phase::kIdle)
-    for (size_t v : current_)
-      if (std::find(touched.begin(), touched.end(), v) == touched.end() && !pinned_[v] &&
-          !kept_for_reuse(v))
-        release_unit(v);
+  for (size_t v : current_)
+    if (std::find(touched.begin(), touched.end(), v) == touched.end() && !pinned_[v] &&
+        !kept_for_reuse(v))
+      release_unit(v);
   current_ = touched;
   if (on_trace_) prefetch();
   peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());

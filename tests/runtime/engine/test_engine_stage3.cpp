@@ -111,6 +111,10 @@ void train_like_libtorch(int r, int w) {
     }
     opt.zero_grad();
     ref->forward(x, y, skip).backward();
+    // DeepSpeed's ignore_unused_parameters: a parameter the step did not use has a zero gradient
+    // (LibTorch 2.x's zero_grad() leaves none, and its AdamW would then skip the parameter).
+    for (auto& p : ref->unique_trainable())
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
     const double norm = torch::nn::utils::clip_grad_norm_(ref->unique_trainable(), 0.5);
     EXPECT_NEAR(engine->last_grad_norm(), norm, 1e-5 * norm) << "step " << step;
     opt.step();
