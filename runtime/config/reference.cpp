@@ -76,7 +76,7 @@ std::vector<Entry> entries() {
 
 json entry_json(const Entry& e) {
   const Field& f = *e.field;
-  json j = {{"path", e.path}, {"block", e.block}, {"type", kind_name(f.kind)}};
+  json j = {{"path", e.path}, {"block", e.block}, {"type", kind_name(f.kind)}, {"description", f.description}};
   if (!e.for_type.empty()) j["for_type"] = e.for_type;
   if (f.kind != Kind::Block && f.kind != Kind::Legacy) j["default"] = f.default_value;
   j["nullable"] = f.nullable;
@@ -201,13 +201,14 @@ std::string config_reference_markdown() {
       "the same as JSON. Key names and meanings are DeepSpeed's (see DeepSpeed's configuration\n"
       "documentation); this page says what Strata accepts and what it does with each key.\n"
       "\n"
-      "Columns: **type** (`\"auto\"`: the key may be `\"auto\"`, resolved as Hugging Face's\n"
-      "integration resolves it; `null`: may be null); **default** (`required`: must be given);\n"
-      "**allowed** (ranges, choices, list lengths, legacy values); **also spelled** (aliases\n"
-      "accepted silently; deprecated spellings warn); **Strata** (what happens when the key is set\n"
-      "to a value that asks for something: `yes` implemented; `not yet` accepted by `strata-config`\n"
-      "and refused by the engine; `ignored` a warning; `no` an error). An unknown key is an error\n"
-      "naming the nearest known key.\n";
+      "Columns: **DeepSpeed's meaning** (what the key does in DeepSpeed; where Strata differs or\n"
+      "refuses it, the **Strata** column says so); **type** (`\"auto\"`: the key may be `\"auto\"`,\n"
+      "resolved as Hugging Face's integration resolves it; `null`: may be null); **default**\n"
+      "(`required`: must be given); **allowed** (ranges, choices, list lengths, legacy values);\n"
+      "**also spelled** (aliases accepted silently; deprecated spellings warn); **Strata** (what\n"
+      "happens when the key is set to a value that asks for something: `yes` implemented; `not yet`\n"
+      "accepted by `strata-config` and refused by the engine; `ignored` a warning; `no` an error).\n"
+      "An unknown key is an error naming the nearest known key.\n";
   std::string current = "\x01";
   for (const Entry& e : entries()) {
     const std::string section = e.block + (e.for_type.empty() ? "" : " (" + e.for_type + ")");
@@ -219,12 +220,12 @@ std::string config_reference_markdown() {
         out += fmt::format("\n## `{}`\n", e.block);
       else
         out += fmt::format("\n## `{}` when `type` is {}\n", e.block, e.for_type);
-      out += "\n| key | type | default | allowed | also spelled | Strata |\n";
-      out += "|---|---|---|---|---|---|\n";
+      out += "\n| key | DeepSpeed's meaning | type | default | allowed | also spelled | Strata |\n";
+      out += "|---|---|---|---|---|---|---|\n";
     }
     const Field& f = *e.field;
-    out += fmt::format("| {} | {} | {} | {} | {} | {} |\n", code(e.path), type_md(f),
-                       default_md(f), allowed_md(f), spellings_md(f), support_md(f));
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", code(e.path), cell(f.description),
+                       type_md(f), default_md(f), allowed_md(f), spellings_md(f), support_md(f));
   }
   return out;
 }

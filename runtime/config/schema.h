@@ -48,6 +48,11 @@ struct Field {
   size_t length = 0;  // exact list length, 0 = any
   Support support = Support::Implemented;
   std::string note;                         // the why, shown when `support` bites
+  // What the key means in DeepSpeed (its documentation's sense, in one line), for the reference
+  // (`strata-config schema`). Declared here, beside the key, rather than in a table keyed by JSON
+  // path: a path table would be a second copy of every key, and a key's meaning stays next to its
+  // type and range when either changes. `support`/`note` say where Strata differs.
+  std::string description;
   std::function<bool(const json&)> active;  // default: value != default_value
   json default_value;
   const Block* block = nullptr;  // Kind::Block
@@ -87,6 +92,7 @@ struct Field {
   Field& ignored(std::string why) { return level(Support::Ignored, std::move(why)); }
   Field& not_implemented(std::string why) { return level(Support::NotImplemented, std::move(why)); }
   Field& when(std::function<bool(const json&)> is_active) { active = std::move(is_active); return *this; }
+  Field& describe(std::string what) { description = std::move(what); return *this; }
 
   Field& level(Support s, std::string why) {
     support = s;

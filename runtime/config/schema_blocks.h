@@ -52,9 +52,16 @@ const Block& moe_block();  // schema_moe.cpp
 
 const Block& launcher_block();  // schema_launcher.cpp
 
-// A block read shallowly into a ShallowConfig: `enabled` with the given support level, the
-// other first-level keys type-checked and kept as written (schema_misc.cpp).
-Block shallow_block(const char* name, Support support, const char* why,
-                    std::vector<std::pair<const char*, Kind>> keys);
+// One first-level key of a shallow block: its name, kind and DeepSpeed's meaning.
+struct ShallowKey {
+  const char* key;
+  Kind kind;
+  const char* what;
+};
+
+// A block read shallowly into a ShallowConfig: `enabled` with the given support level and meaning,
+// the other first-level keys type-checked and kept as written (schema_misc.cpp).
+Block shallow_block(const char* name, Support support, const char* why, const char* enabled_what,
+                    std::vector<ShallowKey> keys);
 
 }  // namespace strata::schema

@@ -11,26 +11,39 @@ namespace {
 Block make_compression_training() {
   BlockBuilder<ShallowConfig> b("compression_training");
   const char* why = "compression (quantization, pruning) changes the model";
-  for (const char* technique : {"weight_quantization", "activation_quantization", "sparse_pruning",
-                                "row_pruning", "head_pruning", "channel_pruning"})
+  for (const auto& [technique, what] : std::vector<std::pair<const char*, const char*>>{
+           {"weight_quantization", "Quantize weights during training, lowering their bits on a schedule"},
+           {"activation_quantization", "Quantize activations during training"},
+           {"sparse_pruning", "Prune individual weights (unstructured or N:M sparsity)"},
+           {"row_pruning", "Prune rows of a linear layer (and the matching columns of the next)"},
+           {"head_pruning", "Prune attention heads"},
+           {"channel_pruning", "Prune output channels of convolution layers"}})
     b.setting(&ShallowConfig::settings, technique, Kind::Object)
         .when([](const json& v) { return v.is_object() && json_flag(v.value("shared_parameters", json()), "enabled"); })
-        .not_implemented(why);
+        .not_implemented(why)
+        .describe(what);
   b.setting(&ShallowConfig::settings, "layer_reduction", Kind::Object)
       .when([](const json& v) { return json_flag(v, "enabled"); })
-      .not_implemented("layer reduction (distillation) changes the model");
+      .not_implemented("layer reduction (distillation) changes the model")
+      .describe("Keep a subset of the layers, initialized from a teacher model's, for distillation");
   return b.build();
 }
 
 // Older DeepSpeed turned MoQ on by the block's presence; `"enabled": false` turns it off.
 Block make_quantize_training() {
-  Block block = shallow_block("quantize_training", Support::Implemented, "",
-                              {{"quantize_bits", Kind::Object}, {"quantize_type", Kind::String},
-                               {"quantize_schedule", Kind::Object}, {"quantize_groups", Kind::Int},
-                               {"fp16_mixed_quantize", Kind::Object}, {"quantize_verbose", Kind::Bool},
-                               {"quantize_eigenvalue", Kind::Bool}, {"quantizer_kernel", Kind::Bool},
-                               {"quantize_algo", Kind::Object}, {"quantize_rounding", Kind::Any},
-                               {"eigenvalue", Kind::Object}});
+  Block block = shallow_block(
+      "quantize_training", Support::Implemented, "", "Turn MoQ quantization-aware training on",
+      {{"quantize_bits", Kind::Object, "start_bits and target_bits: precision falls from the one to the other"},
+       {"quantize_type", Kind::String, "Quantization type: symmetric or asymmetric"},
+       {"quantize_schedule", Kind::Object, "quantize_period and schedule_offset: when and how fast bits fall"},
+       {"quantize_groups", Kind::Int, "Groups each weight matrix is split into, each with its own scale"},
+       {"fp16_mixed_quantize", Kind::Object, "Blend fp16 and quantized weights, shifting by quantize_change_ratio"},
+       {"quantize_verbose", Kind::Bool, "Print details of the quantization"},
+       {"quantize_eigenvalue", Kind::Bool, "Schedule quantization by eigenvalues (the eigenvalue block)"},
+       {"quantizer_kernel", Kind::Bool, "Use DeepSpeed's quantization kernel"},
+       {"quantize_algo", Kind::Object, "q_type (symmetric or asymmetric) and rounding (nearest or stochastic)"},
+       {"quantize_rounding", Kind::Any, "Rounding of quantized values: nearest or stochastic"},
+       {"eigenvalue", Kind::Object, "Eigenvalue settings used by MoQ's eigenvalue schedule"}});
   block.finish = [](void* obj, Ctx& ctx, const std::string& path) {
     const auto& q = *static_cast<ShallowConfig*>(obj);
     const bool off = ctx.present.count(join(path, "enabled")) && !q.enabled;
@@ -46,15 +59,29 @@ Block make_quantize_training() {
 
 const Block& autotuning_block() {
   static const Block b = shallow_block(
-      "autotuning", Support::Ignored, "autotuning is run by DeepSpeed's launcher",
-      {{"fast", Kind::Bool}, {"results_dir", Kind::String}, {"exps_dir", Kind::String}, {"overwrite", Kind::Bool},
-       {"start_profile_step", Kind::Int}, {"end_profile_step", Kind::Int}, {"start_step", Kind::Int},
-       {"end_step", Kind::Int}, {"metric_path", Kind::String}, {"metric", Kind::String},
-       {"tuner_type", Kind::String}, {"tuner_early_stopping", Kind::Int}, {"tuner_num_trials", Kind::Int},
-       {"arg_mappings", Kind::Object}, {"max_train_batch_size", Kind::Int}, {"min_train_batch_size", Kind::Int},
-       {"max_train_micro_batch_size_per_gpu", Kind::Int}, {"min_train_micro_batch_size_per_gpu", Kind::Int},
-       {"num_tuning_micro_batch_sizes", Kind::Int}, {"mp_size", Kind::Int}, {"model_info_path", Kind::String},
-       {"model_info", Kind::Object}});
+      "autotuning", Support::Ignored, "autotuning is run by DeepSpeed's launcher", "Run the autotuner",
+      {{"fast", Kind::Bool, "Tune only the ZeRO stage and the micro-batch size"},
+       {"results_dir", Kind::String, "Folder of the autotuning results"},
+       {"exps_dir", Kind::String, "Folder of the autotuning experiment descriptions"},
+       {"overwrite", Kind::Bool, "Run experiments again whose results already exist"},
+       {"start_profile_step", Kind::Int, "Training step at which an experiment starts profiling"},
+       {"end_profile_step", Kind::Int, "Training step at which an experiment stops profiling"},
+       {"start_step", Kind::Int, "Older spelling of start_profile_step"},
+       {"end_step", Kind::Int, "Older spelling of end_profile_step"},
+       {"metric_path", Kind::String, "File an experiment writes its metric to"},
+       {"metric", Kind::String, "Metric experiments are ranked by: latency, throughput or FLOPS"},
+       {"tuner_type", Kind::String, "Search order within a ZeRO stage: gridsearch, random or model_based"},
+       {"tuner_early_stopping", Kind::Int, "Experiments run past the best one before the search stops"},
+       {"tuner_num_trials", Kind::Int, "Most experiments per ZeRO stage"},
+       {"arg_mappings", Kind::Object, "Maps config keys to the training script's command-line arguments"},
+       {"max_train_batch_size", Kind::Int, "Largest global batch size to consider"},
+       {"min_train_batch_size", Kind::Int, "Smallest global batch size to consider"},
+       {"max_train_micro_batch_size_per_gpu", Kind::Int, "Largest micro-batch size per GPU to consider"},
+       {"min_train_micro_batch_size_per_gpu", Kind::Int, "Smallest micro-batch size per GPU to consider"},
+       {"num_tuning_micro_batch_sizes", Kind::Int, "Number of micro-batch sizes to explore"},
+       {"mp_size", Kind::Int, "Model-parallel degree of the model being tuned"},
+       {"model_info_path", Kind::String, "File with the model's information (parameters, hidden size, layers)"},
+       {"model_info", Kind::Object, "The model's information given inline, or profile to measure it"}});
   return b;
 }
 
@@ -66,8 +93,12 @@ const Block& compression_training_block() {
 const Block& curriculum_learning_block() {
   static const Block b = shallow_block(
       "curriculum_learning", Support::NotImplemented, "curriculum learning changes the data each step sees",
-      {{"curriculum_type", Kind::String}, {"min_difficulty", Kind::Int}, {"max_difficulty", Kind::Int},
-       {"schedule_type", Kind::String}, {"schedule_config", Kind::Object}});
+      "Turn curriculum learning on",
+      {{"curriculum_type", Kind::String, "Difficulty metric, e.g. seqlen"},
+       {"min_difficulty", Kind::Int, "Difficulty at the first step"},
+       {"max_difficulty", Kind::Int, "Difficulty at the end of the curriculum"},
+       {"schedule_type", Kind::String, "Pacing function: fixed_linear, fixed_root or fixed_discrete"},
+       {"schedule_config", Kind::Object, "Pacing parameters (total_curriculum_step, difficulty_step, ...)"}});
   return b;
 }
 
@@ -75,17 +106,27 @@ const Block& data_efficiency_block() {
   static const Block b = shallow_block(
       "data_efficiency", Support::NotImplemented,
       "data sampling and routing (curriculum, random-LTD) change the data and the model",
-      {{"seed", Kind::Int}, {"data_routing", Kind::Object}, {"data_sampling", Kind::Object}});
+      "Turn the data efficiency library on",
+      {{"seed", Kind::Int, "Random seed of the data sampling"},
+       {"data_routing", Kind::Object, "Data routing techniques (random-LTD token dropping)"},
+       {"data_sampling", Kind::Object, "Data sampling techniques (curriculum learning)"}});
   return b;
 }
 
 const Block& elasticity_block() {
   static const Block b = shallow_block(
       "elasticity", Support::NotImplemented, "elastic training picks the batch size from the GPU count",
-      {{"max_train_batch_size", Kind::Int}, {"micro_batch_sizes", Kind::Any}, {"min_gpus", Kind::Int},
-       {"max_gpus", Kind::Int}, {"min_time", Kind::Int}, {"version", Kind::Any},
-       {"ignore_non_elastic_batch_info", Kind::Bool}, {"num_gpus_per_node", Kind::Int},
-       {"model_parallel_size", Kind::Int}, {"prefer_larger_batch", Kind::Bool}});
+      "Compute the global batch size for elastic training",
+      {{"max_train_batch_size", Kind::Int, "Largest acceptable global batch size"},
+       {"micro_batch_sizes", Kind::Any, "Acceptable micro-batch sizes per GPU"},
+       {"min_gpus", Kind::Int, "Fewest GPUs the batch size must work with"},
+       {"max_gpus", Kind::Int, "Most GPUs the batch size must work with"},
+       {"min_time", Kind::Int, "Minutes to run before scaling again (v0.1); 0: unknown"},
+       {"version", Kind::Any, "Version of the elastic logic (0.1 or 0.2)"},
+       {"ignore_non_elastic_batch_info", Kind::Bool, "Ignore batch keys given outside the elasticity block"},
+       {"num_gpus_per_node", Kind::Int, "GPUs per node (v0.2, for model parallelism)"},
+       {"model_parallel_size", Kind::Int, "Tensor or model-parallel degree (v0.2)"},
+       {"prefer_larger_batch", Kind::Bool, "Prefer the batch size closest to max_train_batch_size"}});
   return b;
 }
 

@@ -12,16 +12,34 @@ Block make_moe() {
   b.add(&MoeConfig::num_experts, "num_experts")
       .min(1)
       .when([](const json& v) { return v.get<int64_t>() > 1; })
-      .pending("mixture-of-experts layers");
-  b.add(&MoeConfig::ep_size, "ep_size").min(1);
-  b.add(&MoeConfig::top_k, "top_k").min(1);
-  b.add(&MoeConfig::capacity_factor, "capacity_factor").positive();
-  b.add(&MoeConfig::eval_capacity_factor, "eval_capacity_factor").positive();
-  b.add(&MoeConfig::min_capacity, "min_capacity").min(0);
-  b.add(&MoeConfig::drop_tokens, "drop_tokens");
-  b.add(&MoeConfig::use_rts, "use_rts");
-  b.add(&MoeConfig::noisy_gate_policy, "noisy_gate_policy").one_of({"None", "Jitter", "RSample"});
-  b.add(&MoeConfig::aux_loss_coef, "aux_loss_coef").min(0);
+      .pending("mixture-of-experts layers")
+      .describe("Experts in each MoE layer");
+  b.add(&MoeConfig::ep_size, "ep_size")
+      .min(1)
+      .describe("Ranks in each expert-parallel group, among which the layer's experts are split");
+  b.add(&MoeConfig::top_k, "top_k")
+      .min(1)
+      .describe("Experts each token is routed to (DeepSpeed's argument k; top-1 or top-2 gating)");
+  b.add(&MoeConfig::capacity_factor, "capacity_factor")
+      .positive()
+      .describe("Expert capacity during training, as a multiple of tokens / num_experts");
+  b.add(&MoeConfig::eval_capacity_factor, "eval_capacity_factor")
+      .positive()
+      .describe("Expert capacity during evaluation, as a multiple of tokens / num_experts");
+  b.add(&MoeConfig::min_capacity, "min_capacity")
+      .min(0)
+      .describe("Least capacity of each expert, whatever the capacity factor");
+  b.add(&MoeConfig::drop_tokens, "drop_tokens")
+      .describe("Drop tokens that exceed an expert's capacity (false: capacity grows to fit them all)");
+  b.add(&MoeConfig::use_rts, "use_rts")
+      .describe("Random Token Selection: choose at random which tokens keep their place within capacity");
+  b.add(&MoeConfig::noisy_gate_policy, "noisy_gate_policy")
+      .one_of({"None", "Jitter", "RSample"})
+      .describe("Noise in the gate: None, Jitter (multiplicative noise on its input) or RSample (noise on its "
+                "logits)");
+  b.add(&MoeConfig::aux_loss_coef, "aux_loss_coef")
+      .min(0)
+      .describe("Weight of the gate's load-balancing auxiliary loss added to the training loss");
   Block block = b.build();
   block.finish = [](void* obj, Ctx& ctx, const std::string& path) {
     const auto& m = *static_cast<MoeConfig*>(obj);

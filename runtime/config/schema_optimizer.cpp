@@ -37,30 +37,54 @@ void reject_max_grad_norm(BlockBuilder<T>& b) {
     ctx.error(path, fmt::format("{} is not an optimizer parameter (DeepSpeed rejects it too); "
                                 "write \"gradient_clipping\": <value> at the top level",
                                 path));
-  });
+  })
+      .describe("Not an optimizer parameter: DeepSpeed rejects it here; clipping is the top-level "
+                "gradient_clipping");
 }
 
 Block make_adam() {
   BlockBuilder<AdamParams> b("optimizer.params (Adam)");
-  b.add(&AdamParams::lr, "lr").min(0);
-  b.add(&AdamParams::betas, "betas").len(2).min(0).below(1);
-  b.add(&AdamParams::eps, "eps").min(0);
-  b.add(&AdamParams::weight_decay, "weight_decay").min(0);
-  b.add(&AdamParams::bias_correction, "bias_correction");
-  b.add(&AdamParams::adam_w_mode, "adam_w_mode");
-  b.add(&AdamParams::amsgrad, "amsgrad").not_implemented("AMSGrad keeps the running maximum of v");
-  b.add(&AdamParams::torch_adam, "torch_adam");
+  b.add(&AdamParams::lr, "lr")
+      .min(0)
+      .describe("Learning rate");
+  b.add(&AdamParams::betas, "betas")
+      .len(2).min(0).below(1)
+      .describe("Coefficients of the running averages of the gradient and its square");
+  b.add(&AdamParams::eps, "eps")
+      .min(0)
+      .describe("Term added to the denominator for numerical stability");
+  b.add(&AdamParams::weight_decay, "weight_decay")
+      .min(0)
+      .describe("Weight decay coefficient (decoupled from the gradient in AdamW mode, added to it as L2 otherwise)");
+  b.add(&AdamParams::bias_correction, "bias_correction")
+      .describe("Correct the bias of the moment estimates toward zero in early steps");
+  b.add(&AdamParams::adam_w_mode, "adam_w_mode")
+      .describe("Type Adam only: apply weight decay decoupled, as AdamW (true) or as L2 regularization (false)");
+  b.add(&AdamParams::amsgrad, "amsgrad")
+      .not_implemented("AMSGrad keeps the running maximum of v")
+      .describe("Use the AMSGrad variant, which keeps the maximum of the second-moment estimate");
+  b.add(&AdamParams::torch_adam, "torch_adam")
+      .describe("Use PyTorch's Adam implementation instead of DeepSpeed's fused Adam");
   reject_max_grad_norm(b);
   return b.build();
 }
 
 Block make_sgd() {
   BlockBuilder<SgdParams> b("optimizer.params (SGD)");
-  b.add(&SgdParams::lr, "lr").min(0).must_be_given();
-  b.add(&SgdParams::momentum, "momentum").min(0);
-  b.add(&SgdParams::dampening, "dampening").min(0);
-  b.add(&SgdParams::weight_decay, "weight_decay").min(0);
-  b.add(&SgdParams::nesterov, "nesterov");
+  b.add(&SgdParams::lr, "lr")
+      .min(0).must_be_given()
+      .describe("Learning rate (torch.optim.SGD; required)");
+  b.add(&SgdParams::momentum, "momentum")
+      .min(0)
+      .describe("Momentum factor");
+  b.add(&SgdParams::dampening, "dampening")
+      .min(0)
+      .describe("Dampening applied to the momentum");
+  b.add(&SgdParams::weight_decay, "weight_decay")
+      .min(0)
+      .describe("Weight decay (L2 penalty added to the gradient)");
+  b.add(&SgdParams::nesterov, "nesterov")
+      .describe("Use Nesterov momentum");
   reject_max_grad_norm(b);
   Block block = b.build();
   block.finish = [](void* obj, Ctx& ctx, const std::string& path) {
@@ -174,9 +198,15 @@ void finish_optimizer(void* obj, Ctx& ctx, const std::string& path) {
 
 Block make_optimizer() {
   BlockBuilder<OptimizerConfig> b("optimizer");
-  b.add(&OptimizerConfig::type, "type").must_be_given().not_null();
-  b.add(&OptimizerConfig::params, "params").as(Kind::Object).can_be_null();
-  b.add(&OptimizerConfig::legacy_fusion, "legacy_fusion").ignored("an fp16 optimizer detail of DeepSpeed");
+  b.add(&OptimizerConfig::type, "type")
+      .must_be_given().not_null()
+      .describe("Optimizer name: DeepSpeed's own (Adam, AdamW, Lamb, OneBitAdam, ...) or one from torch.optim");
+  b.add(&OptimizerConfig::params, "params")
+      .as(Kind::Object).can_be_null()
+      .describe("Arguments passed to the optimizer's constructor");
+  b.add(&OptimizerConfig::legacy_fusion, "legacy_fusion")
+      .ignored("an fp16 optimizer detail of DeepSpeed")
+      .describe("Use the legacy fused fp16 optimizer path");
   Block block = b.build();
   block.finish = finish_optimizer;
   return block;

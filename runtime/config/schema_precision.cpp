@@ -1,5 +1,7 @@
 // Precision blocks: fp16, bf16 (legacy name bfloat16), Apex amp, torch_autocast
 // (runtime/precision_config.py, runtime/constants.py).
+#include <tuple>
+
 #include "runtime/config/schema_blocks.h"
 
 namespace strata::schema {
@@ -7,16 +9,32 @@ namespace {
 
 Block make_fp16() {
   BlockBuilder<Fp16Config> b("fp16");
-  b.add(&Fp16Config::enabled, "enabled").autoable();
-  b.add(&Fp16Config::auto_cast, "auto_cast").pending("casting the model's inputs to fp16");
-  b.add(&Fp16Config::loss_scale, "loss_scale").min(0);  // 0 = dynamic
-  b.add(&Fp16Config::initial_scale_power, "initial_scale_power").range(0, 100);
-  b.add(&Fp16Config::loss_scale_window, "loss_scale_window").min(1);
-  b.add(&Fp16Config::hysteresis, "hysteresis").min(1);
-  b.add(&Fp16Config::consecutive_hysteresis, "consecutive_hysteresis");
-  b.add(&Fp16Config::min_loss_scale, "min_loss_scale").positive();
+  b.add(&Fp16Config::enabled, "enabled")
+      .autoable()
+      .describe("Train in fp16 mixed precision");
+  b.add(&Fp16Config::auto_cast, "auto_cast")
+      .pending("casting the model's inputs to fp16")
+      .describe("Cast the model's floating-point inputs to fp16 automatically");
+  b.add(&Fp16Config::loss_scale, "loss_scale")
+      .min(0)
+      .describe("Static loss scale; 0 selects dynamic loss scaling");
+  b.add(&Fp16Config::initial_scale_power, "initial_scale_power")
+      .range(0, 100)
+      .describe("Dynamic loss scaling starts at a scale of 2^initial_scale_power");
+  b.add(&Fp16Config::loss_scale_window, "loss_scale_window")
+      .min(1)
+      .describe("Steps without overflow after which the dynamic loss scale is raised");
+  b.add(&Fp16Config::hysteresis, "hysteresis")
+      .min(1)
+      .describe("Overflows tolerated (delayed shift) before the dynamic loss scale is lowered");
+  b.add(&Fp16Config::consecutive_hysteresis, "consecutive_hysteresis")
+      .describe("Refill the hysteresis on every step that does not overflow");
+  b.add(&Fp16Config::min_loss_scale, "min_loss_scale")
+      .positive()
+      .describe("Lowest value the dynamic loss scale may fall to");
   b.add(&Fp16Config::fp16_master_weights_and_grads, "fp16_master_weights_and_grads")
-      .not_implemented("fp16 master weights and gradients change the optimizer's precision");
+      .not_implemented("fp16 master weights and gradients change the optimizer's precision")
+      .describe("Keep ZeRO's master weights and gradients in fp16 instead of fp32 (with offload and CPU Adam)");
   Block block = b.build();
   block.auto_is_default = true;
   return block;
@@ -24,14 +42,20 @@ Block make_fp16() {
 
 Block make_bf16() {
   BlockBuilder<Bf16Config> b("bf16");
-  b.add(&Bf16Config::enabled, "enabled").autoable();
+  b.add(&Bf16Config::enabled, "enabled")
+      .autoable()
+      .describe("Train in bfloat16 mixed precision");
   b.add(&Bf16Config::immediate_grad_update, "immediate_grad_update")
-      .ignored("a scheduling choice of DeepSpeed's bf16 optimizer");
-  b.add(&Bf16Config::check_grad_overflow, "check_grad_overflow");
+      .ignored("a scheduling choice of DeepSpeed's bf16 optimizer")
+      .describe("bf16 optimizer: accumulate each gradient into the fp32 gradients as soon as it is produced");
+  b.add(&Bf16Config::check_grad_overflow, "check_grad_overflow")
+      .describe("Check gradients for inf/NaN before the optimizer step and skip the step when found");
   b.add(&Bf16Config::bf16_master_weights_and_grads, "bf16_master_weights_and_grads")
-      .not_implemented("bf16 master weights and gradients change the optimizer's precision");
+      .not_implemented("bf16 master weights and gradients change the optimizer's precision")
+      .describe("Keep ZeRO's master weights and gradients in bf16 instead of fp32");
   b.add(&Bf16Config::bf16_optimizer_states, "bf16_optimizer_states")
-      .not_implemented("bf16 optimizer states change the optimizer's precision");
+      .not_implemented("bf16 optimizer states change the optimizer's precision")
+      .describe("Keep the optimizer states in bf16 too (needs bf16_master_weights_and_grads)");
   Block block = b.build();
   block.auto_is_default = true;
   return block;
@@ -42,23 +66,36 @@ Block make_amp() {
   BlockBuilder<ShallowConfig> b("amp");
   b.add(&ShallowConfig::enabled, "enabled")
       .autoable()
-      .not_implemented("Apex AMP casts the model and optimizer; use bf16 or fp16 instead");
-  b.setting(&ShallowConfig::settings, "opt_level", Kind::String);
-  for (const char* key : {"cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32",
-                          "master_weights", "loss_scale", "cast_model_outputs", "num_losses",
-                          "verbosity", "min_loss_scale", "max_loss_scale"})
-    b.setting(&ShallowConfig::settings, key, Kind::Any);
+      .not_implemented("Apex AMP casts the model and optimizer; use bf16 or fp16 instead")
+      .describe("Train with NVIDIA Apex AMP (amp.initialize); not combinable with fp16 or ZeRO");
+  for (const auto& [key, kind, what] : std::vector<std::tuple<const char*, Kind, const char*>>{
+           {"opt_level", Kind::String, "Apex optimization level, from O0 (fp32) to O3 (pure fp16)"},
+           {"cast_model_type", Kind::Any, "amp.initialize: dtype the model's parameters and buffers are cast to"},
+           {"patch_torch_functions", Kind::Any, "amp.initialize: patch torch functions to run in fp16 where safe"},
+           {"keep_batchnorm_fp32", Kind::Any, "amp.initialize: keep batch-norm weights in fp32"},
+           {"master_weights", Kind::Any, "amp.initialize: keep fp32 master weights for the optimizer"},
+           {"loss_scale", Kind::Any, "amp.initialize: a static loss scale, or dynamic"},
+           {"cast_model_outputs", Kind::Any, "amp.initialize: dtype the model's outputs are cast to"},
+           {"num_losses", Kind::Any, "amp.initialize: number of losses, each with its own loss scaler"},
+           {"verbosity", Kind::Any, "amp.initialize: verbosity of Apex's messages"},
+           {"min_loss_scale", Kind::Any, "amp.initialize: lowest value of the dynamic loss scale"},
+           {"max_loss_scale", Kind::Any, "amp.initialize: highest value of the dynamic loss scale"}})
+    b.setting(&ShallowConfig::settings, key, kind).describe(what);
   return b.build();
 }
 
 Block make_torch_autocast() {
   BlockBuilder<TorchAutocastConfig> b("torch_autocast");
   b.add(&TorchAutocastConfig::enabled, "enabled")
-      .not_implemented("torch.autocast runs the model's ops in lower precision");
+      .not_implemented("torch.autocast runs the model's ops in lower precision")
+      .describe("Run the forward pass under torch.autocast without a call in the model code");
   b.add(&TorchAutocastConfig::dtype, "dtype")
       .one_of({"bfloat16", "float16", "bf16", "fp16", "half", "torch.bfloat16", "torch.float16",
-               "fp32", "float32", "float", "torch.float32"});
-  b.add(&TorchAutocastConfig::lower_precision_safe_modules, "lower_precision_safe_modules");
+               "fp32", "float32", "float", "torch.float32"})
+      .describe("Lower-precision dtype of autocast, also used to communicate lower_precision_safe_modules' "
+                "gradients");
+  b.add(&TorchAutocastConfig::lower_precision_safe_modules, "lower_precision_safe_modules")
+      .describe("Module types whose parameters and gradients are communicated in the lower precision");
   return b.build();
 }
 

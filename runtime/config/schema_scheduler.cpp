@@ -63,33 +63,65 @@ struct WarmupCosineParams {
 
 Block make_lr_range_test() {
   BlockBuilder<LRRangeTestParams> b("scheduler.params (LRRangeTest)");
-  b.add(&LRRangeTestParams::lr_range_test_min_lr, "lr_range_test_min_lr").as(Kind::FloatOrList).min(0);
-  b.add(&LRRangeTestParams::lr_range_test_step_size, "lr_range_test_step_size").positive();
-  b.add(&LRRangeTestParams::lr_range_test_step_rate, "lr_range_test_step_rate").min(0);
-  b.add(&LRRangeTestParams::lr_range_test_staircase, "lr_range_test_staircase");
-  b.add(&LRRangeTestParams::last_batch_iteration, "last_batch_iteration").min(-1);
+  b.add(&LRRangeTestParams::lr_range_test_min_lr, "lr_range_test_min_lr")
+      .as(Kind::FloatOrList).min(0)
+      .describe("Learning rate the range test starts from (one per param group allowed)");
+  b.add(&LRRangeTestParams::lr_range_test_step_size, "lr_range_test_step_size")
+      .positive()
+      .describe("Training steps between increases of the learning rate");
+  b.add(&LRRangeTestParams::lr_range_test_step_rate, "lr_range_test_step_rate")
+      .min(0)
+      .describe("Rate at which the learning rate grows at each increase");
+  b.add(&LRRangeTestParams::lr_range_test_staircase, "lr_range_test_staircase")
+      .describe("Increase the learning rate in stairs instead of continuously");
+  b.add(&LRRangeTestParams::last_batch_iteration, "last_batch_iteration")
+      .min(-1)
+      .describe("Index of the last batch when resuming; -1 starts the schedule from the beginning");
   return b.build();
 }
 
 Block make_one_cycle() {
   BlockBuilder<OneCycleParams> b("scheduler.params (OneCycle)");
-  b.add(&OneCycleParams::cycle_min_lr, "cycle_min_lr").as(Kind::FloatOrList).min(0).must_be_given();
-  b.add(&OneCycleParams::cycle_max_lr, "cycle_max_lr").as(Kind::FloatOrList).min(0).must_be_given();
-  b.add(&OneCycleParams::decay_lr_rate, "decay_lr_rate").min(0);
+  b.add(&OneCycleParams::cycle_min_lr, "cycle_min_lr")
+      .as(Kind::FloatOrList).min(0).must_be_given()
+      .describe("Lower learning-rate bound of the cycle, where it starts (one per param group allowed)");
+  b.add(&OneCycleParams::cycle_max_lr, "cycle_max_lr")
+      .as(Kind::FloatOrList).min(0).must_be_given()
+      .describe("Upper learning-rate bound of the cycle (one per param group allowed)");
+  b.add(&OneCycleParams::decay_lr_rate, "decay_lr_rate")
+      .min(0)
+      .describe("Learning-rate decay rate in the decay phase after the cycle");
   // As DeepSpeed checks them (#8166, each half on its own): cycle_first_step_size > 0 (the
   // scale divides by first / total), cycle_second_step_size >= 0; 0 is a cycle with no way down
   // (runtime/sched/lr_scheduler.h). DeepSpeed does not check the stair counts: a count <= 0 is a
   // continuous half (`if stair_count > 0`), and -1 is its command line's default for both.
-  b.add(&OneCycleParams::cycle_first_step_size, "cycle_first_step_size").positive();
-  b.add(&OneCycleParams::cycle_second_step_size, "cycle_second_step_size").min(0);
-  b.add(&OneCycleParams::cycle_first_stair_count, "cycle_first_stair_count");
-  b.add(&OneCycleParams::cycle_second_stair_count, "cycle_second_stair_count");
-  b.add(&OneCycleParams::decay_step_size, "decay_step_size").min(0);
-  b.add(&OneCycleParams::cycle_momentum, "cycle_momentum");
-  b.add(&OneCycleParams::cycle_min_mom, "cycle_min_mom").as(Kind::FloatOrList).min(0);
-  b.add(&OneCycleParams::cycle_max_mom, "cycle_max_mom").as(Kind::FloatOrList).min(0);
-  b.add(&OneCycleParams::decay_mom_rate, "decay_mom_rate").min(0);
-  b.add(&OneCycleParams::last_batch_iteration, "last_batch_iteration").min(-1);
+  b.add(&OneCycleParams::cycle_first_step_size, "cycle_first_step_size")
+      .positive()
+      .describe("Steps in the increasing half of the cycle");
+  b.add(&OneCycleParams::cycle_second_step_size, "cycle_second_step_size")
+      .min(0)
+      .describe("Steps in the decreasing half of the cycle; unset: cycle_first_step_size");
+  b.add(&OneCycleParams::cycle_first_stair_count, "cycle_first_stair_count")
+      .describe("Stairs in the first half of the cycle (lr and momentum change in steps); 0: continuous");
+  b.add(&OneCycleParams::cycle_second_stair_count, "cycle_second_stair_count")
+      .describe("Stairs in the second half of the cycle; unset: cycle_first_stair_count");
+  b.add(&OneCycleParams::decay_step_size, "decay_step_size")
+      .min(0)
+      .describe("Interval (steps) at which decay is applied after the cycle; 0: no decay");
+  b.add(&OneCycleParams::cycle_momentum, "cycle_momentum")
+      .describe("Cycle momentum inversely to the learning rate between cycle_min_mom and cycle_max_mom");
+  b.add(&OneCycleParams::cycle_min_mom, "cycle_min_mom")
+      .as(Kind::FloatOrList).min(0)
+      .describe("Lower momentum bound of the cycle (one per param group allowed)");
+  b.add(&OneCycleParams::cycle_max_mom, "cycle_max_mom")
+      .as(Kind::FloatOrList).min(0)
+      .describe("Upper momentum bound of the cycle, where it starts (one per param group allowed)");
+  b.add(&OneCycleParams::decay_mom_rate, "decay_mom_rate")
+      .min(0)
+      .describe("Momentum decay rate in the decay phase after the cycle");
+  b.add(&OneCycleParams::last_batch_iteration, "last_batch_iteration")
+      .min(-1)
+      .describe("Index of the last batch when resuming; -1 starts the schedule from the beginning");
   Block block = b.build();
   block.finish = [](void* obj, Ctx&, const std::string&) {
     auto& p = *static_cast<OneCycleParams*>(obj);
@@ -101,9 +133,14 @@ Block make_one_cycle() {
 
 template <class T>
 void warmup_keys(BlockBuilder<T>& b) {
-  b.add(&T::warmup_num_steps, "warmup_num_steps").positive();
-  b.add(&T::warmup_type, "warmup_type");  // checked by with_warmup_finish
-  b.add(&T::last_batch_iteration, "last_batch_iteration").min(-1);
+  b.add(&T::warmup_num_steps, "warmup_num_steps")
+      .positive()
+      .describe("Steps over which the learning rate warms up");
+  b.add(&T::warmup_type, "warmup_type")
+      .describe("Shape of the warm-up: log or linear");  // the value is checked by with_warmup_finish
+  b.add(&T::last_batch_iteration, "last_batch_iteration")
+      .min(-1)
+      .describe("Index of the last batch when resuming; -1 starts the schedule from the beginning");
 }
 
 // DeepSpeed warns about an unknown warmup_type and warms up by "log" (WarmupCosineLR too since
@@ -126,8 +163,12 @@ Block with_warmup_finish(Block block) {
 
 template <class T>
 void warmup_lr_keys(BlockBuilder<T>& b) {
-  b.add(&T::warmup_min_lr, "warmup_min_lr").as(Kind::FloatOrList).min(0);
-  b.add(&T::warmup_max_lr, "warmup_max_lr").as(Kind::FloatOrList).min(0).can_be_null();
+  b.add(&T::warmup_min_lr, "warmup_min_lr")
+      .as(Kind::FloatOrList).min(0)
+      .describe("Learning rate at the start of warm-up (one per param group allowed)");
+  b.add(&T::warmup_max_lr, "warmup_max_lr")
+      .as(Kind::FloatOrList).min(0).can_be_null()
+      .describe("Learning rate reached at the end of warm-up (one per param group allowed)");
   warmup_keys(b);
 }
 
@@ -140,15 +181,24 @@ Block make_warmup() {
 Block make_warmup_decay() {
   BlockBuilder<WarmupDecayLRParams> b("scheduler.params (WarmupDecayLR)");
   warmup_lr_keys(b);
-  b.add(&WarmupDecayLRParams::total_num_steps, "total_num_steps").positive().must_be_given();
+  b.add(&WarmupDecayLRParams::total_num_steps, "total_num_steps")
+      .positive().must_be_given()
+      .describe("Total training steps; after warm-up the learning rate decays linearly to 0 at this step");
   return with_warmup_finish<WarmupDecayLRParams>(b.build());
 }
 
 Block make_warmup_cosine() {
   BlockBuilder<WarmupCosineParams> b("scheduler.params (WarmupCosineLR)");
-  b.add(&WarmupCosineParams::total_num_steps, "total_num_steps").positive().must_be_given();
-  b.add(&WarmupCosineParams::warmup_min_ratio, "warmup_min_ratio").range(0, 1);
-  b.add(&WarmupCosineParams::cos_min_ratio, "cos_min_ratio").range(0, 1);
+  b.add(&WarmupCosineParams::total_num_steps, "total_num_steps")
+      .positive().must_be_given()
+      .describe("Total training steps; after warm-up the learning rate follows a cosine to cos_min_ratio at this "
+                "step");
+  b.add(&WarmupCosineParams::warmup_min_ratio, "warmup_min_ratio")
+      .range(0, 1)
+      .describe("Learning rate at the start of warm-up, as a fraction of the optimizer's lr");
+  b.add(&WarmupCosineParams::cos_min_ratio, "cos_min_ratio")
+      .range(0, 1)
+      .describe("Learning rate at the end of the cosine decay, as a fraction of the optimizer's lr");
   warmup_keys(b);
   return with_warmup_finish<WarmupCosineParams>(b.build());
 }
@@ -234,8 +284,12 @@ void finish_scheduler(void* obj, Ctx& ctx, const std::string& path) {
 
 Block make_scheduler() {
   BlockBuilder<SchedulerConfig> b("scheduler");
-  b.add(&SchedulerConfig::type, "type").must_be_given().not_null();
-  b.add(&SchedulerConfig::params, "params").as(Kind::Object).can_be_null();
+  b.add(&SchedulerConfig::type, "type")
+      .must_be_given().not_null()
+      .describe("Schedule name: LRRangeTest, OneCycle, WarmupLR, WarmupDecayLR, WarmupCosineLR, ...");
+  b.add(&SchedulerConfig::params, "params")
+      .as(Kind::Object).can_be_null()
+      .describe("Arguments passed to the schedule's constructor");
   Block block = b.build();
   block.finish = finish_scheduler;
   return block;

@@ -15,12 +15,21 @@ Block make_offload_param() {
   b.add(&OffloadParamConfig::device, "device")
       .one_of({"none", "cpu", "nvme"}, true)
       .when([](const json& v) { return v != "none"; })
-      .pending("parameter offload");
-  b.add(&OffloadParamConfig::nvme_path, "nvme_path");
-  b.add(&OffloadParamConfig::buffer_count, "buffer_count").min(0);
-  b.add(&OffloadParamConfig::buffer_size, "buffer_size").min(0);
-  b.add(&OffloadParamConfig::max_in_cpu, "max_in_cpu").min(0);
-  b.add(&OffloadParamConfig::pin_memory, "pin_memory");
+      .pending("parameter offload")
+      .describe("Where parameters are offloaded at ZeRO-3: none, cpu or nvme");
+  b.add(&OffloadParamConfig::nvme_path, "nvme_path")
+      .describe("File-system path of the NVMe device parameters are offloaded to");
+  b.add(&OffloadParamConfig::buffer_count, "buffer_count")
+      .min(0)
+      .describe("Buffers in the pool used to offload parameters to NVMe");
+  b.add(&OffloadParamConfig::buffer_size, "buffer_size")
+      .min(0)
+      .describe("Size (elements) of each buffer in the pool used to offload parameters to NVMe");
+  b.add(&OffloadParamConfig::max_in_cpu, "max_in_cpu")
+      .min(0)
+      .describe("Parameter elements kept in CPU memory when parameters are offloaded to NVMe");
+  b.add(&OffloadParamConfig::pin_memory, "pin_memory")
+      .describe("Offload to page-locked (pinned) CPU memory, for asynchronous full-bandwidth transfers");
   Block block = b.build();
   block.auto_is_default = true;
   return block;
@@ -31,17 +40,32 @@ Block make_offload_optimizer() {
   b.add(&OffloadOptimizerConfig::device, "device")
       .one_of({"none", "cpu", "nvme"}, true)
       .when([](const json& v) { return v != "none"; })
-      .pending("optimizer-state offload");
-  b.add(&OffloadOptimizerConfig::nvme_path, "nvme_path");
-  b.add(&OffloadOptimizerConfig::buffer_count, "buffer_count").min(0);
-  b.add(&OffloadOptimizerConfig::pin_memory, "pin_memory");
-  b.add(&OffloadOptimizerConfig::pipeline_read, "pipeline_read");
-  b.add(&OffloadOptimizerConfig::pipeline_write, "pipeline_write");
-  b.add(&OffloadOptimizerConfig::fast_init, "fast_init");
-  b.add(&OffloadOptimizerConfig::ratio, "ratio").range(0, 1).ignored("Strata offloads all optimizer states");
-  b.add(&OffloadOptimizerConfig::super_offload, "super_offload").ignored("a Grace-Hopper path of DeepSpeed");
-  b.add(&OffloadOptimizerConfig::convert_grad_on_cpu, "convert_grad_on_cpu");
-  b.add(&OffloadOptimizerConfig::cpuadam_cores_perc, "cpuadam_cores_perc").range(0, 1);
+      .pending("optimizer-state offload")
+      .describe("Where optimizer states are offloaded (none, cpu or nvme); the optimizer step then runs on the CPU");
+  b.add(&OffloadOptimizerConfig::nvme_path, "nvme_path")
+      .describe("File-system path of the NVMe device optimizer states are offloaded to");
+  b.add(&OffloadOptimizerConfig::buffer_count, "buffer_count")
+      .min(0)
+      .describe("Buffers in the pool used to offload optimizer states to NVMe (at least the states per parameter)");
+  b.add(&OffloadOptimizerConfig::pin_memory, "pin_memory")
+      .describe("Offload to page-locked (pinned) CPU memory, for asynchronous full-bandwidth transfers");
+  b.add(&OffloadOptimizerConfig::pipeline_read, "pipeline_read")
+      .describe("In the tiled NVMe optimizer step, read the next tile while the current one is computed");
+  b.add(&OffloadOptimizerConfig::pipeline_write, "pipeline_write")
+      .describe("In the tiled NVMe optimizer step, write the previous tile while the current one is computed");
+  b.add(&OffloadOptimizerConfig::fast_init, "fast_init")
+      .describe("Initialize the optimizer faster when its states are offloaded to NVMe");
+  b.add(&OffloadOptimizerConfig::ratio, "ratio")
+      .range(0, 1).ignored("Strata offloads all optimizer states")
+      .describe("Fraction of the optimizer states updated by the CPU optimizer (partial offload, ZeRO-3 only)");
+  b.add(&OffloadOptimizerConfig::super_offload, "super_offload")
+      .ignored("a Grace-Hopper path of DeepSpeed")
+      .describe("SuperOffload: CPU offloading tuned for superchips (Grace Hopper), ZeRO-3 only");
+  b.add(&OffloadOptimizerConfig::convert_grad_on_cpu, "convert_grad_on_cpu")
+      .describe("Convert offloaded gradients to fp32 on the CPU rather than on the device before copying them");
+  b.add(&OffloadOptimizerConfig::cpuadam_cores_perc, "cpuadam_cores_perc")
+      .range(0, 1)
+      .describe("Fraction of CPU cores the CPU Adam uses (ZeRO-3 with super_offload)");
   Block block = b.build();
   block.auto_is_default = true;
   return block;
@@ -108,95 +132,164 @@ void finish_zero(void* obj, Ctx& ctx, const std::string& path) {
 
 Block make_zero() {
   BlockBuilder<ZeroConfig> b("zero_optimization");
-  b.add(&ZeroConfig::stage, "stage").range(0, 3);
-  b.add(&ZeroConfig::contiguous_gradients, "contiguous_gradients");
+  b.add(&ZeroConfig::stage, "stage")
+      .range(0, 3)
+      .describe("ZeRO stage: 0 off, 1 partitions optimizer states, 2 also gradients, 3 also parameters");
+  b.add(&ZeroConfig::contiguous_gradients, "contiguous_gradients")
+      .describe("Copy gradients into a contiguous buffer as they are produced, avoiding fragmentation in backward");
   // Both choose how gradients travel, not what they are: Strata always takes the faster way.
   b.add(&ZeroConfig::reduce_scatter, "reduce_scatter")
       .when([](const json& v) { return v.is_boolean() && !v.get<bool>(); })
       .ignored("ZeRO-2 always reduce-scatters its gradient buckets (the same averages as the "
-               "all-reduce DeepSpeed uses when this is false)");
-  b.add(&ZeroConfig::reduce_bucket_size, "reduce_bucket_size").min(0);  // 0: each gradient alone
-  b.add(&ZeroConfig::allgather_partitions, "allgather_partitions");
-  b.add(&ZeroConfig::allgather_bucket_size, "allgather_bucket_size").positive();
+               "all-reduce DeepSpeed uses when this is false)")
+      .describe("Average gradients with reduce or reduce-scatter instead of all-reduce");
+  b.add(&ZeroConfig::reduce_bucket_size, "reduce_bucket_size")
+      .min(0)
+      .describe("Elements reduced at a time; bounds the memory of gradient reduction");  // 0: one gradient at a time
+  b.add(&ZeroConfig::allgather_partitions, "allgather_partitions")
+      .describe("Gather the updated parameters with all-gather (true) or a series of broadcasts (false) after each "
+                "step");
+  b.add(&ZeroConfig::allgather_bucket_size, "allgather_bucket_size")
+      .positive()
+      .describe("Elements all-gathered at a time; bounds the memory of the parameter all-gather");
   b.add(&ZeroConfig::overlap_comm, "overlap_comm")
       .when([](const json& v) { return v.is_boolean() && !v.get<bool>(); })
       .ignored("every gradient bucket's reduction is launched during backward, overlapping it "
-               "(the results are the same)");
-  b.add(&ZeroConfig::load_from_fp32_weights, "load_from_fp32_weights");
+               "(the results are the same)")
+      .describe("Overlap the reduction of gradients with the backward computation");
+  b.add(&ZeroConfig::load_from_fp32_weights, "load_from_fp32_weights")
+      .describe("Initialize fp32 master weights from the checkpoint's fp32 copies rather than the 16-bit model "
+                "weights");
   b.add(&ZeroConfig::elastic_checkpoint, "elastic_checkpoint")
-      .ignored("legacy in DeepSpeed, which points to universal checkpointing instead");
-  b.block(&ZeroConfig::offload_param, "offload_param", offload_param_block());
-  b.block(&ZeroConfig::offload_optimizer, "offload_optimizer", offload_optimizer_block());
-  b.add(&ZeroConfig::sub_group_size, "sub_group_size").min(0);
+      .ignored("legacy in DeepSpeed, which points to universal checkpointing instead")
+      .describe("Legacy elastic checkpoints (ZeRO-1/2 states loadable at another world size); superseded by "
+                "universal checkpointing");
+  b.block(&ZeroConfig::offload_param, "offload_param", offload_param_block())
+      .describe("Offload parameters to CPU or NVMe (ZeRO-3 only)");
+  b.block(&ZeroConfig::offload_optimizer, "offload_optimizer", offload_optimizer_block())
+      .describe("Offload optimizer states to CPU or NVMe and run the optimizer step on the CPU");
+  b.add(&ZeroConfig::sub_group_size, "sub_group_size")
+      .min(0)
+      .describe("Elements per tile of the optimizer step (ZeRO-3 with offload, ZeRO-Infinity), for very large "
+                "models");
   b.add(&ZeroConfig::stage3_prefetch_bucket_size, "stage3_prefetch_bucket_size")
-      .alias("prefetch_bucket_size").min(0);
+      .alias("prefetch_bucket_size").min(0)
+      .describe("ZeRO-3: parameter elements fetched ahead of their use");
   b.add(&ZeroConfig::stage3_param_persistence_threshold, "stage3_param_persistence_threshold")
-      .alias("param_persistence_threshold").min(0);
+      .alias("param_persistence_threshold").min(0)
+      .describe("ZeRO-3: parameters smaller than this (elements) are not partitioned but kept whole on every rank");
   b.add(&ZeroConfig::stage3_model_persistence_threshold, "stage3_model_persistence_threshold")
-      .alias("model_persistence_threshold").min(0);
+      .alias("model_persistence_threshold").min(0)
+      .describe("ZeRO-3: upper bound on the total elements of unpartitioned (persistent) parameters");
   b.add(&ZeroConfig::stage3_max_live_parameters, "stage3_max_live_parameters")
-      .alias("max_live_parameters").min(0);
+      .alias("max_live_parameters").min(0)
+      .describe("ZeRO-3: most parameter elements gathered on a rank at once before some are released");
   b.add(&ZeroConfig::stage3_max_reuse_distance, "stage3_max_reuse_distance")
-      .alias("max_reuse_distance").min(0);
+      .alias("max_reuse_distance").min(0)
+      .describe("ZeRO-3: keep a gathered parameter if it is used again within this many parameter elements");
   b.add(&ZeroConfig::stage3_gather_16bit_weights_on_model_save, "stage3_gather_16bit_weights_on_model_save")
       .alias("gather_16bit_weights_on_model_save")
-      .deprecated_alias("stage3_gather_fp16_weights_on_model_save");
-  b.add(&ZeroConfig::ignore_unused_parameters, "ignore_unused_parameters");
-  b.add(&ZeroConfig::round_robin_gradients, "round_robin_gradients");
+      .deprecated_alias("stage3_gather_fp16_weights_on_model_save")
+      .describe("ZeRO-3: gather the partitioned weights so save_16bit_model() writes the full 16-bit model");
+  b.add(&ZeroConfig::ignore_unused_parameters, "ignore_unused_parameters")
+      .describe("Tolerate parameters that get no gradient (dynamic networks) instead of failing; used at stage 2");
+  b.add(&ZeroConfig::round_robin_gradients, "round_robin_gradients")
+      .describe("Stages 1-2 with CPU offload: spread the copying of gradients to CPU memory across ranks");
   b.add(&ZeroConfig::zero_hpz_partition_size, "zero_hpz_partition_size")
       .min(0)
       .when([](const json& v) { return v.get<int64_t>() > 1; })
-      .ignored("ZeRO++ hierarchical partitioning is a communication layout; the math is the same");
+      .ignored("ZeRO++ hierarchical partitioning is a communication layout; the math is the same")
+      .describe("ZeRO++ hpZ: ranks in the secondary parameter partition group (ideally a node's GPUs); 1: off");
   const char* quantized = "ZeRO++ quantized communication changes the numerics";
-  b.add(&ZeroConfig::zero_quantized_weights, "zero_quantized_weights").not_implemented(quantized);
+  b.add(&ZeroConfig::zero_quantized_weights, "zero_quantized_weights")
+      .not_implemented(quantized)
+      .describe("ZeRO++ qwZ: quantize weights for the all-gather");
   b.add(&ZeroConfig::zero_quantized_nontrainable_weights, "zero_quantized_nontrainable_weights")
-      .not_implemented(quantized);
-  b.add(&ZeroConfig::zero_quantized_gradients, "zero_quantized_gradients").not_implemented(quantized);
+      .not_implemented(quantized)
+      .describe("Keep non-trainable weights quantized in memory and communication (LoRA training)");
+  b.add(&ZeroConfig::zero_quantized_gradients, "zero_quantized_gradients")
+      .not_implemented(quantized)
+      .describe("ZeRO++ qgZ: quantize gradients for an all-to-all based reduction");
   b.add(&ZeroConfig::zeropp_loco_param, "zeropp_loco_param")
       .as(Kind::Object)
-      .not_implemented("LoCo error feedback for quantized gradients");
+      .not_implemented("LoCo error feedback for quantized gradients")
+      .describe("LoCo-ZeRO++: error feedback for quantized gradients (err_beta, reset_T)");
   b.add(&ZeroConfig::mics_shard_size, "mics_shard_size")
       .when([](const json& v) { return v.get<int64_t>() > 0; })
-      .ignored("MiCS sharding groups are a communication layout; the math is the same");
-  b.add(&ZeroConfig::mics_hierarchical_params_gather, "mics_hierarchical_params_gather").ignored(kZeroTuning);
-  b.add(&ZeroConfig::memory_efficient_linear, "memory_efficient_linear").ignored(kZeroTuning);
-  b.add(&ZeroConfig::log_trace_cache_warnings, "log_trace_cache_warnings").ignored(kZeroTuning);
-  b.add(&ZeroConfig::use_multi_rank_bucket_allreduce, "use_multi_rank_bucket_allreduce").ignored(kZeroTuning);
-  b.add(&ZeroConfig::compute_grad_norm, "compute_grad_norm").ignored(kZeroTuning);
-  b.add(&ZeroConfig::parameter_alignment, "parameter_alignment").ignored(kZeroTuning);
+      .ignored("MiCS sharding groups are a communication layout; the math is the same")
+      .describe("MiCS: ranks each model-state shard group spans; -1: off");
+  b.add(&ZeroConfig::mics_hierarchical_params_gather, "mics_hierarchical_params_gather")
+      .ignored(kZeroTuning)
+      .describe("MiCS: gather parameters hierarchically, within nodes then across them");
+  b.add(&ZeroConfig::memory_efficient_linear, "memory_efficient_linear")
+      .ignored(kZeroTuning)
+      .describe("ZeRO-3: use a linear layer that does not keep a gathered weight for backward");
+  b.add(&ZeroConfig::log_trace_cache_warnings, "log_trace_cache_warnings")
+      .ignored(kZeroTuning)
+      .describe("ZeRO-3: log warnings of the parameter-fetch trace cache, such as invalidations");
+  b.add(&ZeroConfig::use_multi_rank_bucket_allreduce, "use_multi_rank_bucket_allreduce")
+      .ignored(kZeroTuning)
+      .describe("Combine the reduce buckets of all ranks into one all-reduce instead of many reduces");
+  b.add(&ZeroConfig::compute_grad_norm, "compute_grad_norm")
+      .ignored(kZeroTuning)
+      .describe("Compute the global gradient norm at each step (needed for clipping and reported)");
+  b.add(&ZeroConfig::parameter_alignment, "parameter_alignment")
+      .ignored(kZeroTuning)
+      .describe("Align each parameter's start within the flat partition buffers");
   b.add(&ZeroConfig::stage3_module_granularity_threshold, "stage3_module_granularity_threshold")
-      .alias("module_granularity_threshold").ignored(kZeroTuning);
+      .alias("module_granularity_threshold").ignored(kZeroTuning)
+      .describe("ZeRO-3: modules with fewer parameters per descendant than this are fetched as one unit");
   b.add(&ZeroConfig::stage3_use_all_reduce_for_fetch_params, "stage3_use_all_reduce_for_fetch_params")
-      .alias("use_all_reduce_for_fetch_params").ignored(kZeroTuning);
+      .alias("use_all_reduce_for_fetch_params").ignored(kZeroTuning)
+      .describe("ZeRO-3: fetch a module's parameters with an all-reduce instead of an all-gather");
   b.add(&ZeroConfig::stage3_allgather_sequential, "stage3_allgather_sequential")
-      .alias("allgather_sequential").ignored(kZeroTuning);
+      .alias("allgather_sequential").ignored(kZeroTuning)
+      .describe("ZeRO-3: all-gather parameters one by one instead of through flattened buckets");
   b.add(&ZeroConfig::stage3_partition_stream_chunk_size, "stage3_partition_stream_chunk_size")
-      .alias("partition_stream_chunk_size").min(0).ignored(kZeroTuning);
-  b.add(&ZeroConfig::legacy_stage1, "legacy_stage1").ignored(kZeroTuning);
-  b.add(&ZeroConfig::pipeline_loading_checkpoint, "pipeline_loading_checkpoint").ignored(kZeroTuning);
-  b.add(&ZeroConfig::override_module_apply, "override_module_apply").ignored(kZeroTuning);
-  b.add(&ZeroConfig::enable_sanity_checks, "enable_sanity_checks").ignored(kZeroTuning);
+      .alias("partition_stream_chunk_size").min(0).ignored(kZeroTuning)
+      .describe("ZeRO-3: partition larger parameters at zero.Init by streaming chunks of this many elements; 0: "
+                "off");
+  b.add(&ZeroConfig::legacy_stage1, "legacy_stage1")
+      .ignored(kZeroTuning)
+      .describe("Use the old ZeRO stage 1 implementation");
+  b.add(&ZeroConfig::pipeline_loading_checkpoint, "pipeline_loading_checkpoint")
+      .ignored(kZeroTuning)
+      .describe("ZeRO-3: load checkpoints in pipeline mode");
+  b.add(&ZeroConfig::override_module_apply, "override_module_apply")
+      .ignored(kZeroTuning)
+      .describe("ZeRO-3: override nn.Module.apply so it sees gathered parameters");
+  b.add(&ZeroConfig::enable_sanity_checks, "enable_sanity_checks")
+      .ignored(kZeroTuning)
+      .describe("Run internal sanity checks (for debugging)");
   b.add(&ZeroConfig::save_muon_momentum_buffer_in_memory, "save_muon_momentum_buffer_in_memory")
-      .ignored("Strata has no Muon optimizer");
-  b.add(&ZeroConfig::leaf_module, "leaf_module").as(Kind::Object).ignored(kZeroTuning);
+      .ignored("Strata has no Muon optimizer")
+      .describe("ZeRO-3 with NVMe offload: keep the Muon momentum buffer in memory instead of swapping it");
+  b.add(&ZeroConfig::leaf_module, "leaf_module")
+      .as(Kind::Object).ignored(kZeroTuning)
+      .describe("ZeRO-3: modules treated as leaves, whose parameters are fetched together");
   b.add(&ZeroConfig::zenflow, "zenflow")
       .as(Kind::Object)
-      .not_implemented("ZenFlow updates unimportant parameters asynchronously");
+      .not_implemented("ZenFlow updates unimportant parameters asynchronously")
+      .describe("ZenFlow: update the less important gradients asynchronously on the CPU while training continues");
 
   // Deprecated DeepSpeed keys, rewritten into the canonical ones.
   b.legacy("cpu_offload", [](Ctx& ctx, ZeroConfig& z, const json& v, const std::string& path) {
     legacy_offload(ctx, z.offload_optimizer.device, v, path, "offload_optimizer");
-  });
+  })
+      .describe("Deprecated: true offloads the optimizer to the CPU; use offload_optimizer");
   b.legacy("cpu_offload_param", [](Ctx& ctx, ZeroConfig& z, const json& v, const std::string& path) {
     legacy_offload(ctx, z.offload_param.device, v, path, "offload_param");
-  }).deprecated_alias("cpu_offload_params");
+  })
+      .deprecated_alias("cpu_offload_params")
+      .describe("Deprecated: true offloads parameters to the CPU; use offload_param");
   b.legacy("cpu_offload_use_pin_memory", [](Ctx& ctx, ZeroConfig& z, const json& v, const std::string& path) {
     auto on = legacy_bool(ctx, v, path);
     if (!on) return;
     ctx.warn(path, fmt::format("{} is deprecated; read as pin_memory = {} in offload_param and "
                                "offload_optimizer", path, *on));
     z.offload_param.pin_memory = z.offload_optimizer.pin_memory = *on;
-  });
+  })
+      .describe("Deprecated: pinned CPU memory for offload; use pin_memory in offload_param / offload_optimizer");
 
   Block block = b.build();
   // DeepSpeed's oldest form: "zero_optimization": true means stage 1.

@@ -43,8 +43,9 @@ const char* const kHelpText =
     "exit status: 0 valid (warnings allowed), 1 invalid, 2 bad command line\n"
     "\n"
     "strata-config schema [--markdown | --json]: print the config reference (every key: JSON\n"
-    "path, type, default, allowed values, other spellings, whether Strata implements it, warns\n"
-    "or refuses it), generated from the schema tables; Markdown by default (docs/config.md).\n"
+    "path, DeepSpeed's meaning, type, default, allowed values, other spellings, whether Strata\n"
+    "implements it, warns or refuses it), generated from the schema tables; Markdown by default\n"
+    "(docs/config.md).\n"
     "\n"
     "strata-config --version: the version and what this build was made with.\n";
 

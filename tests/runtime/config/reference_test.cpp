@@ -82,5 +82,21 @@ TEST(ConfigReference, JsonAndMarkdownListTheSameKeys) {
   }
 }
 
+// Every key the schema knows (blocks, legacy spellings and the built-in optimizer's and
+// scheduler's params included) says what it means in DeepSpeed, in one line of its own words.
+TEST(ConfigReference, EveryKeyHasDeepSpeedsMeaning) {
+  const json ref = config_reference_json();
+  ASSERT_GT(ref.at("keys").size(), 150u);
+  for (const json& k : ref.at("keys")) {
+    std::string path = k.at("path").get<std::string>();
+    if (k.contains("for_type")) path += " (" + k.at("for_type").get<std::string>() + ")";
+    const std::string what = k.value("description", std::string());
+    EXPECT_FALSE(what.empty()) << path << " has no description: give its declaration in "
+                               << "runtime/config/schema_*.cpp a .describe(\"DeepSpeed's meaning\")";
+    EXPECT_EQ(what.find('\n'), std::string::npos) << path << ": one line";
+    EXPECT_LE(what.size(), 140u) << path << ": keep DeepSpeed's meaning to one short line";
+  }
+}
+
 }  // namespace
 }  // namespace strata
