@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include <ATen/record_function.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -111,10 +113,40 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
   // Before anything is broadcast: every rank must hold the same tensors.
   if (group_) check_same_model_on_every_rank(*module_, *group_);
 
+  // Built inside a PartitionedInit: its tensors hold no bytes, only shards (stage 3 only).
+  const auto& init = options.partitioned_init;
+  if (init) {
+    if (config_.zero_optimization.stage != 3)
+      throw Error(fmt::format("{}: the model was built inside a PartitionedInit (partitioned "
+                              "parameters), which needs zero_optimization.stage 3 (it is {})",
+                              config_.source, config_.zero_optimization.stage));
+    init->finish();
+    // Buffers and other tensors the model keeps get their bytes back; parameters stay shards.
+    std::vector<torch::Tensor> params;
+    for (const auto& p : unique_parameters(*module_, false)) params.push_back(p.tensor);
+    init->restore_except(params);
+  }
+  auto partitioned = [&](const torch::Tensor& p) { return init && init->shard_of(p); };
+
   // Mixed precision: the module's parameters and buffers in 16 bits, as DeepSpeed casts them.
   const bool fp16 = config_.fp16.enabled, bf16 = config_.bf16.enabled;
-  if (fp16) module_->to(torch::kHalf);
-  if (bf16) module_->to(torch::kBFloat16);
+  if (init) {
+    const auto want = fp16 ? torch::kHalf : bf16 ? torch::kBFloat16 : torch::kFloat;
+    for (const auto& p : unique_parameters(*module_, false))
+      if (partitioned(p.tensor) && p.tensor.scalar_type() != want)
+        throw Error(fmt::format(
+            "{}: parameter '{}' was partitioned as {} by PartitionedInit, the config trains in {}; "
+            "give PartitionedInit the config's dtype (PartitionedInitOptions::dtype)",
+            config_.source, p.name, c10::toString(p.tensor.scalar_type()), c10::toString(want)));
+  }
+  {
+    // Partitioned parameters already have the dtype (checked above): to() only aliases them,
+    // and must not gather them.
+    std::optional<at::DisableRecordFunctionGuard> quiet;
+    if (init) quiet.emplace();
+    if (fp16) module_->to(torch::kHalf);
+    if (bf16) module_->to(torch::kBFloat16);
+  }
   skip_on_overflow_ = fp16 || (bf16 && config_.bf16.check_grad_overflow);
 
   // Each tensor once, however many names it has (tied weights).
@@ -137,7 +169,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     // Every rank starts from rank 0's parameters and buffers, as DeepSpeed and DDP do.
     torch::NoGradGuard no_grad;
     for (auto& p : unique_parameters(*module_, /*trainable_only=*/false))
-      group_->broadcast(p.tensor.detach(), 0);
+      if (!partitioned(p.tensor)) group_->broadcast(p.tensor.detach(), 0);  // else done already
     for (auto& b : module_->buffers()) group_->broadcast(b, 0);
   }
 
@@ -159,8 +191,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       zero::UnitOptions uo;
       uo.persistence_threshold = zero.stage3_param_persistence_threshold.value;
       uo.model_persistence_threshold = zero.stage3_model_persistence_threshold;
+      zero::ParamUnits::ValueOf value_of;
+      if (init)
+        value_of = [&](const torch::Tensor& p) { return partitioned(p) ? init->full_value(p) : p; };
       units_ = std::make_shared<zero::ParamUnits>(zero::plan_units(*module_, options.stage3_units),
-                                                  group_, uo);
+                                                  group_, uo, value_of);
+      if (init) init->release();  // the units own the parameters now
       zero::CoordinatorOptions co;
       co.prefetch_numel = zero.stage3_prefetch_bucket_size.value;
       co.max_live_numel = zero.stage3_max_live_parameters;

@@ -25,6 +25,7 @@
 #include "runtime/precision/loss_scaler.h"
 #include "runtime/sched/lr_scheduler.h"
 #include "zero/param_coordinator.h"
+#include "zero/partitioned_init.h"
 #include "zero/partitioned_optimizer.h"
 
 namespace strata {
@@ -52,6 +53,9 @@ struct InitOptions {
   // e.g. {"embed", "blocks.0", ...}). Empty: the children of every ModuleList / Sequential and
   // the remaining top-level modules (zero/param_units.h).
   std::vector<std::string> stage3_units;
+  // ZeRO-3: the scope the model was built in (zero/partitioned_init.h, DeepSpeed's zero.Init):
+  // its parameters arrive partitioned, and the engine builds its units from the shards.
+  std::shared_ptr<zero::PartitionedInit> partitioned_init;
   // The data-parallel group. Unset: when the environment names a world of several ranks
   // (WORLD_SIZE, OpenMPI's or SLURM's variables), strata::initialize meets the other ranks and
   // creates it; otherwise training is single-process.

@@ -13,12 +13,21 @@
 namespace strata::zero {
 namespace {
 
-// RecordFunction callbacks are plain function pointers: the live coordinators are listed here.
+// RecordFunction callbacks are plain function pointers: one callback serves every live
+// coordinator, listed here. It is installed with the first and removed with the last.
 std::mutex g_registry_mutex;
 std::vector<ParamCoordinator*>& registry() {
   static std::vector<ParamCoordinator*> coordinators;
   return coordinators;
 }
+at::CallbackHandle g_callback = 0;
+size_t g_paused = 0;  // coordinators that asked for the callback to be off
+
+// The units an op holds while it runs: ops run inside ops (addmm copies its bias into the
+// output before it multiplies), and a unit the outer op reads must outlive the inner ones.
+struct Holds : at::ObserverContext {
+  std::vector<std::pair<ParamCoordinator*, std::vector<size_t>>> held;
+};
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   std::vector<ParamCoordinator*> live;
@@ -26,8 +35,19 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     std::lock_guard<std::mutex> lock(g_registry_mutex);
     live = registry();
   }
-  for (auto* c : live) c->on_op(fn);
-  return nullptr;
+  std::unique_ptr<Holds> holds;
+  for (auto* c : live) {
+    auto held = c->on_op(fn);
+    if (held.empty()) continue;
+    if (!holds) holds = std::make_unique<Holds>();
+    holds->held.emplace_back(c, std::move(held));
+  }
+  return holds;
+}
+
+void release_holds(const at::RecordFunction&, at::ObserverContext* context) {
+  if (auto* holds = static_cast<Holds*>(context))
+    for (auto& [c, units] : holds->held) c->on_op_end(units);
 }
 
 void add_units_of(const at::Tensor& t, const ParamUnits& units, std::vector<size_t>& out) {
@@ -63,25 +83,45 @@ ParamCoordinator::ParamCoordinator(std::shared_ptr<ParamUnits> units, comm::Grou
       inflight_(units_->size()),
       prefetched_(units_->size(), false) {
   peak_bytes_ = units_->gathered_bytes();
-  {
-    std::lock_guard<std::mutex> lock(g_registry_mutex);
-    registry().push_back(this);
-  }
-  callback_ = at::addGlobalCallback(
-      at::RecordFunctionCallback(&on_op_start)
-          .needsInputs(true)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  held_.assign(units_->size(), 0);
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  registry().push_back(this);
+  if (registry().size() == 1)
+    g_callback = at::addGlobalCallback(
+        at::RecordFunctionCallback(&on_op_start, &release_holds)
+            .needsInputs(true)
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
 }
 
 ParamCoordinator::~ParamCoordinator() {
-  at::removeCallback(callback_);
   std::lock_guard<std::mutex> lock(g_registry_mutex);
   auto& r = registry();
   r.erase(std::remove(r.begin(), r.end(), this), r.end());
+  if (paused_) --g_paused;
+  if (r.empty()) {
+    at::removeCallback(g_callback);
+    g_callback = 0;
+  }
 }
 
-void ParamCoordinator::pause() { at::disableCallback(callback_); }
-void ParamCoordinator::resume() { at::reenableCallback(callback_); }
+void ParamCoordinator::pause() {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  if (paused_) return;
+  paused_ = true;
+  if (++g_paused == registry().size()) at::disableCallback(g_callback);
+}
+
+void ParamCoordinator::resume() {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  if (!paused_) return;
+  paused_ = false;
+  if (g_paused-- == registry().size()) at::reenableCallback(g_callback);
+}
+
+void ParamCoordinator::on_op_end(const std::vector<size_t>& held) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t u : held) --held_[u];
+}
 
 ParamCoordinator::Scope::Scope(ParamCoordinator* c, Phase phase) : c_(c) {
   std::lock_guard<std::mutex> lock(c_->mutex_);
@@ -95,8 +135,9 @@ ParamCoordinator::Scope::~Scope() {
   c_->phase_ = previous_;
 }
 
-void ParamCoordinator::on_op(const at::RecordFunction& fn) {
+std::vector<size_t> ParamCoordinator::on_op(const at::RecordFunction& fn) {
   ops_seen_.fetch_add(1, std::memory_order_relaxed);
+  if (paused_) return {};
   std::vector<size_t> touched;
   for (const auto& input : fn.inputs()) {
     if (input.isTensor()) {
@@ -105,7 +146,7 @@ void ParamCoordinator::on_op(const at::RecordFunction& fn) {
       for (const at::Tensor& t : input.toTensorList().vec()) add_units_of(t, *units_, touched);
     }
   }
-  if (touched.empty()) return;
+  if (touched.empty()) return touched;
   std::lock_guard<std::mutex> lock(mutex_);
   ops_on_units_.fetch_add(1, std::memory_order_relaxed);
   if (phase_ == Phase::kIdle && group_) {
@@ -119,7 +160,7 @@ void ParamCoordinator::on_op(const at::RecordFunction& fn) {
                          "(engine->gathered_parameters()) entered on every rank",
                          units_->unit(u).names.front(), units_->unit(u).name, fn.name()),
              u);
-    return;
+    return hold(touched);
   }
   if (phase_ == Phase::kGathered || (phase_ == Phase::kIdle && !group_)) {
     // The program's own reads of gathered weights (or, alone, of any): not the model's run, so
@@ -136,18 +177,24 @@ void ParamCoordinator::on_op(const at::RecordFunction& fn) {
       }
     }
     peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());
-    return;
+    return hold(touched);
   }
   for (size_t u : touched)
     if (std::find(current_.begin(), current_.end(), u) == current_.end()) use(u, fn.name());
-  // The units the last op used and this one does not: their use is over for now.
-  for (size_t v : current_)
-    if (std::find(touched.begin(), touched.end(), v) == touched.end() && !pinned_[v] &&
-        !kept_for_reuse(v))
+  // The units this op does not read, and no op still running holds: their use is over for now.
+  for (size_t v = 0; v < units_->size(); ++v)
+    if (units_->unit(v).gathered && !units_->unit(v).persistent && !pinned_[v] && held_[v] == 0 &&
+        std::find(touched.begin(), touched.end(), v) == touched.end() && !kept_for_reuse(v))
       release_unit(v);
   current_ = touched;
   if (on_trace_) prefetch();
   peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());
+  return hold(touched);
+}
+
+std::vector<size_t> ParamCoordinator::hold(std::vector<size_t> touched) {
+  for (size_t u : touched) ++held_[u];
+  return touched;
 }
 
 void ParamCoordinator::use(size_t u, const char* op) {

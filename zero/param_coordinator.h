@@ -108,11 +108,14 @@ class ParamCoordinator {
   void pause();
   void resume();
 
-  // The callback's entry (public for the registration in the .cpp).
-  void on_op(const at::RecordFunction& fn);
+  // The callback's entries (public for the registration in the .cpp): an op starts (returns
+  // the units it holds until it ends), an op that held units ends.
+  std::vector<size_t> on_op(const at::RecordFunction& fn);
+  void on_op_end(const std::vector<size_t>& held);
 
  private:
   void fail(const std::string& message, size_t unit);
+  std::vector<size_t> hold(std::vector<size_t> touched);
   void use(size_t u, const char* op);  // u comes into use: gather or wait, follow the trace
   bool kept_for_reuse(size_t u) const;
   void finish_prefetch(size_t u);
@@ -124,6 +127,8 @@ class ParamCoordinator {
   std::mutex mutex_;
   Phase phase_ = Phase::kIdle;
   std::vector<bool> pinned_;
+  std::vector<int> held_;  // per unit: ops running now that read it
+  std::atomic<bool> paused_{false};
   CoordinatorOptions options_;
   std::vector<int32_t> record_;  // uses since the last check_same_gathers()
   std::vector<int32_t> micro_;   // uses in this micro-step
@@ -137,7 +142,6 @@ class ParamCoordinator {
   std::optional<std::string> error_;
   int64_t peak_bytes_ = 0, gathers_ = 0;
   std::atomic<int64_t> ops_seen_{0}, ops_on_units_{0};
-  uint64_t callback_ = 0;
 };
 
 }  // namespace strata::zero

@@ -99,7 +99,8 @@ std::vector<UnitSpec> plan_units(torch::nn::Module& root,
   return planner.take();
 }
 
-ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOptions options)
+ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOptions options,
+                       const ValueOf& value_of)
     : group_(group && group->size() > 1 ? std::move(group) : nullptr),
       parts_(group_ ? group_->size() : 1),
       rank_(group_ ? group_->rank() : 0) {
@@ -206,15 +207,17 @@ ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOp
     u.full = torch::zeros({parts_ * u.chunk}, opts);
     for (size_t i = 0; i < u.params.size(); ++i) {
       auto& p = u.params[i];
-      u.full.narrow(0, u.offsets[i], p.numel()).copy_(p.reshape({-1}));
+      const auto value = value_of ? value_of(p) : p;
+      u.full.narrow(0, u.offsets[i], p.numel()).copy_(value.reshape({-1}));
       p.mutable_grad() = torch::Tensor();
       set_storage_view(p, u.full, u.offsets[i]);  // same TensorImpl: module and autograd keep it
     }
     u.shard.copy_(u.full.narrow(0, rank_ * u.chunk, u.chunk));
-    unit_of_storage_[u.full.storage().unsafeGetStorageImpl()] = size_t(&u - units_.data());
+    const size_t index = size_t(&u - units_.data());
+    unit_of_storage_[u.full.storage().unsafeGetStorageImpl()] = index;
     gathered_bytes_ += bytes_of(u.full);
+    release(index);
   }
-  for (size_t u = 0; u < units_.size(); ++u) release(u);
 }
 
 int64_t ParamUnits::unit_of(const c10::StorageImpl* storage) const {

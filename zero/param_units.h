@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -72,9 +73,12 @@ class ParamUnits {
   };
 
   // Moves the parameters (identical on every rank: rank 0's, broadcast) into unit storages,
-  // keeps this rank's shards and releases every unit but the persistent one. One dtype and one
-  // device for all parameters.
-  ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOptions options);
+  // keeps this rank's shards and releases every unit but the persistent one, one unit at a time
+  // (the extra memory is one unit). One dtype and one device for all parameters. `value_of`
+  // gives a parameter's values when the parameter holds none itself (partitioned_init.h).
+  using ValueOf = std::function<torch::Tensor(const torch::Tensor&)>;
+  ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOptions options,
+             const ValueOf& value_of = {});
 
   size_t size() const { return units_.size(); }
   const Unit& unit(size_t u) const { return units_[u]; }

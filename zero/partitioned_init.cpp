@@ -1,0 +1,232 @@
+#include "zero/partitioned_init.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace strata::zero {
+namespace {
+
+// One callback serves every live PartitionedInit (RecordFunction takes plain function pointers):
+// installed with the first, removed with the last.
+std::mutex g_registry_mutex;
+std::vector<PartitionedInit*>& registry() {
+  static std::vector<PartitionedInit*> inits;
+  return inits;
+}
+at::CallbackHandle g_callback = 0;
+
+std::vector<PartitionedInit*> live_inits() {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  return registry();
+}
+
+std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
+  for (auto* init : live_inits()) init->on_op_start(fn);
+  return nullptr;
+}
+
+void end(const at::RecordFunction& fn, at::ObserverContext*) {
+  for (auto* init : live_inits()) init->on_op_end(fn);
+}
+
+// The ops that bring a new tensor into the world.
+bool creates_tensor(const char* name) {
+  static const std::set<std::string> factories = {
+      "aten::empty",      "aten::empty_strided", "aten::empty_like", "aten::zeros",
+      "aten::zeros_like", "aten::ones",          "aten::ones_like",  "aten::full",
+      "aten::full_like",  "aten::rand",          "aten::randn",      "aten::randint",
+      "aten::arange",     "aten::eye",           "aten::tensor",     "aten::scalar_tensor"};
+  return factories.count(name) > 0;
+}
+
+void release_storage(const torch::Tensor& t) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+
+}  // namespace
+
+std::shared_ptr<PartitionedInit> PartitionedInit::create(comm::GroupPtr group,
+                                                         PartitionedInitOptions options) {
+  std::shared_ptr<PartitionedInit> init(new PartitionedInit(std::move(group), options));
+  init->active_ = true;
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  registry().push_back(init.get());
+  if (registry().size() == 1)
+    g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&start, &end)
+                                           .needsInputs(true)
+                                           .needsOutputs(true)
+                                           .scopes({at::RecordScope::FUNCTION}));
+  return init;
+}
+
+PartitionedInit::PartitionedInit(comm::GroupPtr group, PartitionedInitOptions options)
+    : group_(group && group->size() > 1 ? std::move(group) : nullptr),
+      options_(options),
+      parts_(group_ ? group_->size() : 1),
+      rank_(group_ ? group_->rank() : 0) {}
+
+PartitionedInit::~PartitionedInit() {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  auto& r = registry();
+  r.erase(std::remove(r.begin(), r.end(), this), r.end());
+  if (r.empty()) {
+    at::removeCallback(g_callback);
+    g_callback = 0;
+  }
+}
+
+void PartitionedInit::on_op_start(const at::RecordFunction& fn) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!active_) return;
+  // A new tensor: the construction has moved past the ones recorded so far.
+  if (creates_tensor(fn.name())) seal_pending();
+  for (const auto& input : fn.inputs()) {
+    if (!input.isTensor()) continue;
+    const auto& t = input.toTensor();
+    if (t.defined() && t.has_storage()) regather(t.storage().unsafeGetStorageImpl());
+  }
+}
+
+void PartitionedInit::on_op_end(const at::RecordFunction& fn) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!active_) return;
+  // Once the construction is over, a tensor an op had to gather is partitioned right after it.
+  if (finished_) return seal_pending();
+  if (creates_tensor(fn.name()))
+    for (const auto& output : fn.outputs())
+      if (output.isTensor()) {
+        const auto& t = output.toTensor();
+        if (t.defined() && t.is_floating_point() && t.numel() >= options_.min_numel)
+          pending_.push_back(c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+              t.getIntrusivePtr()));
+      }
+}
+
+void PartitionedInit::seal_pending() {
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (auto& weak : pending)
+    if (auto impl = weak.lock()) seal(torch::Tensor(std::move(impl)));
+}
+
+void PartitionedInit::seal(torch::Tensor t) {
+  at::DisableRecordFunctionGuard no_callbacks;  // the partitioning's own ops
+  torch::NoGradGuard no_grad;
+  if (!t.has_storage() || t.storage().nbytes() == 0) return;
+  // Only a tensor that owns its storage whole: views and shared storages stay as they are.
+  if (!t.is_contiguous() || t.storage_offset() != 0 ||
+      t.storage().nbytes() != size_t(t.numel()) * t.element_size())
+    return;
+  auto data = t.detach();
+  if (group_) group_->broadcast(data, 0);  // the ranks agree, whatever their RNG did
+  const auto dtype = options_.dtype.value_or(t.scalar_type());
+  const auto device = options_.device.value_or(t.device());
+  const auto opts = t.options().dtype(dtype).device(device);
+  int64_t chunk = (t.numel() + parts_ - 1) / parts_;
+  chunk = (chunk + options_.alignment - 1) / options_.alignment * options_.alignment;
+  auto padded = torch::zeros({parts_ * chunk}, opts);
+  padded.narrow(0, 0, t.numel()).copy_(data.reshape({-1}));
+  Shard shard{padded.narrow(0, rank_ * chunk, chunk).clone(), t.numel(), chunk};
+  padded = torch::Tensor();
+  if (dtype != t.scalar_type() || device != t.device())
+    t.set_data(torch::empty(t.sizes(), opts));  // the model's dtype and device, no bytes yet
+  release_storage(t);
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  sealed_.erase(storage);
+  sealed_.emplace(storage, Entry{t.storage().getWeakStorageImpl(),
+                                 c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                                     t.getIntrusivePtr()),
+                                 std::move(shard), sealed_count_++});
+}
+
+void PartitionedInit::regather(const c10::StorageImpl* storage) {
+  auto it = sealed_.find(storage);
+  if (it == sealed_.end()) return;
+  auto impl = it->second.tensor.lock();
+  if (!impl || it->second.storage.expired()) {
+    sealed_.erase(it);
+    return;
+  }
+  torch::Tensor t(std::move(impl));
+  const auto values = full_value(t);
+  {
+    at::DisableRecordFunctionGuard no_callbacks;
+    torch::NoGradGuard no_grad;
+    auto* s = t.storage().unsafeGetStorageImpl();
+    const size_t nbytes = size_t(t.numel()) * t.element_size();
+    c10::Allocator* allocator = s->allocator();
+    if (allocator == nullptr) allocator = c10::GetAllocator(t.device().type());
+    s->set_data_ptr_noswap(allocator->allocate(nbytes));
+    s->set_nbytes(nbytes);
+    t.detach().copy_(values);
+  }
+  sealed_.erase(storage);
+  pending_.push_back(
+      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()));
+}
+
+std::optional<PartitionedInit::Shard> PartitionedInit::shard_of(const torch::Tensor& t) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!t.defined() || !t.has_storage()) return std::nullopt;
+  auto it = sealed_.find(t.storage().unsafeGetStorageImpl());
+  if (it == sealed_.end()) return std::nullopt;
+  return it->second.shard;
+}
+
+torch::Tensor PartitionedInit::full_value(const torch::Tensor& t) const {
+  const auto shard = shard_of(t);
+  if (!shard) throw Error("PartitionedInit::full_value: the tensor was not partitioned");
+  at::DisableRecordFunctionGuard no_callbacks;
+  torch::NoGradGuard no_grad;
+  auto all = torch::empty({parts_ * shard->chunk}, shard->shard.options());
+  if (group_)
+    group_->all_gather(all, shard->shard);
+  else
+    all.copy_(shard->shard);
+  return all.narrow(0, 0, shard->numel).view(t.sizes());
+}
+
+void PartitionedInit::finish() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!active_) return;
+  seal_pending();
+  finished_ = true;
+}
+
+void PartitionedInit::restore_except(const std::vector<torch::Tensor>& keep) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::set<const c10::StorageImpl*> kept;
+  for (const auto& t : keep)
+    if (t.defined() && t.has_storage()) kept.insert(t.storage().unsafeGetStorageImpl());
+  std::vector<std::pair<uint64_t, const c10::StorageImpl*>> others;
+  for (const auto& [storage, entry] : sealed_)
+    if (!kept.count(storage)) others.emplace_back(entry.order, storage);
+  std::sort(others.begin(), others.end());
+  for (const auto& [order, storage] : others) regather(storage);
+  pending_.clear();  // back for good, not to be partitioned again
+}
+
+void PartitionedInit::release() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  active_ = false;
+  sealed_.clear();
+  pending_.clear();
+}
+
+int64_t PartitionedInit::shard_bytes() const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  int64_t bytes = 0;
+  for (const auto& [s, e] : sealed_) bytes += e.shard.shard.numel() * e.shard.shard.element_size();
+  return bytes;
+}
+
+}  // namespace strata::zero
