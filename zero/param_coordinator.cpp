@@ -50,10 +50,14 @@ void release_holds(const at::RecordFunction&, at::ObserverContext* context) {
     for (auto& [c, units] : holds->held) c->on_op_end(units);
 }
 
+// The units an op reads. Persistent ones are always whole: reading them is no move to another
+// unit (a block's own LayerNorm between its matrices must not release the block).
 void add_units_of(const at::Tensor& t, const ParamUnits& units, std::vector<size_t>& out) {
   if (!t.defined() || !t.has_storage()) return;
   const int64_t u = units.unit_of(t.storage().unsafeGetStorageImpl());
-  if (u >= 0 && std::find(out.begin(), out.end(), size_t(u)) == out.end()) out.push_back(size_t(u));
+  if (u >= 0 && !units.unit(size_t(u)).persistent &&
+      std::find(out.begin(), out.end(), size_t(u)) == out.end())
+    out.push_back(size_t(u));
 }
 
 // FNV-1a over the gathered units' ids and sizes.
