@@ -255,6 +255,12 @@ json gpt_config(int stage, const std::string& precision, int64_t total_steps) {
               {"params", {{"total_num_steps", total_steps}, {"warmup_num_steps", 3}}}}}};
   if (precision == "bf16") c["bf16"] = {{"enabled", true}};
   if (precision == "fp16") c["fp16"] = {{"enabled", true}};
+  // Stage 3 with the tiny model's units really released (nothing persistent, no reuse).
+  if (stage == 3)
+    c["zero_optimization"] = {{"stage", 3},
+                              {"stage3_param_persistence_threshold", 0},
+                              {"stage3_prefetch_bucket_size", 50000},
+                              {"stage3_max_reuse_distance", 0}};
   return c;
 }
 
@@ -511,12 +517,12 @@ TEST(EngineGpu, Stage3TrainsTheGptLikeStage0AndResumesExactly) {
 // so stages 1 and 2 give stage 0's loss at every step (to 1e-3, relative); the loss falls, no
 // step is skipped, and the model states shrink as ZeRO's formulas say (per rank, Psi
 // parameters, N = 2: 16 Psi at stage 0, 4 Psi + 12 Psi / N at stage 1, 2 Psi + 14 Psi / N at 2).
-TEST(EngineGpu, TwoGpusBf16ZeroStages1And2GiveTheLossesOfStage0) {
+TEST(EngineGpu, TwoGpusBf16ZeroStages1To3GiveTheLossesOfStage0) {
   REQUIRE_GPUS(2);
   ScratchDir dir;
   const int64_t steps = 20;
   std::vector<std::vector<json>> runs;
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     const std::string name = "bf16_zero" + std::to_string(stage);
     const auto config = write_config(dir, name, gpt_config(stage, "bf16", steps));
     const std::string metrics = dir.str() + "/" + name + ".jsonl";
@@ -529,7 +535,7 @@ TEST(EngineGpu, TwoGpusBf16ZeroStages1And2GiveTheLossesOfStage0) {
     ASSERT_EQ(runs.back().size(), size_t(steps)) << "stage " << stage;
   }
   const auto z0 = column(runs[0], "loss");
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     const auto zs = column(runs[stage], "loss");
     double worst = 0;
     for (int64_t i = 0; i < steps; ++i) {
@@ -552,6 +558,8 @@ TEST(EngineGpu, TwoGpusBf16ZeroStages1And2GiveTheLossesOfStage0) {
   const double b2 = runs[2].back().at("model_state_bytes").get<double>();
   EXPECT_NEAR(b1 / b0, 10.0 / 16.0, 0.01) << b1 << " vs " << b0;
   EXPECT_NEAR(b2 / b0, 9.0 / 16.0, 0.01) << b2 << " vs " << b0;
+  const double b3 = runs[3].back().at("model_state_bytes").get<double>();
+  EXPECT_NEAR(b3 / b0, 8.0 / 16.0, 0.02) << b3 << " vs " << b0;  // ZeRO-3: 16 Psi / N
 }
 
 // fp32 stage 0: 2 GPUs with 8 samples each give the losses of 1 GPU with all 16 (to 1e-4,
@@ -597,7 +605,7 @@ torch::Device worker_device() {
 }
 
 // Runs as each of 2 ranks (EngineGpu.TwoGpusFp16OverflowOnOneRankIsSkippedOnBoth starts them).
-// fp16 at ZeRO stages 0, 1 and 2 on NCCL: at step 3 only the last rank's loss is inf; both ranks
+// fp16 at ZeRO stages 0 to 3 on NCCL: at step 3 only the last rank's loss is inf; both ranks
 // skip that step (parameters unchanged, scale halved with hysteresis 1) and take every other;
 // at the end the ranks hold the same parameters.
 TEST(EngineGpuWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
@@ -609,7 +617,7 @@ TEST(EngineGpuWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
   const auto device = worker_device();
   std::optional<c10::DeviceGuard> on_device;  // the current device too
   if (device.is_cuda()) on_device.emplace(device);
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage) + ", rank " + std::to_string(rank));
     torch::manual_seed(3);
     Mlp net;
@@ -618,7 +626,8 @@ TEST(EngineGpuWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
         {"train_micro_batch_size_per_gpu", 8},
         {"steps_per_print", 1000},
         {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}}},
-        {"zero_optimization", {{"stage", stage}}},
+        {"zero_optimization", stage == 3 ? json{{"stage", 3}, {"stage3_param_persistence_threshold", 0}}
+                                         : json{{"stage", stage}}},
         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}}}}}};
     auto engine = strata::initialize(net, config);
     ASSERT_EQ(engine->data_parallel_size(), world);
@@ -633,15 +642,21 @@ TEST(EngineGpuWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
       if (overflow_step && rank == world - 1)
         loss = loss * std::numeric_limits<float>::infinity();
       std::vector<torch::Tensor> before;
-      for (const auto& p : net->parameters()) before.push_back(p.detach().cpu().clone());
+      {
+        auto whole = engine->gathered_parameters();  // stage 3: every rank reads the weights
+        for (const auto& p : net->parameters()) before.push_back(p.detach().cpu().clone());
+      }
       const double scale_before = engine->loss_scale();
       engine->backward(loss);
       engine->step();
       EXPECT_EQ(engine->last_step_skipped(), overflow_step) << "step " << step + 1;
       bool unchanged = true;
-      const auto after = net->parameters();
-      for (size_t i = 0; i < before.size(); ++i)
-        unchanged = unchanged && torch::equal(after[i].detach().cpu(), before[i]);
+      {
+        auto whole = engine->gathered_parameters();
+        const auto after = net->parameters();
+        for (size_t i = 0; i < before.size(); ++i)
+          unchanged = unchanged && torch::equal(after[i].detach().cpu(), before[i]);
+      }
       EXPECT_EQ(unchanged, overflow_step) << "step " << step + 1;
       EXPECT_EQ(engine->loss_scale(), overflow_step ? scale_before / 2 : scale_before)
           << "step " << step + 1;
@@ -652,6 +667,7 @@ TEST(EngineGpuWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
     // The same parameters on every rank: the elementwise max over ranks equals the min.
     auto& group = engine->data_parallel_group();
     ASSERT_TRUE(group != nullptr);
+    auto whole = engine->gathered_parameters();
     for (const auto& p : net->parameters()) {
       auto hi = p.detach().to(torch::kFloat).contiguous().clone(), lo = hi.clone();
       group->all_reduce(hi, strata::comm::ReduceOp::Max);
