@@ -114,6 +114,7 @@ Block make_compile() {
   for (const auto& [key, what] : std::vector<std::pair<const char*, const char*>>{
            {"free_activation", "Free activations eagerly once they are no longer needed"},
            {"offload_activation", "Move saved activations to pinned host memory until backward needs them"},
+           {"offload_activation_pin_memory", "Pin the host buffers of the activation offload"},
            {"offload_opt_states", "Keep optimizer states in host memory during forward and backward"},
            {"double_buffer", "Double-buffer parameter gathers"},
            {"symmetric_memory", "Use symmetric memory for communication buffers"},
@@ -237,7 +238,7 @@ const Block& nebula_block() {
        {"persistent_time_interval", Kind::Int, "Interval at which checkpoints are persisted"},
        {"num_of_version_in_retention", Kind::Int, "Checkpoint versions kept"},
        {"enable_nebula_load", Kind::Bool, "Load checkpoints through Nebula"},
-       {"load_path", Kind::String, "Path Nebula loads checkpoints from"}});
+       {"nebula_load_path", Kind::String, "Path Nebula loads checkpoints from"}});
   return b;
 }
 

@@ -348,6 +348,13 @@ TEST(ConfigReads, PendingFeaturesNameTheirKeys) {
   EXPECT_CONTAINS(all, "this build's engine does not run it yet");
 }
 
+// Keys as DeepSpeed's code spells them (nebula/constants.py, compile/config.py).
+TEST(ConfigReads, NebulaAndCompileKeysAsDeepSpeedSpellsThem) {
+  const Config c = load(with(R"("nebula": {"enabled": false, "nebula_load_path": "/ckpt"},
+                                 "compile": {"deepcompile": false, "offload_activation_pin_memory": true})"));
+  EXPECT_TRUE(pending_features(c).empty());
+}
+
 TEST(ConfigReads, CommentsAreAcceptedAsDeepSpeedsHjsonDoes) {
   const Config c = load("{\n  // batch\n  \"train_batch_size\": 8 /* eight */\n}");
   EXPECT_EQ(c.train_batch_size.value, 8);
