@@ -1,5 +1,9 @@
 #include "launcher/config_block.h"
 
+#include <fmt/format.h>
+
+#include <filesystem>
+
 #include "runtime/config/config.h"
 
 namespace strata::launcher {
@@ -11,7 +15,15 @@ LauncherOptions options_from_config(const std::string& path) {
   const Config config = load_config_file(path, load);
   const LauncherConfig& block = config.launcher;
   LauncherOptions options;
-  if (!block.hostfile.empty()) options.hostfile = block.hostfile;
+  if (!block.hostfile.empty()) {  // relative to the config's folder, as a config's paths are
+    const std::filesystem::path hostfile(block.hostfile);
+    options.hostfile = hostfile.is_absolute()
+                           ? block.hostfile
+                           : (std::filesystem::path(path).parent_path() / hostfile).string();
+    options.hostfile_named_by =
+        fmt::format("launcher.hostfile '{}' of {}{}", block.hostfile, path,
+                    hostfile.is_absolute() ? "" : ", read relative to the config's folder");
+  }
   if (!block.include.empty()) options.include = block.include;
   if (!block.exclude.empty()) options.exclude = block.exclude;
   if (block.num_nodes > 0) options.num_nodes = static_cast<int>(block.num_nodes);

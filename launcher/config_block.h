@@ -9,7 +9,8 @@
 
 namespace strata::launcher {
 
-// The `launcher` block of FILE as options (fields the block leaves unset stay unset).
+// The `launcher` block of FILE as options (fields the block leaves unset stay unset). A relative
+// launcher.hostfile is read from FILE's folder.
 LauncherOptions options_from_config(const std::string& path);
 
 // The whole config validated for `world_size` ranks (the batch triangle included): a

@@ -4,7 +4,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "runtime/error.h"
@@ -30,6 +33,21 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return parts;
 }
 
+// Splits a spec node "NAME[:SLOTS]" or "[V6]:SLOTS" into its name and its ":SLOTS" remainder.
+bool split_node(const std::string& part, std::string& name, std::string& rest) {
+  if (!part.empty() && part[0] == '[') {
+    size_t close = part.find(']');
+    if (close == std::string::npos) return false;
+    name = part.substr(1, close - 1);
+    rest = part.substr(close + 1);
+    return rest.empty() || rest[0] == ':';
+  }
+  size_t colon = part.find(':');
+  name = part.substr(0, colon);
+  rest = colon == std::string::npos ? "" : part.substr(colon);
+  return true;
+}
+
 bool parse_uint(const std::string& s, int& out) {
   if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), ::isdigit)) return false;
   out = std::stoi(s);
@@ -47,13 +65,15 @@ std::vector<NodeSpec> parse_spec(const std::string& what, const std::string& tex
   std::vector<NodeSpec> nodes;
   for (const std::string& part : split(text, '@')) {
     NodeSpec node;
-    std::vector<std::string> name_slots = split(part, ':');
-    node.host = name_slots[0];
-    if (node.host.empty() || name_slots.size() > 2)
-      throw Error(fmt::format("{} '{}': bad node '{}'; {}", what, text, part, kSpecSyntax));
-    if (name_slots.size() == 2) {
+    std::string rest;
+    const bool ok = split_node(part, node.host, rest);
+    if (!ok || node.host.empty() || (!rest.empty() && rest.find(':', 1) != std::string::npos))
+      throw Error(fmt::format("{} '{}': bad node '{}'; {} (an IPv6 address goes in brackets: "
+                              "'[fe80::1]:0')",
+                              what, text, part, kSpecSyntax));
+    if (!rest.empty()) {
       node.has_slots = true;
-      for (const std::string& slot : split(name_slots[1], ',')) {
+      for (const std::string& slot : split(rest.substr(1), ',')) {
         int n = 0;
         if (!parse_uint(slot, n))
           throw Error(fmt::format("{} '{}': slot '{}' of host '{}' is not a number; {}", what, text,
@@ -71,7 +91,28 @@ void add_unique(std::vector<int>& to, const std::vector<int>& slots) {
     if (std::find(to.begin(), to.end(), s) == to.end()) to.push_back(s);
 }
 
+// A host as ssh takes it: [USER@]NAME or [USER@]IPV6 (the caller strips brackets). Anything else
+// (a '/', a shell character, a second '@') would fail only on the remote side, so it fails here.
+bool valid_host(const std::string& host) {
+  static const std::regex name(
+      "([A-Za-z0-9_][A-Za-z0-9_.-]*@)?"
+      "([A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(%[A-Za-z0-9_.-]+)?)");
+  return std::regex_match(host, name);
+}
+
 }  // namespace
+
+std::string machine_of(const std::string& host) {
+  std::string machine = host.substr(host.find('@') + 1);  // npos + 1 == 0
+  if (machine.size() > 1 && machine.front() == '[' && machine.back() == ']')
+    machine = machine.substr(1, machine.size() - 2);
+  return machine;
+}
+
+std::string spec_name(const std::string& host) {
+  const std::string machine = machine_of(host);
+  return machine.find(':') == std::string::npos ? machine : "[" + machine + "]";
+}
 
 Resources parse_hostfile_text(const std::string& text, const std::string& origin) {
   Resources pool;
@@ -90,6 +131,12 @@ Resources parse_hostfile_text(const std::string& text, const std::string& origin
     std::string host, slots_word, extra;
     words >> host >> slots_word >> extra;
     if (host[0] == '-') throw bad("a host name cannot start with '-'");  // ssh would read an option
+    const size_t at = host.find('@') + 1;  // 0 without a user
+    if (host.size() > at + 1 && host[at] == '[' && host.back() == ']')
+      host = host.substr(0, at) + host.substr(at + 1, host.size() - at - 2);
+    if (!valid_host(host))
+      throw bad(fmt::format("'{}' is not a host as ssh takes it ([USER@]NAME or an IPv6 address)",
+                            host));
     if (slots_word.empty()) throw bad("no slots=N");
     if (!extra.empty()) throw bad(fmt::format("unexpected '{}'", extra));
     int slots = 0;
@@ -97,7 +144,10 @@ Resources parse_hostfile_text(const std::string& text, const std::string& origin
       throw bad(fmt::format("'{}' is not slots=N", slots_word));
     if (slots == 0) throw bad("slots must be at least 1");
     for (const HostSlots& seen : pool)
-      if (seen.host == host) throw bad(fmt::format("host '{}' is listed twice", host));
+      if (spec_name(seen.host) == spec_name(host))
+        throw bad(seen.host == host ? fmt::format("host '{}' is listed twice", host)
+                                    : fmt::format("host '{}' is listed twice (also as '{}')",
+                                                  spec_name(host), seen.host));
     HostSlots entry{host, {}};
     for (int s = 0; s < slots; ++s) entry.slots.push_back(s);
     pool.push_back(std::move(entry));
@@ -107,9 +157,11 @@ Resources parse_hostfile_text(const std::string& text, const std::string& origin
   return pool;
 }
 
-Resources read_hostfile(const std::string& path) {
+Resources read_hostfile(const std::string& path, const std::string& named_by) {
   std::ifstream file(path);
-  if (!file) throw Error(fmt::format("cannot read hostfile '{}'", path));
+  if (!file)
+    throw Error(fmt::format("cannot read hostfile '{}'{}: {}", path,
+                            named_by.empty() ? "" : " (" + named_by + ")", std::strerror(errno)));
   std::stringstream text;
   text << file.rdbuf();
   return parse_hostfile_text(text.str(), fmt::format("hostfile '{}'", path));
@@ -128,11 +180,12 @@ Resources filter_resources(const Resources& pool, const std::string& include,
   if (including)
     for (HostSlots& h : kept) h.slots.clear();
   for (const NodeSpec& node : parse_spec(what, text)) {
-    auto known = std::find_if(pool.begin(), pool.end(),
-                              [&](const HostSlots& h) { return h.host == node.host; });
+    auto known = std::find_if(pool.begin(), pool.end(), [&](const HostSlots& h) {
+      return machine_of(h.host) == node.host || h.host == node.host;
+    });
     if (known == pool.end()) {
       std::vector<std::string> names;
-      for (const HostSlots& h : pool) names.push_back(h.host);
+      for (const HostSlots& h : pool) names.push_back(spec_name(h.host));
       throw Error(fmt::format("{} names host '{}', which is not in the hostfile (hosts: {})", what,
                               node.host, fmt::join(names, ", ")));
     }
@@ -169,7 +222,7 @@ Resources parse_world_info(const std::string& text) {
 std::string format_world_info(const Resources& world) {
   std::vector<std::string> nodes;
   for (const HostSlots& h : world)
-    nodes.push_back(fmt::format("{}:{}", h.host, fmt::join(h.slots, ",")));
+    nodes.push_back(fmt::format("{}:{}", spec_name(h.host), fmt::join(h.slots, ",")));
   return fmt::format("{}", fmt::join(nodes, "@"));
 }
 

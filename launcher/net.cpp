@@ -1,6 +1,7 @@
 #include "launcher/net.h"
 
 #include <fmt/format.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -20,10 +21,78 @@ std::string this_hostname() {
 }
 
 bool is_local_host(const std::string& host) {
-  if (host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0) return true;
+  if (host.find('@') != std::string::npos) return false;
+  if (is_loopback(host)) return true;
   const std::string me = this_hostname();
   auto short_name = [](const std::string& h) { return h.substr(0, h.find('.')); };
   return host == me || host == short_name(me);
+}
+
+bool is_loopback(const std::string& address) {
+  return address == "localhost" || address == "::1" || address.rfind("127.", 0) == 0 ||
+         address.rfind("::ffff:127.", 0) == 0;
+}
+
+namespace {
+
+struct Addresses {
+  addrinfo* list = nullptr;
+  int error = 0;
+  explicit Addresses(const std::string& host, int socktype) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = socktype;
+    error = ::getaddrinfo(host.c_str(), "9", &hints, &list);  // any port: only the address counts
+  }
+  ~Addresses() {
+    if (list) ::freeaddrinfo(list);
+  }
+};
+
+std::string numeric(const sockaddr* address, socklen_t length) {
+  char text[NI_MAXHOST] = {};
+  if (::getnameinfo(address, length, text, sizeof text, nullptr, 0, NI_NUMERICHOST) != 0) return "";
+  return text;
+}
+
+}  // namespace
+
+std::string address_towards(const std::string& host) {
+  Addresses found(host, SOCK_DGRAM);
+  for (addrinfo* a = found.error ? nullptr : found.list; a; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    std::string address;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0)
+      address = numeric(reinterpret_cast<sockaddr*>(&local), length);
+    ::close(fd);
+    if (!address.empty()) return address;
+  }
+  return "";
+}
+
+std::string resolve_error(const std::string& host) {
+  Addresses found(host, SOCK_STREAM);
+  return found.error == 0 ? "" : ::gai_strerror(found.error);
+}
+
+bool names_this_machine(const std::string& host) {
+  Addresses found(host, SOCK_STREAM);
+  for (addrinfo* a = found.error ? nullptr : found.list; a; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage any_port{};
+    std::memcpy(&any_port, a->ai_addr, a->ai_addrlen);
+    if (a->ai_family == AF_INET) reinterpret_cast<sockaddr_in*>(&any_port)->sin_port = 0;
+    if (a->ai_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&any_port)->sin6_port = 0;
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&any_port), a->ai_addrlen) == 0;
+    ::close(fd);
+    if (bound) return true;
+  }
+  return false;
 }
 
 void check_port_free(int port) {

@@ -55,7 +55,12 @@ const std::map<std::string, Setter>& valued() {
       {"--export", [](auto& o, auto&, auto& v) { o.exports.push_back(v); }},
       {"--grace", [](auto& o, auto& n, auto& v) { o.grace_seconds = to_seconds(n, v); }},
       {"--config", [](auto& o, auto&, auto& v) { o.config = v; }},
+      {"--ssh-config", [](auto& o, auto&, auto& v) { o.ssh_config = v; }},
+      {"--ssh-port", [](auto& o, auto& n, auto& v) { o.ssh_port = to_int(n, v, 1); }},
+      {"--ssh-connect-timeout",
+       [](auto& o, auto& n, auto& v) { o.ssh_connect_timeout = to_int(n, v, 1); }},
       {"--world-info", [](auto& o, auto&, auto& v) { o.world_info = v; }},
+      {"--chdir", [](auto& o, auto&, auto& v) { o.chdir = v; }},
   };
   return table;
 }
@@ -148,18 +153,29 @@ LauncherOptions merge(const LauncherOptions& command_line, const LauncherOptions
   auto fill = [](auto& field, const auto& fallback) {
     if (!field) field = fallback;
   };
-  fill(m.hostfile, f.hostfile);
-  if (!c.include && !c.exclude) m.include = f.include, m.exclude = f.exclude;
-  fill(m.num_nodes, f.num_nodes);
-  fill(m.num_gpus, f.num_gpus);
+  if (!m.hostfile) m.hostfile = f.hostfile, m.hostfile_named_by = f.hostfile_named_by;
+  // One choice of slots: a filter on the command line replaces the block's whole choice, and a
+  // count there replaces the block's filter (DeepSpeed refuses the two together).
+  const bool filter_given = c.include || c.exclude;
+  const bool count_given = c.num_nodes || c.num_gpus;
+  if (!filter_given && !count_given) m.include = f.include, m.exclude = f.exclude;
+  if (!filter_given) {
+    fill(m.num_nodes, f.num_nodes);
+    fill(m.num_gpus, f.num_gpus);
+  }
   fill(m.node_rank, f.node_rank);
   fill(m.master_addr, f.master_addr);
   fill(m.master_port, f.master_port);
   fill(m.grace_seconds, f.grace_seconds);
+  fill(m.ssh_config, f.ssh_config);
+  fill(m.ssh_port, f.ssh_port);
+  fill(m.ssh_connect_timeout, f.ssh_connect_timeout);
+  fill(m.chdir, f.chdir);
   fill(m.world_info, f.world_info);
   m.dry_run = c.dry_run || f.dry_run;
   m.watch_stdin = c.watch_stdin || f.watch_stdin;
   if (m.program.empty()) m.program = f.program;
+  if (m.argv0.empty()) m.argv0 = f.argv0;
   // Later entries win when the environment is built, so the command line goes last.
   m.exports = f.exports;
   m.exports.insert(m.exports.end(), c.exports.begin(), c.exports.end());
@@ -182,25 +198,40 @@ torchrun-style (one launcher per machine):
   --master-port PORT                 rendezvous port (default: a free one; 29500 with --nnodes > 1)
 
 DeepSpeed-style (one launcher for the job, remote hosts over ssh):
-  -H, --hostfile FILE                lines "HOST slots=N"; '#' starts a comment
-  -i, --include SPEC                 use only these slots: NAME[:SLOT[,SLOT...]][@NAME...]
+  -H, --hostfile FILE                lines "HOST slots=N"; '#' starts a comment. HOST as ssh takes
+                                     it: a name or ssh config alias, USER@HOST, an IPv6 address
+  -i, --include SPEC                 use only these slots: NAME[:SLOT[,SLOT...]][@NAME...]; a host
+                                     by its name without USER@, an IPv6 one in brackets ([::1]:0)
   -e, --exclude SPEC                 use all but these slots (same syntax)
   --num_nodes N                      the first N hosts;  --num_gpus N: slots 0..N-1 of each
+  --master-addr ADDR                 default: node 0 as the other hosts reach it (for a remote node
+                                     0, the host name ssh connects to, an alias's HostName; for this
+                                     machine, its address on the route to the other hosts)
+  --ssh-config FILE                  ssh -F FILE (default: ssh's own, ~/.ssh/config)
+  --ssh-port PORT, --ssh_port PORT   ssh -p PORT
+  --ssh-connect-timeout SECONDS      ssh's ConnectTimeout, which also bounds its handshake (10)
   Hosts named localhost, 127.0.0.1 or this machine's name run here; each other host gets one
-  "ssh -o BatchMode=yes HOST 'cd DIR && exec strata-run --node-rank K ...'" that starts its ranks.
+  "ssh -T -o BatchMode=yes -o ConnectTimeout=10 HOST 'exec strata-run --chdir DIR ...'" that
+  starts its ranks. DIR is this working folder and strata-run this launcher as typed ($PWD and
+  argv[0], links kept; STRATA_REMOTE_LAUNCHER names another path): each host needs them there.
+  Remote ranks get the --export variables, the lines NAME=VALUE of ~/.strata_env and ./.strata_env
+  (as DeepSpeed's .deepspeed_env; every rank gets those), and this environment's NCCL_* and
+  STRATA_*; nothing else of it.
 
 Other:
   --export NAME[=VALUE]              set on every rank, and pass to remote hosts (NAME_* matches
-                                     a prefix); nothing else of this environment is sent over ssh
-  --grace SECONDS                    SIGTERM -> SIGKILL delay when stopping ranks (default 5)
+                                     a prefix)
+  --grace SECONDS                    SIGTERM -> SIGKILL delay when stopping ranks (default 5), on
+                                     every host
   --dry-run                          print the command lines it would run, one per line; start none
   -h, --help                         this text
   --version                          Strata's version and what it was built with
-  (--world-info and --watch-stdin are what the head launcher passes to the remote nodes)
+  (--world-info, --watch-stdin and --chdir are what the head launcher passes to the remote nodes)
 
 If a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after the grace
 period; the exit code is the first failing rank's (128+N when killed by signal N). SIGINT,
-SIGTERM and SIGHUP are forwarded to every rank; the launcher then exits 128+N.
+SIGTERM and SIGHUP are forwarded to every rank, remote ones too (through their node launcher);
+the launcher then exits 128+N.
 )";
 }
 

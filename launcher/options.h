@@ -21,6 +21,7 @@ class UsageError : public Error {
 struct LauncherOptions {
   // DeepSpeed: a pdsh/MPI-style hostfile ("worker-0 slots=8") and a filter over its slots.
   std::optional<std::string> hostfile;
+  std::string hostfile_named_by;  // where a hostfile from the config came from, for errors
   std::optional<std::string> include;  // NAME[:SLOT[,SLOT...]][@NAME...]
   std::optional<std::string> exclude;  // same syntax; mutually exclusive with include
   // --num_nodes / --nnodes: the first N hosts of the hostfile, or without one the number of
@@ -35,12 +36,20 @@ struct LauncherOptions {
   // rank, and the only variables besides the launch ones that travel to other hosts over ssh.
   std::vector<std::string> exports;
   std::optional<double> grace_seconds;  // SIGTERM -> SIGKILL delay when stopping ranks
+  // ssh to the remote hosts: -F FILE, -p PORT (DeepSpeed's --ssh_port), ConnectTimeout seconds.
+  std::optional<std::string> ssh_config;
+  std::optional<int> ssh_port;
+  std::optional<int> ssh_connect_timeout;
   std::optional<std::string> config;    // --config FILE, for the lead's config wiring
 
   bool dry_run = false;
   // Internal, set by the head launcher for each remote node it starts over ssh.
   std::optional<std::string> world_info;  // every node's slots, in the include syntax
   bool watch_stdin = false;  // stop the ranks when stdin closes (the ssh link or head is gone)
+  std::optional<std::string> chdir;  // the working folder to enter first (the head's, as typed)
+
+  // Not an option: strata-run as it was started (argv[0]), what remote hosts run by default.
+  std::string argv0;
 
   std::vector<std::string> program;  // PROGRAM ARGS... (after "--")
 };
@@ -50,8 +59,9 @@ struct LauncherOptions {
 std::optional<LauncherOptions> parse_command_line(const std::vector<std::string>& args);
 
 // The command line wins over the config block field by field; exports are combined (the command
-// line's NAME=VALUE replaces the block's value for the same NAME). include/exclude count as one
-// choice: if the command line gives either, the block's filter is ignored.
+// line's NAME=VALUE replaces the block's value for the same NAME). The choice of slots counts as
+// one: if the command line gives --include/--exclude, the block's include, exclude, num_nodes and
+// num_gpus are ignored; if it gives --num_nodes or --num_gpus, the block's include/exclude are.
 LauncherOptions merge(const LauncherOptions& command_line, const LauncherOptions& from_config);
 
 const char* usage();

@@ -2,11 +2,15 @@
 
 #include <dirent.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <regex>
 
@@ -110,14 +114,77 @@ std::string current_directory() {
   return buf;
 }
 
+// The working folder as the user reached it: $PWD when it names the current folder (as `pwd`
+// prints it, symlinks kept), else the resolved path. On a cluster the path as typed (a shared
+// /work/me/run reached through a link) is the one that exists on the other hosts.
+std::string logical_directory() {
+  const char* pwd = std::getenv("PWD");
+  struct stat typed {}, here {};
+  if (pwd && pwd[0] == '/' && ::stat(pwd, &typed) == 0 && ::stat(".", &here) == 0 &&
+      typed.st_dev == here.st_dev && typed.st_ino == here.st_ino)
+    return pwd;
+  return current_directory();
+}
+
+// What the remote hosts run: $STRATA_REMOTE_LAUNCHER, else this strata-run as it was started
+// (argv[0], through PATH if it has no '/'), made absolute against the folder as typed, links kept.
+std::string remote_launcher(const std::string& argv0, const std::string& directory) {
+  if (const char* env = std::getenv("STRATA_REMOTE_LAUNCHER"); env && *env) return env;
+  std::string path = argv0;
+  if (path.empty()) return self_path();
+  if (path.find('/') == std::string::npos) {
+    try {
+      path = find_program(path);
+    } catch (const Error&) {
+      return self_path();
+    }
+  }
+  if (path[0] != '/') path = directory + "/" + path;
+  return std::filesystem::path(path).lexically_normal().string();
+}
+
+// DeepSpeed's .deepspeed_env: NAME=VALUE lines ('#' comments, blank lines), set on every rank.
+void read_env_file(const std::string& path, EnvList& into) {
+  std::ifstream file(path);
+  if (!file) return;
+  static const std::regex identifier("[A-Za-z_][A-Za-z0-9_]*");
+  std::string line;
+  for (int line_no = 1; std::getline(file, line); ++line_no) {
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] == '#') continue;
+    if (line.back() == '\r') line.pop_back();
+    const size_t eq = line.find('=');
+    const std::string name = eq == std::string::npos ? "" : line.substr(first, eq - first);
+    if (!std::regex_match(name, identifier))
+      throw Error(fmt::format("{} line {}: expected NAME=VALUE, got '{}'", path, line_no, line));
+    set(into, name, line.substr(eq + 1));
+  }
+}
+
+// The head's NCCL_* and STRATA_* (STRATA_TIMEOUT, ...), which its local ranks inherit: remote
+// ranks get them too, so every rank of a job runs with the same settings.
+EnvList forwarded_environment() {
+  EnvList out;
+  for (char** e = environ; *e; ++e) {
+    const std::string var = *e;
+    const size_t eq = var.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string name = var.substr(0, eq);
+    if ((name.rfind("NCCL_", 0) == 0 || name.rfind("STRATA_", 0) == 0) &&
+        name != "STRATA_REMOTE_LAUNCHER")
+      set(out, name, var.substr(eq + 1));
+  }
+  return out;
+}
+
 // The nodes of a DeepSpeed-style launch: the hostfile, filtered, cut by --num_nodes/--num_gpus.
 Resources hostfile_world(const LauncherOptions& o) {
   reject(o.node_rank.has_value(), "--node-rank", "--hostfile (the launcher numbers the nodes)");
   bool filtered = o.include || o.exclude;
   reject(filtered && o.num_nodes, "--num_nodes", "--include/--exclude");
   reject(filtered && o.num_gpus, "--num_gpus/--nproc-per-node", "--include/--exclude");
-  Resources world =
-      filter_resources(read_hostfile(*o.hostfile), o.include.value_or(""), o.exclude.value_or(""));
+  Resources world = filter_resources(read_hostfile(*o.hostfile, o.hostfile_named_by),
+                                     o.include.value_or(""), o.exclude.value_or(""));
   if (o.num_nodes) {
     if (*o.num_nodes > static_cast<int>(world.size()))
       throw Error(fmt::format("--num_nodes {} but hostfile '{}' lists {} hosts", *o.num_nodes,
@@ -153,11 +220,56 @@ Resources torchrun_world(const LauncherOptions& o) {
   return world;
 }
 
+// ssh, if this machine has it ("" otherwise: then names stay as written).
+std::string ssh_program() {
+  try {
+    return find_program("ssh");
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+// The master of a hostfile launch without --master-addr: node 0 as the other nodes reach it.
+// Node 0 remote: the host ssh connects to for it (`ssh -G`: an alias's HostName), not the alias,
+// which only ssh knows. Node 0 here: this machine's address on the route to the first remote
+// node (the right one of several interfaces), else its name. All nodes here: the loopback.
+std::string default_master(const Resources& world, const SshOptions& ssh_options) {
+  const std::string ssh = ssh_program();
+  auto target = [&](const std::string& host) {
+    std::optional<SshTarget> t;
+    if (!ssh.empty()) t = ssh_resolve(ssh, host, ssh_options);
+    return t ? t->hostname : machine_of(host);
+  };
+  const auto remote = std::find_if(world.begin(), world.end(),
+                                   [](const HostSlots& h) { return !is_local_host(h.host); });
+  if (remote == world.end()) return "127.0.0.1";
+  if (remote != world.begin()) {
+    const std::string address = address_towards(target(remote->host));
+    return address.empty() ? this_hostname() : address;
+  }
+  const std::string master = target(world[0].host);
+  if (is_loopback(master))  // node 0 is this machine: every node must be
+    for (size_t n = 1; n < world.size(); ++n) {
+      if (is_local_host(world[n].host)) continue;
+      const std::string there = target(world[n].host);
+      if (!is_loopback(there))
+        throw Error(fmt::format(
+            "node 0 ('{}') is {} through ssh, a loopback address that node {} ('{}', {}) cannot "
+            "reach as the master; give --master-addr with an address of node 0 that every host "
+            "reaches",
+            world[0].host, master, n, world[n].host, there));
+    }
+  return master;
+}
+
 }  // namespace
 
 LaunchPlan make_plan(const LauncherOptions& o) {
   LaunchPlan plan;
   plan.program = o.program;
+  plan.ssh.config = o.ssh_config.value_or("");
+  plan.ssh.port = o.ssh_port.value_or(0);
+  plan.ssh.connect_timeout = o.ssh_connect_timeout.value_or(kDefaultConnectTimeout);
   plan.grace_seconds = o.grace_seconds.value_or(5);
   plan.watch_stdin = o.watch_stdin;
   std::vector<int> here;     // node ranks whose ranks this launcher starts itself
@@ -175,19 +287,14 @@ LaunchPlan make_plan(const LauncherOptions& o) {
                               plan.world.size()));
     here = {*o.node_rank};
     plan.master_addr = *o.master_addr;
+    plan.label = fmt::format("node {}, {}", *o.node_rank,
+                             plan.world[static_cast<size_t>(*o.node_rank)].host);
   } else if (o.hostfile) {
     plan.world = hostfile_world(o);
     for (size_t n = 0; n < plan.world.size(); ++n)
       if (is_local_host(plan.world[n].host)) here.push_back(static_cast<int>(n));
     choose_port = !here.empty() && here.front() == 0;
-    // The master is node 0. Remote nodes cannot reach "localhost", so name this machine then.
-    if (o.master_addr) {
-      plan.master_addr = *o.master_addr;
-    } else if (!is_local_host(plan.world[0].host)) {
-      plan.master_addr = plan.world[0].host;
-    } else {
-      plan.master_addr = here.size() == plan.world.size() ? "127.0.0.1" : this_hostname();
-    }
+    plan.master_addr = o.master_addr ? *o.master_addr : default_master(plan.world, plan.ssh);
   } else {
     plan.world = torchrun_world(o);
     here = {o.node_rank.value_or(0)};
@@ -207,7 +314,15 @@ LaunchPlan make_plan(const LauncherOptions& o) {
     check_port_free(plan.master_port);
   }
 
-  const EnvList exports = resolve_exports(o.exports);
+  // What every rank gets set: .strata_env (hostfile launches, as DeepSpeed's .deepspeed_env:
+  // the home folder's, then the working folder's), then --export; remote ranks also get the
+  // head's NCCL_* and STRATA_*, which the local ones inherit.
+  EnvList exports;
+  if (o.hostfile) {
+    if (const char* home = std::getenv("HOME")) read_env_file(std::string(home) + "/.strata_env", exports);
+    read_env_file(".strata_env", exports);
+  }
+  for (const auto& [name, value] : resolve_exports(o.exports)) set(exports, name, value);
   const auto visible = visible_devices();
   int world_size = 0;
   std::vector<int> first_rank;
@@ -237,25 +352,45 @@ LaunchPlan make_plan(const LauncherOptions& o) {
   if (!plan.local.empty()) plan.program_path = find_program(plan.program.at(0));
 
   if (o.hostfile) {  // the other hosts: one ssh each, running a node launcher there
-    const std::string directory = current_directory();
+    const std::string directory = logical_directory();
+    plan.remote_launcher = remote_launcher(o.argv0, directory);
     const std::string world_info = format_world_info(plan.world);
+    EnvList remote_exports = exports;
+    for (const auto& [name, value] : forwarded_environment())
+      if (std::none_of(exports.begin(), exports.end(),
+                       [&, &name = name](const auto& e) { return e.first == name; }))
+        remote_exports.emplace_back(name, value);
     for (size_t n = 0; n < plan.world.size(); ++n) {
       if (is_local_host(plan.world[n].host)) continue;
-      std::vector<std::string> args = {self_path(),     "--watch-stdin",
-                                       "--node-rank",   std::to_string(n),
-                                       "--world-info",  world_info,
-                                       "--master-addr", plan.master_addr,
-                                       "--master-port", std::to_string(plan.master_port)};
+      std::vector<std::string> args = {plan.remote_launcher, "--chdir",         directory,
+                                       "--watch-stdin",      "--node-rank",     std::to_string(n),
+                                       "--world-info",       world_info,        "--master-addr",
+                                       plan.master_addr,     "--master-port",   std::to_string(plan.master_port)};
       if (o.grace_seconds)
         args.insert(args.end(), {"--grace", fmt::format("{}", *o.grace_seconds)});
       args.push_back("--");
       args.insert(args.end(), plan.program.begin(), plan.program.end());
       const std::string& host = plan.world[n].host;
-      plan.remote.push_back(
-          {host, static_cast<int>(n), ssh_argv(host, remote_command(exports, directory, args))});
+      plan.remote.push_back({host, static_cast<int>(n),
+                             ssh_argv(host, remote_command(remote_exports, args), plan.ssh)});
     }
   }
   return plan;
+}
+
+std::string check_master_address(const LaunchPlan& plan) {
+  if (plan.local.empty()) return "";
+  if (const std::string why = resolve_error(plan.master_addr); !why.empty())
+    throw Error(fmt::format(
+        "the master address '{}' does not resolve here ({}), so the ranks here could not reach "
+        "the rendezvous; give --master-addr an address of node 0 that every host resolves",
+        plan.master_addr, why));
+  if (plan.local.front().rank == 0 && !names_this_machine(plan.master_addr))
+    return fmt::format(
+        "the master address '{}' is not an address of this host, which runs rank 0 and its "
+        "rendezvous store; the ranks will look for the store there",
+        plan.master_addr);
+  return "";
 }
 
 std::vector<std::string> command_lines(const LaunchPlan& plan) {

@@ -21,7 +21,7 @@ struct LocalRank {
 struct RemoteNode {
   std::string host;
   int node_rank = 0;
-  std::vector<std::string> argv;  // ssh ... HOST 'cd DIR && exec strata-run --node-rank K ...'
+  std::vector<std::string> argv;  // ssh ... HOST 'exec strata-run --chdir DIR --node-rank K ...'
 };
 
 struct LaunchPlan {
@@ -34,9 +34,17 @@ struct LaunchPlan {
   std::vector<RemoteNode> remote;
   double grace_seconds = 5;
   bool watch_stdin = false;
+  SshOptions ssh;               // how the remote nodes are reached
+  std::string remote_launcher;  // what they run: strata-run as typed, or STRATA_REMOTE_LAUNCHER
+  std::string label;            // a node launcher's "node K, HOST", for its messages
 };
 
 LaunchPlan make_plan(const LauncherOptions& options);
+
+// Before the local ranks start (not for --dry-run): the master address resolves here, so a name
+// only ssh knows fails now, naming it, and not after STRATA_TIMEOUT in every rank. Returns a
+// warning ("" if none) when this machine runs node 0 but the address is none of its own.
+std::string check_master_address(const LaunchPlan& plan);
 
 // --dry-run: one shell command line per process that would start: `A=1 B=2 PROGRAM ARGS` for a
 // local rank (only the variables the launcher sets), the full ssh line for a remote node.

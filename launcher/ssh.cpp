@@ -1,5 +1,13 @@
 #include "launcher/ssh.h"
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
+
 namespace strata::launcher {
 
 std::string shell_quote(const std::string& word) {
@@ -17,7 +25,7 @@ std::string shell_join(const std::vector<std::string>& words) {
   return line;
 }
 
-std::string remote_command(const EnvList& exports, const std::string& directory,
+std::string remote_command(const EnvList& exports,
                            const std::vector<std::string>& launcher_and_args) {
   std::string command;
   if (!exports.empty()) {
@@ -25,11 +33,78 @@ std::string remote_command(const EnvList& exports, const std::string& directory,
     for (const auto& [name, value] : exports) command += " " + name + "=" + shell_quote(value);
     command += "; ";
   }
-  return command + "cd " + shell_quote(directory) + " && exec " + shell_join(launcher_and_args);
+  return command + "exec " + shell_join(launcher_and_args);
 }
 
-std::vector<std::string> ssh_argv(const std::string& host, const std::string& command) {
-  return {"ssh", "-o", "BatchMode=yes", host, command};
+namespace {
+
+std::vector<std::string> ssh_options(const SshOptions& options) {
+  std::vector<std::string> argv = {"-o", "BatchMode=yes", "-o",
+                                   "ConnectTimeout=" + std::to_string(options.connect_timeout)};
+  if (!options.config.empty()) argv.insert(argv.end(), {"-F", options.config});
+  if (options.port > 0) argv.insert(argv.end(), {"-p", std::to_string(options.port)});
+  return argv;
+}
+
+// argv's stdout, or nullopt when it cannot run or exits non-zero. stdin and stderr: /dev/null.
+std::optional<std::string> output_of(const std::string& path, const std::vector<std::string>& argv) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return std::nullopt;
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    ::dup2(null, STDIN_FILENO);
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::dup2(null, STDERR_FILENO);
+    ::execv(path.c_str(), args.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  if (pid < 0) return std::nullopt;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> ssh_argv(const std::string& host, const std::string& command,
+                                  const SshOptions& options) {
+  std::vector<std::string> argv = {"ssh", "-T"};
+  for (std::string& o : ssh_options(options)) argv.push_back(std::move(o));
+  argv.insert(argv.end(), {host, command});
+  return argv;
+}
+
+std::optional<SshTarget> ssh_resolve(const std::string& ssh, const std::string& host,
+                                     const SshOptions& options) {
+  std::vector<std::string> argv = {"ssh", "-G"};
+  for (std::string& o : ssh_options(options)) argv.push_back(std::move(o));
+  argv.push_back(host);
+  const std::optional<std::string> out = output_of(ssh, argv);
+  if (!out) return std::nullopt;
+  SshTarget target;
+  std::istringstream lines(*out);
+  for (std::string key, value; lines >> key && std::getline(lines >> std::ws, value);) {
+    if (key == "hostname") target.hostname = value;
+    if (key == "user") target.user = value;
+    if (key == "port") target.port = std::atoi(value.c_str());
+  }
+  if (target.hostname.empty()) return std::nullopt;
+  return target;
 }
 
 }  // namespace strata::launcher

@@ -12,8 +12,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -40,6 +42,9 @@ struct Child {
   int out = -1, err = -1;  // read ends of its stdout and stderr
   int in = -1;             // write end of an ssh child's stdin
   LinePrefixer out_lines{""}, err_lines{""};
+  std::string ssh_said;  // an ssh child's recent lines of its own (ssh's, the remote shell's)
+  // An ssh child told "kill": ssh itself is killed if it has not ended by then.
+  std::optional<Clock::time_point> ssh_kill_at;
 
   // pid <= 0 is a child that never started: kill(-0) or kill(1) must never happen.
   bool may_signal() const { return pid > 0 && !reaped; }
@@ -85,7 +90,6 @@ void write_all(int fd, const std::string& text) {
   }
 }
 
-void say(const std::string& text) { write_all(STDERR_FILENO, "strata-run: " + text + "\n"); }
 
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
@@ -129,8 +133,14 @@ class Supervisor {
     for (const ChildSpec& spec : specs) {
       children_.push_back(std::make_unique<Child>());
       children_.back()->spec = spec;
-      children_.back()->out_lines = LinePrefixer(spec.prefix);
-      children_.back()->err_lines = LinePrefixer(spec.prefix);
+      if (spec.remote) {  // the node launcher prefixes its own lines
+        const std::vector<std::string> own = {"[rank ", "strata-run"};
+        children_.back()->out_lines = LinePrefixer("[ssh " + spec.host + "] ", own);
+        children_.back()->err_lines = LinePrefixer("[ssh " + spec.host + "] ", own);
+      } else {
+        children_.back()->out_lines = LinePrefixer(spec.prefix);
+        children_.back()->err_lines = LinePrefixer(spec.prefix);
+      }
     }
   }
 
@@ -160,8 +170,8 @@ class Supervisor {
     }
     loop();
     for (auto& child : children_) {  // what is still buffered in the pipes
-      drain(child->out, child->out_lines, STDOUT_FILENO);
-      drain(child->err, child->err_lines, STDERR_FILENO);
+      drain(*child, child->out, child->out_lines, STDOUT_FILENO);
+      drain(*child, child->err, child->err_lines, STDERR_FILENO);
       close_fd(child->in);
     }
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
@@ -209,9 +219,15 @@ class Supervisor {
     c.out = out.read.release();
     c.err = err.read.release();
     c.in = in.write.release();  // -1 unless remote
+    if (c.in >= 0) ::fcntl(c.in, F_SETFL, O_NONBLOCK);  // a stuck ssh cannot block a stop line
     ::fcntl(c.out, F_SETFL, O_NONBLOCK);
     ::fcntl(c.err, F_SETFL, O_NONBLOCK);
     return true;  // the child's ends close here
+  }
+
+  void say(const std::string& text) const {
+    const std::string who = options_.label.empty() ? "strata-run" : "strata-run (" + options_.label + ")";
+    write_all(STDERR_FILENO, who + ": " + text + "\n");
   }
 
   void loop() {
@@ -243,8 +259,8 @@ class Supervisor {
       }
       if (watching_stdin_) check_stdin();
       for (auto& c : children_) {
-        pump(c->out, c->out_lines, STDOUT_FILENO);
-        pump(c->err, c->err_lines, STDERR_FILENO);
+        pump(*c, c->out, c->out_lines, STDOUT_FILENO);
+        pump(*c, c->err, c->err_lines, STDERR_FILENO);
       }
     }
   }
@@ -261,14 +277,49 @@ class Supervisor {
       c->running = false;
       const int code = was_killed(exit) ? 128 + exit.si_status : exit.si_status;
       if (code != 0 && !stopping_) {
-        const char* hint = c->spec.remote && code == 255
-                               ? " (ssh's own failure code: is passwordless ssh to it set up?)"
-                               : "";
-        say(fmt::format("{} {}{}; stopping the other ranks", c->spec.name, describe(exit), hint));
+        const std::string why = c->spec.remote ? ssh_failure(*c, code) : "";
+        say(fmt::format("{} {}; stopping the other ranks", c->spec.name,
+                        why.empty() ? describe(exit) : describe(exit) + ": " + why));
         decide(code);
         stop(SIGTERM);
       }
     }
+  }
+
+  // An ssh child's failure in words, from its code and what ssh or the remote shell said; "" when
+  // neither tells (a rank's own code comes through the node launcher).
+  static std::string ssh_failure(const Child& c, int code) {
+    auto said = [&](const char* text) { return c.ssh_said.find(text) != std::string::npos; };
+    const std::string& host = c.spec.host;
+    if (code == 127 && !c.spec.remote_launcher.empty() && said(c.spec.remote_launcher.c_str()))
+      return fmt::format(
+          "the shell on {} cannot run {}; strata-run must be at that path on every host (the "
+          "path this one was started by), or STRATA_REMOTE_LAUNCHER names where it is there",
+          host, c.spec.remote_launcher);
+    if (code != 255) return "";
+    if (said("timed out") || said("Timeout, server"))
+      return fmt::format(
+          "ssh to {} did not connect within {} s (the host is down or unreachable, or its sshd "
+          "does not answer; --ssh-connect-timeout sets the limit)",
+          host, c.spec.connect_timeout);
+    if (said("Connection refused"))
+      return fmt::format(
+          "ssh to {} was refused: nothing listens on its ssh port (is sshd running there? "
+          "--ssh-port or the ssh config's Port choose the port)",
+          host);
+    if (said("Could not resolve hostname"))
+      return fmt::format("ssh cannot resolve '{}' (neither a host name nor a Host of the ssh config)",
+                         host);
+    if (said("Host key verification failed"))
+      return fmt::format("ssh does not know {}'s host key, or it changed (connect once by hand)",
+                         host);
+    if (said("Permission denied") || said("Too many authentication failures"))
+      return fmt::format(
+          "ssh to {} could not log in: is passwordless (key) ssh to it set up for this user?",
+          host);
+    if (said("closed by") || said("reset by") || said("Broken pipe") || said("Connection closed"))
+      return fmt::format("the ssh connection to {} was dropped", host);
+    return "ssh's own failure code, or a rank's";
   }
 
   // Reaps the orphans this subreaper inherited (one by one: waitpid(-1) would reap the children
@@ -308,15 +359,35 @@ class Supervisor {
     stop(sig);
   }
 
-  // --watch-stdin: EOF on stdin means the head launcher or the ssh link to it is gone.
+  // --watch-stdin: the head's "stop N" and "kill" lines; EOF without them means the head
+  // launcher or the ssh link to it is gone. The head reports the stop, so this says nothing.
   void check_stdin() {
     char buf[256];
     ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
-    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) return;
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n > 0) {
+      stdin_text_.append(buf, static_cast<size_t>(n));
+      for (size_t end; (end = stdin_text_.find('\n')) != std::string::npos;) {
+        const std::string line = stdin_text_.substr(0, end);
+        stdin_text_.erase(0, end + 1);
+        if (line == "kill") {
+          for (auto& c : children_) kill_group(*c);
+        } else if (line.rfind("stop ", 0) == 0 && !signalled_) {
+          const int sig = std::atoi(line.c_str() + 5);
+          signalled_ = true;  // a signal of our own now kills at once, as the head's second would
+          decide(128 + (sig > 0 ? sig : SIGTERM));
+          stop(sig > 0 ? sig : SIGTERM);
+        }
+      }
+      return;
+    }
     watching_stdin_ = false;
-    if (signalled_) return;  // already stopping on a signal of our own
-    say("stdin closed (the head launcher is gone); stopping the ranks");
-    on_signal(SIGTERM);
+    if (signalled_) return;  // already stopping
+    say("stdin closed without a stop from the head launcher (it or the ssh link is gone); "
+        "stopping the ranks");
+    signalled_ = true;
+    decide(128 + SIGTERM);
+    stop(SIGTERM);
   }
 
   void decide(int code) {
@@ -331,7 +402,7 @@ class Supervisor {
     }
     for (auto& c : children_) {
       if (c->spec.remote) {
-        close_fd(c->in);
+        if (c->in >= 0) write_all(c->in, fmt::format("stop {}\n", sig));
       } else if (c->may_signal()) {
         ::kill(-c->pid, sig);
       }
@@ -339,6 +410,12 @@ class Supervisor {
   }
 
   void kill_group(Child& c) {
+    if (c.spec.remote && c.in >= 0) {  // the node launcher kills its ranks at once
+      write_all(c.in, "kill\n");
+      close_fd(c.in);
+      c.ssh_kill_at = Clock::now() + kRemoteExtra;
+      return;
+    }
     c.killed = true;
     if (c.may_signal()) ::kill(-c.pid, SIGKILL);
   }
@@ -350,8 +427,17 @@ class Supervisor {
     auto next = now + kSweepEvery;  // the next sweep
     for (auto& c : children_) {
       if (c->killed || !c->may_signal()) continue;
-      const auto due = kill_at_ + (c->spec.remote ? kRemoteExtra : Clock::duration::zero());
-      if (now >= due) {
+      const auto due = c->ssh_kill_at ? *c->ssh_kill_at
+                                      : kill_at_ + (c->spec.remote ? kRemoteExtra
+                                                                   : Clock::duration::zero());
+      if (now >= due && c->spec.remote) {
+        say(fmt::format("{}: ssh has not ended 3 s after its node launcher was to kill the ranks "
+                        "there ({:g} s grace); killing ssh",
+                        c->spec.name, options_.grace_seconds));
+        c->killed = true;
+        close_fd(c->in);
+        if (c->may_signal()) ::kill(-c->pid, SIGKILL);
+      } else if (now >= due) {
         say(fmt::format("{} still running {:g} s after the stop signal; sending SIGKILL",
                         c->spec.name, options_.grace_seconds));
         kill_group(*c);
@@ -363,29 +449,39 @@ class Supervisor {
         std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1);
   }
 
+  // Writes a child's lines; an ssh child's lines of its own are also kept for its failure message.
+  void emit(Child& c, const std::string& lines, int to) {
+    write_all(to, lines);
+    if (!c.spec.remote) return;
+    const std::string mark = "[ssh " + c.spec.host + "] ";
+    for (size_t at = lines.find(mark); at != std::string::npos; at = lines.find(mark, at + 1))
+      c.ssh_said += lines.substr(at, lines.find('\n', at) - at + 1);
+    if (c.ssh_said.size() > 4096) c.ssh_said.erase(0, c.ssh_said.size() - 4096);
+  }
+
   // One read per wake-up keeps a chatty rank from starving the others.
-  void pump(int& fd, LinePrefixer& lines, int to) {
+  void pump(Child& c, int& fd, LinePrefixer& lines, int to) {
     if (fd < 0) return;
     char buf[65536];
     ssize_t n = ::read(fd, buf, sizeof buf);
     if (n > 0) {
-      write_all(to, lines.feed(std::string_view(buf, static_cast<size_t>(n))));
+      emit(c, lines.feed(std::string_view(buf, static_cast<size_t>(n))), to);
     } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-      write_all(to, lines.flush());
+      emit(c, lines.flush(), to);
       close_fd(fd);
     }
   }
 
-  void drain(int& fd, LinePrefixer& lines, int to) {
+  void drain(Child& c, int& fd, LinePrefixer& lines, int to) {
     while (fd >= 0) {
       char buf[65536];
       ssize_t n = ::read(fd, buf, sizeof buf);
       if (n > 0) {
-        write_all(to, lines.feed(std::string_view(buf, static_cast<size_t>(n))));
+        emit(c, lines.feed(std::string_view(buf, static_cast<size_t>(n))), to);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
-      write_all(to, lines.flush());  // EOF, or a writer that escaped its group still holds it
+      emit(c, lines.flush(), to);  // EOF, or a writer that escaped its group still holds it
       close_fd(fd);
     }
   }
@@ -395,6 +491,7 @@ class Supervisor {
   sigset_t old_mask_{};
   int signal_fd_ = -1;
   bool watching_stdin_ = false;
+  std::string stdin_text_;  // a partial line from the head
   bool signalled_ = false;
   bool stopping_ = false;
   bool sweep_due_ = false;  // a SIGCHLD came

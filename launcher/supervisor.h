@@ -16,9 +16,16 @@
 //   Then every child's group gets that signal (SIGTERM for a failure), and SIGKILL once the grace
 //   period has passed; a second signal to the launcher sends SIGKILL at once. When all children
 //   exit 0, leftovers in their groups are stopped the same way and the code is 0.
-// - An ssh child (remote) is not signalled: its stdin, a pipe held here, is closed instead, and
-//   the node launcher at the other end (--watch-stdin) stops its ranks on that EOF. SIGKILL
-//   follows 3 s after the grace period if ssh has not exited by then.
+// - An ssh child (remote) is not signalled: the stop travels through its stdin, a pipe held here,
+//   as a line "stop N" (the same signal N as the local ranks get: SIGINT for Ctrl-C, SIGTERM
+//   for a failure) and, on a second signal, "kill"; the node launcher at the other end
+//   (--watch-stdin) signals its ranks and kills them after its own grace period, which is the
+//   head's. A closed stdin without a stop line (the head or the link is gone) stops them with
+//   SIGTERM. ssh itself is killed when it has not ended 3 s after the grace period.
+// - A remote node's lines arrive as its node launcher prefixed them; other lines (ssh's own
+//   messages, the remote shell's) get "[ssh HOST] ". When ssh fails (its code 255) or the remote
+//   shell cannot run strata-run (127), the message says why in words: no answer within the
+//   connect timeout, connection refused, login refused, name unknown, connection dropped.
 #pragma once
 
 #include <string>
@@ -35,11 +42,16 @@ struct ChildSpec {
   std::vector<std::string> argv;
   EnvList env;  // set over the launcher's environment
   bool remote = false;
+  // For an ssh child's failure messages:
+  std::string host;             // as the hostfile names it
+  std::string remote_launcher;  // the path the remote shell runs
+  int connect_timeout = 0;      // ssh's ConnectTimeout, seconds
 };
 
 struct SuperviseOptions {
   double grace_seconds = 5;
   bool watch_stdin = false;  // a closed stdin acts as SIGTERM (node launcher under ssh)
+  std::string label;         // a node launcher's "node K, HOST": its messages name it
 };
 
 // Runs the children to the end; returns the launcher's exit code.

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,10 +43,21 @@ std::string launcher_path() {
   return ::realpath(path.c_str(), resolved) ? resolved : path;
 }
 
+std::string typed_cwd() {
+  const char* pwd = std::getenv("PWD");
+  struct stat typed {}, here {};
+  if (pwd && pwd[0] == '/' && ::stat(pwd, &typed) == 0 && ::stat(".", &here) == 0 &&
+      typed.st_dev == here.st_dev && typed.st_ino == here.st_ino)
+    return pwd;
+  char cwd[PATH_MAX] = {};
+  return ::getcwd(cwd, sizeof cwd) ? cwd : "";
+}
+
 LauncherProcess::LauncherProcess(const std::vector<std::string>& args, const EnvChanges& env,
                                  const LaunchSetup& setup) {
-  int out[2], err[2];
+  int out[2], err[2], in[2] = {-1, -1};
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) std::abort();
+  if (setup.stdin_pipe && ::pipe2(in, O_CLOEXEC) != 0) std::abort();
   const std::string path = launcher_path();
   std::vector<char*> argv = {const_cast<char*>(path.c_str())};
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -57,6 +69,11 @@ LauncherProcess::LauncherProcess(const std::vector<std::string>& args, const Env
       value ? ::setenv(name.c_str(), value->c_str(), 1) : ::unsetenv(name.c_str());
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
+    if (setup.stdin_pipe) ::dup2(in[0], STDIN_FILENO);
+    if (!setup.directory.empty()) {
+      if (::chdir(setup.directory.c_str()) != 0) ::_exit(125);
+      ::setenv("PWD", setup.directory.c_str(), 1);
+    }
     rlimit files{};
     ::getrlimit(RLIMIT_NOFILE, &files);
     files.rlim_cur = static_cast<rlim_t>(setup.max_open_files);
@@ -67,6 +84,8 @@ LauncherProcess::LauncherProcess(const std::vector<std::string>& args, const Env
   }
   ::close(out[1]);
   ::close(err[1]);
+  if (setup.stdin_pipe) ::close(in[0]);
+  in_ = in[1];
   out_ = out[0];
   err_ = err[0];
 }
@@ -78,6 +97,7 @@ LauncherProcess::~LauncherProcess() {
   }
   if (out_ >= 0) ::close(out_);
   if (err_ >= 0) ::close(err_);
+  if (in_ >= 0) ::close(in_);
 }
 
 bool LauncherProcess::read_some(int timeout_ms) {
@@ -120,6 +140,15 @@ bool LauncherProcess::wait_for(const std::string& output, const std::string& tex
 }
 
 void LauncherProcess::signal(int sig) { ::kill(pid_, sig); }
+
+void LauncherProcess::write_stdin(const std::string& text) {
+  if (in_ >= 0) (void)!::write(in_, text.data(), text.size());
+}
+
+void LauncherProcess::close_stdin() {
+  if (in_ >= 0) ::close(in_);
+  in_ = -1;
+}
 
 Finished LauncherProcess::wait(double timeout_s) {
   const double deadline = now() + timeout_s;

@@ -22,10 +22,15 @@ using EnvChanges = std::vector<std::pair<std::string, std::optional<std::string>
 
 std::string launcher_path();  // STRATA_BIN_DIR/strata-run, symlinks resolved
 
+// The working folder as the launcher names it to remote hosts: $PWD when it is this folder.
+std::string typed_cwd();
+
 // How the launcher starts, where a test needs more than its arguments and environment.
 struct LaunchSetup {
   int max_open_files = 0;       // > 0: its RLIMIT_NOFILE soft limit (descriptor numbers below it)
   bool ignore_sigterm = false;  // SIG_IGN, which its ranks inherit through execve
+  bool stdin_pipe = false;      // its stdin a pipe from the test (write_stdin, close_stdin)
+  std::string directory;        // non-empty: run it there, with PWD set to this path as given
 };
 
 class LauncherProcess {
@@ -40,6 +45,8 @@ class LauncherProcess {
   bool wait_for_stdout(const std::string& text, int count, double timeout_s);
   bool wait_for_stderr(const std::string& text, int count, double timeout_s);  // the same
   void signal(int sig);
+  void write_stdin(const std::string& text);
+  void close_stdin();
   Finished wait(double timeout_s);
   pid_t pid() const { return pid_; }
   const std::string& out() const { return result_.out; }  // stdout read so far
@@ -49,7 +56,7 @@ class LauncherProcess {
   bool wait_for(const std::string& output, const std::string& text, int count, double timeout_s);
 
   pid_t pid_ = -1;
-  int out_ = -1, err_ = -1;
+  int out_ = -1, err_ = -1, in_ = -1;
   bool reaped_ = false;
   int status_ = 0;
   Finished result_;

@@ -48,6 +48,33 @@ TEST(Hostfile, ParsesSlotsCommentsAndBlankLines) {
       std::string::npos);
 }
 
+// Hosts as ssh takes them (issue #17): USER@HOST and IPv6 literals pass, and travel in
+// --world-info and --include by their machine, IPv6 in brackets; what ssh would not take fails
+// here, naming the line, not on the remote side.
+TEST(Hostfile, TakesUserAtHostAndIpv6AsSshDoes) {
+  Resources r = parse_hostfile_text(
+      "alice@node1 slots=2\n[fe80::1] slots=1\n2001:db8::5 slots=1\nbob@[::2] slots=1\n", "hf");
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(r[0].host, "alice@node1");
+  EXPECT_EQ(r[1].host, "fe80::1");
+  EXPECT_EQ(r[2].host, "2001:db8::5");
+  EXPECT_EQ(r[3].host, "bob@::2");
+  EXPECT_EQ(text(r), "node1:0,1@[fe80::1]:0@[2001:db8::5]:0@[::2]:0");
+  EXPECT_EQ(text(parse_world_info(text(r))), text(r));
+  EXPECT_EQ(text(filter_resources(r, "node1:1@[fe80::1]", "")), "node1:1@[fe80::1]:0");
+  EXPECT_EQ(text(filter_resources(r, "", "[2001:db8::5]@node1:0")), "node1:1@[fe80::1]:0@[::2]:0");
+  EXPECT_NE(error_of([&] { filter_resources(r, "fe80::1:0", ""); }).find("in brackets"),
+            std::string::npos);
+  for (const char* bad : {"a/b slots=1\n", "a@b@c slots=1\n", "a;b slots=1\n", "@a slots=1\n"})
+    EXPECT_NE(error_of([&] { parse_hostfile_text(bad, "hf"); }).find("hf line 1: '"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(error_of([] {
+              parse_hostfile_text("alice@n slots=1\nbob@n slots=1\n", "hf");
+            }).find("line 2: host 'n' is listed twice (also as 'alice@n')"),
+            std::string::npos);
+}
+
 // The examples of DeepSpeed's parse_resource_filter docstring and its tests.
 TEST(Filter, FollowsDeepSpeedSemantics) {
   EXPECT_EQ(text(filter_resources(kPool, "worker-0@worker-1:0,2", "")),
@@ -101,24 +128,48 @@ TEST(Options, AcceptsTorchrunAndDeepSpeedSpellings) {
 TEST(Options, CommandLineOverridesTheConfigBlock) {
   LauncherOptions cli, config;
   cli.num_gpus = 2;
-  cli.exclude = "b";
   cli.exports = {"A=cli"};
   cli.program = {"train"};
   config.num_gpus = 8;
   config.num_nodes = 4;
   config.include = "a";
   config.hostfile = "hosts";
+  config.hostfile_named_by = "launcher.hostfile of c.json";
   config.master_port = 1234;
   config.exports = {"A=config", "B=config"};
   LauncherOptions m = merge(cli, config);
   EXPECT_EQ(m.num_gpus, 2);
   EXPECT_EQ(m.num_nodes, 4);
   EXPECT_EQ(m.hostfile, "hosts");
+  EXPECT_EQ(m.hostfile_named_by, "launcher.hostfile of c.json");
   EXPECT_EQ(m.master_port, 1234);
-  EXPECT_EQ(m.exclude, "b");
-  EXPECT_FALSE(m.include);  // the command line's filter replaces the block's
+  EXPECT_FALSE(m.include);  // a count on the command line replaces the block's filter
   EXPECT_EQ(m.exports, (std::vector<std::string>{"A=config", "B=config", "A=cli"}));  // last wins
   EXPECT_EQ(m.program, std::vector<std::string>{"train"});
+
+  // A filter on the command line replaces the block's whole choice of slots (issue #17: the
+  // block's num_gpus made --include an error).
+  LauncherOptions filter;
+  filter.exclude = "b";
+  m = merge(filter, config);
+  EXPECT_EQ(m.exclude, "b");
+  EXPECT_FALSE(m.include);
+  EXPECT_FALSE(m.num_gpus);
+  EXPECT_FALSE(m.num_nodes);
+  filter.hostfile = "mine";
+  EXPECT_EQ(merge(filter, config).hostfile_named_by, "");  // the command line's own hostfile
+}
+
+TEST(Options, SshOptionsAndTheirSpellings) {
+  auto o = *parse_command_line({"--ssh_port", "2222", "--ssh-config", "cfg",
+                                "--ssh-connect-timeout=3", "prog"});
+  EXPECT_EQ(o.ssh_port, 2222);
+  EXPECT_EQ(o.ssh_config, "cfg");
+  EXPECT_EQ(o.ssh_connect_timeout, 3);
+  EXPECT_THROW(parse_command_line({"--ssh-connect-timeout", "0", "p"}), UsageError);
+  EXPECT_EQ(ssh_argv("u@h", "cmd", SshOptions{"cfg", 2222, 3}),
+            (std::vector<std::string>{"ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+                                      "-F", "cfg", "-p", "2222", "u@h", "cmd"}));
 }
 
 TEST(LinePrefixer, EmitsWholePrefixedLinesAndFlushesThePartialOne) {
@@ -138,7 +189,7 @@ TEST(Shell, QuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(shell_quote("a b"), "'a b'");
   EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
   EXPECT_EQ(shell_quote(""), "''");
-  EXPECT_EQ(remote_command({{"A", "1"}}, "/d", {"x", "y z"}), "export A=1; cd /d && exec x 'y z'");
+  EXPECT_EQ(remote_command({{"A", "1"}}, {"x", "y z"}), "export A=1; exec x 'y z'");
 }
 
 TEST(ProcessTable, ReadsStateParentAndGroupPastAnOddCommandName) {

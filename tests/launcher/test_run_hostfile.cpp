@@ -24,8 +24,13 @@ class LauncherHostfile : public ::testing::Test {
     hostfile_ =
         write("hostfile", "# two hosts\nlocalhost slots=2\n\notherhost slots=2  # remote\n");
     port_ = std::to_string(free_port());
-    char cwd[PATH_MAX];
-    cwd_ = ::getcwd(cwd, sizeof cwd);
+    cwd_ = typed_cwd();
+    // The head forwards its NCCL_* and STRATA_* to remote hosts; the expected lines assume none.
+    for (char** e = environ; *e; ++e) {
+      const std::string var = *e, name = var.substr(0, var.find('='));
+      if (name.rfind("NCCL_", 0) == 0 || name.rfind("STRATA_", 0) == 0)
+        quiet_env_.emplace_back(name, std::nullopt);
+    }
     ASSERT_EQ(cwd_.find_first_not_of(
                   "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./-"),
               std::string::npos)
@@ -42,7 +47,9 @@ class LauncherHostfile : public ::testing::Test {
   Finished dry_run(std::vector<std::string> args) {
     args.insert(args.begin(), {"--dry-run", "--hostfile", hostfile_});
     args.insert(args.end(), {"--", "/bin/echo", "hi"});
-    return run_launcher(args, {{"CUDA_VISIBLE_DEVICES", std::nullopt}});
+    EnvChanges env = quiet_env_;
+    env.emplace_back("CUDA_VISIBLE_DEVICES", std::nullopt);
+    return run_launcher(args, env);
   }
 
   std::string rank(int rank, int world, int local, int local_world, int node, int nodes,
@@ -59,13 +66,15 @@ class LauncherHostfile : public ::testing::Test {
   std::string ssh(const std::string& host, int node, const std::string& world_info,
                   const std::string& addr, const std::string& port,
                   const std::string& exports = "") {
-    return "ssh -o BatchMode=yes " + host + " '" + exports + "cd " + cwd_ + " && exec " +
-           launcher_path() + " --watch-stdin --node-rank " + std::to_string(node) +
+    return "ssh -T -o BatchMode=yes -o ConnectTimeout=10 " + host + " '" + exports + "exec " +
+           launcher_path() + " --chdir " + cwd_ + " --watch-stdin --node-rank " +
+           std::to_string(node) +
            " --world-info " + world_info + " --master-addr " + addr + " --master-port " + port +
            " -- /bin/echo hi'\n";
   }
 
   std::string dir_, hostfile_, port_, cwd_;
+  EnvChanges quiet_env_;
 };
 
 TEST_F(LauncherHostfile, LocalRanksRunHereAndEachRemoteHostGetsOneSsh) {
@@ -128,14 +137,33 @@ TEST_F(LauncherHostfile, DefaultMasterIsNodeZeroReachableFromTheOthers) {
 }
 
 TEST_F(LauncherHostfile, ExportsTravelAsAnExportPrefix) {
+  EnvChanges env = quiet_env_;
+  env.insert(env.end(), {{"STRATA_T_A", "it's"}, {"SECRET_TOKEN", "hidden"}});
   Finished r = run_launcher(
       {"--dry-run", "--hostfile", hostfile_, "--include", "otherhost", "--master-port", port_,
        "--export", "NCCL_DEBUG=INFO", "--export", "STRATA_T_*", "--", "/bin/echo", "hi"},
-      {{"STRATA_T_A", "it's"}, {"SECRET_TOKEN", "hidden"}});
+      env);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, ssh("otherhost", 0, "otherhost:0,1", "otherhost", port_,
                        "export NCCL_DEBUG=INFO STRATA_T_A='\\''it'\\''\\'\\'''\\''s'\\''; "));
   EXPECT_EQ(r.out.find("hidden"), std::string::npos);
+}
+
+// USER@HOST and IPv6 hosts (issue #17): ssh gets the host as written, the world info names
+// machines only, and the node launcher at the other end takes that world info.
+TEST_F(LauncherHostfile, UserAtHostAndIpv6HostsReachTheNodeLauncherIntact) {
+  hostfile_ = write("users", "[::1] slots=1\nalice@otherhost slots=2\n");
+  Finished r = dry_run({"--master-addr", "10.0.0.1", "--master-port", port_});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, rank(0, 3, 0, 1, 0, 2, "10.0.0.1", port_, 0) +
+                       ssh("alice@otherhost", 1, "'\\''[::1]:0@otherhost:0,1'\\''", "10.0.0.1",
+                           port_));
+  r = run_launcher({"--dry-run", "--node-rank", "1", "--world-info", "[::1]:0@otherhost:0,1",
+                    "--master-addr", "10.0.0.1", "--master-port", port_, "--", "/bin/echo", "hi"},
+                   {{"CUDA_VISIBLE_DEVICES", std::nullopt}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, rank(1, 3, 0, 2, 1, 2, "10.0.0.1", port_, 0) +
+                       rank(2, 3, 1, 2, 1, 2, "10.0.0.1", port_, 1));
 }
 
 // The remote end: what the node launcher started by the ssh line above runs on its host.
@@ -229,14 +257,49 @@ TEST_F(LauncherFakeSsh, RemoteFailureStopsLocalRanks) {
   EXPECT_EQ(count_processes(marker), 0);
 }
 
-TEST_F(LauncherFakeSsh, SigintStopsRemoteRanksThroughTheClosedSshStdin) {
+// Ctrl-C reaches the remote ranks as SIGINT too (the head's "stop 2" line through ssh's stdin),
+// and only the head says that it stopped them.
+TEST_F(LauncherFakeSsh, SigintReachesRemoteRanksAsSigintThroughSshStdin) {
   const std::string marker = unique_sleep(8);
-  LauncherProcess launcher(head("echo ready; sleep " + marker), env_);
+  LauncherProcess launcher(
+      head("trap 'echo got-INT; exit 0' INT; echo ready; sleep " + marker), env_);
   ASSERT_TRUE(launcher.wait_for_stdout("ready", 4, 10));
   launcher.signal(SIGINT);
   Finished r = launcher.wait(15);
   EXPECT_EQ(r.code, 130) << r.err;
-  EXPECT_NE(r.err.find("stdin closed"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 10);
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(r.out.find("[rank " + std::to_string(rank) + "] got-INT"), std::string::npos)
+        << r.out;
+  EXPECT_NE(r.err.find("strata-run: got Interrupt; forwarding it to every rank"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("strata-run ("), std::string::npos) << r.err;  // nothing from node 1
+  EXPECT_EQ(count_processes(marker), 0);
+}
+
+LaunchSetup stdin_pipe() {
+  LaunchSetup setup;
+  setup.stdin_pipe = true;
+  return setup;
+}
+
+// A node launcher whose stdin closes without a stop line (the head or the link is gone) stops
+// its ranks with SIGTERM and says so, naming its node.
+TEST_F(LauncherHostfile, NodeLauncherStopsItsRanksWhenTheHeadIsGone) {
+  const std::string marker = unique_sleep(9);
+  LauncherProcess launcher({"--watch-stdin", "--node-rank", "1", "--world-info",
+                            "localhost:0@otherhost:0", "--master-addr", "127.0.0.1",
+                            "--master-port", port_, "--", "bash", "-c",
+                            "echo ready; sleep " + marker},
+                           quiet_env_, stdin_pipe());
+  ASSERT_TRUE(launcher.wait_for_stdout("ready", 1, 10));
+  launcher.close_stdin();
+  Finished r = launcher.wait(10);
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.err;
+  EXPECT_NE(r.err.find("strata-run (node 1, otherhost): stdin closed without a stop"),
+            std::string::npos)
+      << r.err;
   EXPECT_EQ(count_processes(marker), 0);
 }
 

@@ -21,6 +21,14 @@
 namespace strata::test {
 namespace {
 
+// A launcher under RLIMIT_NOFILE `files`, ignoring SIGTERM.
+LaunchSetup limited(int files) {
+  LaunchSetup setup;
+  setup.max_open_files = files;
+  setup.ignore_sigterm = true;
+  return setup;
+}
+
 launcher::ProcessInfo process(pid_t pid) {
   launcher::ProcessInfo info;
   std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
@@ -141,7 +149,7 @@ TEST(LauncherResources, RankThatCannotStartLeavesNoPipesBehind) {
   for (int limit = 4; limit < 64 + static_cast<int>(inherited.size()); ++limit) {
     LauncherProcess launcher({"--grace", "5", "--nproc-per-node", "2", "--", "bash", "-c",
                               "echo ready; exec sleep " + marker},
-                             {}, {limit, true});
+                             {}, limited(limit));
     // No rank started under this limit (or the launcher could not even watch signals).
     if (!launcher.wait_for_stdout("ready", 1, 10)) continue;
     // Every start was tried before any output was read, so the count is final.
