@@ -3,7 +3,10 @@
 # (../shared/bench/peer_torch_gpt.py), in the same run, with the ratios.
 #   bench/run_dense.sh PEER_SCRIPT [BUILD_DIR]      (BUILD_DIR default: build)
 # COMPILE=1 adds the peer's torch.compile run on one GPU. On two GPUs it also runs stage 2 with
-# one gradient bucket (reduction after backward, no overlap) beside the bucketed default.
+# one gradient bucket (reduction after backward, no overlap) beside the bucketed default, and
+# ZeRO-3 (configs/bench_dense_bf16_zero3.json: units released after use, as FSDP2 reshards)
+# beside FSDP2 and, when DS_PEER names ../shared/bench/peer_deepspeed_gpt.py and DeepSpeed
+# imports, DeepSpeed's ZeRO-3. Stage 3 on one GPU is timed against stage 0 in one process.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 peer="$1"
@@ -14,6 +17,7 @@ gpus=$(nvidia-smi -L | wc -l)
 "$bin/strata-bench" adam | tee "$out/adam.jsonl"
 python3 "$peer" ${COMPILE:+--compile} | tee "$out/peer1.jsonl"
 "$bin/strata-bench" gpt --config configs/bench_dense_bf16.json --model dense-350M | tee "$out/strata1.jsonl"
+"$bin/strata-bench" gpt --config configs/bench_dense_bf16_zero3.json --model dense-350M | tee "$out/strata1_stage3.jsonl"
 if [[ $gpus -ge 2 ]]; then
   torchrun --nproc-per-node 2 "$peer" --fsdp --no-reshard | tee "$out/peer2_noreshard.jsonl"
   torchrun --nproc-per-node 2 "$peer" --fsdp | tee "$out/peer2.jsonl"
@@ -25,6 +29,11 @@ if [[ $gpus -ge 2 ]]; then
     configs/bench_dense_bf16_zero2.json "$out/zero2_one_bucket.json"
   "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
     --config "$out/zero2_one_bucket.json" | tee "$out/strata2_stage2_one_bucket.jsonl"
+  "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
+    --config configs/bench_dense_bf16_zero3.json | tee "$out/strata2_stage3.jsonl"
+  if [[ -n "${DS_PEER:-}" ]] && python3 -c 'import deepspeed' 2>/dev/null; then
+    TORCH_CUDA_ARCH_LIST=9.0 torchrun --nproc-per-node 2 "$DS_PEER" --stage 3 | tee "$out/ds2_stage3.jsonl"
+  fi
 fi
 
 python3 - "$out" <<'PY'
@@ -58,6 +67,18 @@ for label, s in (("stage 0 (DP)", s20), ("stage 2", s22)):
               f"{nr['tok_s']} ({nr['mem_GiB']} GiB): ratio {s['tok_s'] / nr['tok_s']:.3f}"
               + (f"; FSDP2 {fs['tok_s']}: ratio {s['tok_s'] / fs['tok_s']:.3f}" if fs else "")
               + (f"; vs Strata 1 GPU {s['tok_s'] / s1['tok_s']:.3f}" if s1 else ""))
+s13 = pick("strata1_stage3.jsonl", "stage 0 (same run")
+if s13:
+    print(f"1 GPU  stage 3 bf16: Strata {s13['tok_s'] / s13['stage3_over_stage0']:.0f} tok/s against its stage 0 "
+          f"{s13['tok_s']:.0f} in the same process: {1 / s13['stage3_over_stage0']:.3f}x")
+s23 = pick("strata2_stage3.jsonl", "dense-350M")
+ds3 = next((r for r in rows("ds2_stage3.jsonl") if "tok_s" in r), None)
+if s23:
+    print(f"2 GPUs stage 3: Strata {s23['tok_s']:.0f} tok/s/GPU, {s23['mem_GiB']:.1f} GiB"
+          + (f"; FSDP2 {fs['tok_s']} ({fs['mem_GiB']} GiB): ratio {s23['tok_s'] / fs['tok_s']:.3f}" if fs else "")
+          + (f"; DeepSpeed ZeRO-3 {ds3['tok_s']}: ratio {s23['tok_s'] / ds3['tok_s']:.3f}" if ds3 else "")
+          + (f"; vs Strata 1 GPU stage 0 {s23['tok_s'] / s1['tok_s']:.3f}" if s1 else "")
+          + (f"; Strata stage 2 {s22['mem_GiB']:.1f} GiB" if s22 else ""))
 one = pick("strata2_stage2_one_bucket.jsonl", "dense-350M")
 if one and s22:
     print(f"2 GPUs stage 2, overlap: bucketed {s22['step_ms']:.1f} ms/step, one bucket after backward "
