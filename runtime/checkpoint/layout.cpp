@@ -11,12 +11,18 @@
 
 #include "runtime/checkpoint/atomic_file.h"
 #include "runtime/error.h"
+#include "runtime/util/crc32c.h"
 
 namespace strata::checkpoint {
 namespace {
 
 constexpr const char* kFormat = "strata-checkpoint";
 constexpr int kVersion = 1;
+constexpr const char* kManifestChecksum = "manifest_crc32c";
+
+// CRC32C of the manifest's content without its own checksum, in nlohmann's canonical form (keys
+// sorted, no spaces): how the file is laid out does not matter, what it says does.
+uint32_t manifest_checksum(const json& body) { return crc32c(body.dump()); }
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kLatest = "latest";
 
@@ -179,21 +185,36 @@ json Manifest::to_json() const {
                           {"crc32c", f.crc32c},
                           {"tensors", std::move(tensors)}});
   }
-  return {{"format", kFormat},
-          {"version", kVersion},
-          {"tag", tag},
-          {"world_size", world_size},
-          {"zero_stage", info.zero_stage},
-          {"compute_dtype", info.compute_dtype},
-          {"master_dtype", info.master_dtype},
-          {"dtypes", dtypes},
-          {"extra", info.extra},
-          {"files", std::move(files_json)}};
+  json j = {{"format", kFormat},
+            {"version", kVersion},
+            {"tag", tag},
+            {"world_size", world_size},
+            {"zero_stage", info.zero_stage},
+            {"compute_dtype", info.compute_dtype},
+            {"master_dtype", info.master_dtype},
+            {"dtypes", dtypes},
+            {"extra", info.extra},
+            {"files", std::move(files_json)}};
+  j[kManifestChecksum] = manifest_checksum(j);
+  return j;
 }
 
 Manifest Manifest::from_json(const json& j, const std::string& where) {
   Manifest m;
   try {
+    // The manifest vouches for every file's size and checksum, so it carries its own: a changed
+    // byte in a name, a shape or a checksum is refused before anything is read by it.
+    if (!j.is_object() || !j.contains(kManifestChecksum))
+      throw Error(fmt::format("{}: no \"{}\": the manifest is damaged, or was written by an "
+                              "earlier Strata, which did not checksum it",
+                              where, kManifestChecksum));
+    json body = j;
+    body.erase(kManifestChecksum);
+    const auto saved = j.at(kManifestChecksum).get<uint32_t>();
+    if (saved != manifest_checksum(body))
+      throw Error(fmt::format("{}: its checksum is 0x{:08x} but it says 0x{:08x}: the manifest is "
+                              "damaged (a changed byte); the checkpoint cannot be trusted",
+                              where, manifest_checksum(body), saved));
     if (j.at("format") != kFormat)
       throw Error(fmt::format("{}: format {} is not \"{}\"", where, j.at("format").dump(), kFormat));
     if (j.at("version") != kVersion)

@@ -300,6 +300,37 @@ TEST(CheckpointReader, ErrorsForMissingPieces) {
   EXPECT_NO_THROW(ckpt::CheckpointReader r(dir));
 }
 
+// The manifest vouches for every file's size and checksum, so it is checksummed itself: a flipped
+// bit anywhere in it is refused, unless it only changed the layout (a space into another
+// whitespace), in which case the reader sees exactly the saved manifest.
+TEST(CheckpointReader, EveryFlippedBitOfTheManifestIsRefused) {
+  ScratchDir tmp;
+  const std::string dir = tmp.str();
+  const auto saved = save(dir, "s1", 2, 1.0f);
+  const auto path = fs::path(dir) / "s1" / "manifest.json";
+  const std::string original = slurp(path);
+  int refused = 0, harmless = 0;
+  for (size_t i = 0; i < original.size(); ++i)
+    for (int bit : {0, 5}) {
+      std::string damaged = original;
+      damaged[i] = char(damaged[i] ^ (1 << bit));
+      ckpt::write_file_atomic(path.string(), damaged);
+      try {
+        ckpt::CheckpointReader reader(dir);
+        EXPECT_EQ(reader.manifest().to_json(), saved.to_json()) << "byte " << i << " bit " << bit;
+        ++harmless;
+      } catch (const strata::Error& e) {
+        ++refused;
+        EXPECT_NE(std::string(e.what()).find("manifest.json"), std::string::npos) << e.what();
+      }
+    }
+  ckpt::write_file_atomic(path.string(), original);
+  EXPECT_NO_THROW(ckpt::CheckpointReader r(dir));
+  EXPECT_GT(refused, int(original.size()));  // all but layout-only changes
+  std::printf("manifest of %zu bytes: %d flips refused, %d changed only its layout\n",
+              original.size(), refused, harmless);
+}
+
 // An older Strata, where renameat2 could not swap folders, renamed DIR/TAG to DIR/.TAG.old
 // first; a crash right then left `latest` naming a missing folder: the error says where it is.
 TEST(CheckpointReader, InterruptedFolderSwapNamesTheOldFolder) {
