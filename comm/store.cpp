@@ -65,9 +65,11 @@ std::unique_ptr<Store> Store::open(const std::string& host, int port, bool serve
       break;
     } catch (const std::exception& e) {
       if (server)
-        throw Error(fmt::format("rank 0 could not start the rendezvous store on {}:{}: {}; "
-                                "choose another MASTER_PORT",
-                                host, port, what_of(e)));
+        throw Error(fmt::format("rank 0 could not start the rendezvous store on port {} and "
+                                "reach it at {}:{}: {}; the port is taken here (choose another "
+                                "MASTER_PORT), or MASTER_ADDR '{}' is not an address of rank 0's "
+                                "host that resolves there",
+                                port, host, port, what_of(e), host));
       if (first_error.empty()) first_error = what_of(e);
       if (std::chrono::steady_clock::now() + std::chrono::milliseconds(50) >= deadline)
         throw Error(fmt::format("could not reach the rendezvous store at {}:{} within {:g} s: "

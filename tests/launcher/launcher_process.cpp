@@ -58,7 +58,7 @@ LauncherProcess::LauncherProcess(const std::vector<std::string>& args, const Env
   int out[2], err[2], in[2] = {-1, -1};
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) std::abort();
   if (setup.stdin_pipe && ::pipe2(in, O_CLOEXEC) != 0) std::abort();
-  const std::string path = launcher_path();
+  const std::string path = setup.launcher.empty() ? launcher_path() : setup.launcher;
   std::vector<char*> argv = {const_cast<char*>(path.c_str())};
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

@@ -31,6 +31,7 @@ struct LaunchSetup {
   bool ignore_sigterm = false;  // SIG_IGN, which its ranks inherit through execve
   bool stdin_pipe = false;      // its stdin a pipe from the test (write_stdin, close_stdin)
   std::string directory;        // non-empty: run it there, with PWD set to this path as given
+  std::string launcher;         // non-empty: the strata-run to execute (argv[0]), as given
 };
 
 class LauncherProcess {

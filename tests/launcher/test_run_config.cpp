@@ -2,6 +2,8 @@
 // over it, the config passed on to the program, and the whole config checked for the planned
 // world before any rank starts.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <regex>
@@ -45,6 +47,33 @@ TEST(LauncherConfig, CommandLineFlagsWinOverTheBlock) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("W=2"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("W=3"), std::string::npos) << r.out;
+}
+
+// Issue #17: --include on the command line replaces the block's choice of slots (num_gpus
+// included), and a relative launcher.hostfile is read from the config's folder.
+TEST(LauncherConfig, IncludeFlagWinsOverNumGpusAndTheHostfileIsTheConfigsNeighbour) {
+  const std::string dir = testing::TempDir() + "/launch_hostfile_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  std::ofstream(dir + "/hosts") << "localhost slots=4\n";
+  const auto path = write_config("launch_hostfile_" + std::to_string(::getpid()) + "/c.json", R"({
+    "train_micro_batch_size_per_gpu": 2, "launcher": {"hostfile": "hosts", "num_gpus": 3}})");
+  Finished r =
+      run_launcher({"--config", path, "--include", "localhost:1,3", "--", "bash", "-c", kEcho, "p"});
+  ASSERT_EQ(r.code, 0) << r.err;  // run from the test's folder, not the config's
+  EXPECT_NE(r.out.find("W=2"), std::string::npos) << r.out;
+
+  const auto missing = write_config("launch_nohosts.json", R"({
+    "train_micro_batch_size_per_gpu": 2, "launcher": {"hostfile": "no-such-hosts"}})");
+  r = run_launcher({"--config", missing, "--", "true"});
+  EXPECT_EQ(r.code, 1);
+  const std::string folder = testing::TempDir();  // the config's, not the current one
+  EXPECT_NE(r.err.find("cannot read hostfile '" + folder), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/no-such-hosts' (launcher.hostfile 'no-such-hosts' of "), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("launch_nohosts.json, read relative to the config's folder): No such file "
+                       "or directory"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(LauncherConfig, BatchTriangleIsCheckedForThePlannedWorldBeforeAnyRankStarts) {

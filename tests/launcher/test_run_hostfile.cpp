@@ -261,8 +261,11 @@ TEST_F(LauncherFakeSsh, RemoteFailureStopsLocalRanks) {
 // and only the head says that it stopped them.
 TEST_F(LauncherFakeSsh, SigintReachesRemoteRanksAsSigintThroughSshStdin) {
   const std::string marker = unique_sleep(8);
+  // Short sleeps: bash runs its trap only once its foreground child has ended, and a SIGINT that
+  // comes while it starts one can be lost to that child. The marker names the ranks' shells.
   LauncherProcess launcher(
-      head("trap 'echo got-INT; exit 0' INT; echo ready; sleep " + marker), env_);
+      head("trap 'echo got-INT; exit 0' INT; echo ready; while :; do sleep 0.1; done # " + marker),
+      env_);
   ASSERT_TRUE(launcher.wait_for_stdout("ready", 4, 10));
   launcher.signal(SIGINT);
   Finished r = launcher.wait(15);
@@ -282,6 +285,41 @@ LaunchSetup stdin_pipe() {
   LaunchSetup setup;
   setup.stdin_pipe = true;
   return setup;
+}
+
+// The grace period is the same on every host: a remote rank that ignores the stop is killed by
+// its node launcher after --grace, and the head does not wait longer for it.
+TEST_F(LauncherFakeSsh, RemoteRanksIgnoringTheStopAreKilledAfterTheSameGrace) {
+  const std::string marker = unique_sleep(10);
+  LauncherProcess launcher({"--grace", "1", "--hostfile", hostfile_, "--master-addr", "127.0.0.1",
+                            "--", "bash", "-c", "trap '' TERM; echo ready; sleep " + marker},
+                           env_);
+  ASSERT_TRUE(launcher.wait_for_stdout("ready", 4, 10));
+  launcher.signal(SIGTERM);
+  Finished r = launcher.wait(15);
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.err;
+  EXPECT_LT(r.seconds, 3.5) << r.err;  // the head alone would kill ssh at 1 + 3 s
+  EXPECT_NE(r.err.find("strata-run: rank 0 still running 1 s after the stop signal"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("strata-run (node 1, otherhost): rank 2 still running 1 s after the stop "
+                       "signal"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("killing ssh"), std::string::npos) << r.err;
+  EXPECT_EQ(wait_for_count(marker, 0, 5), 0);
+}
+
+// The remote side says which folder it could not enter, naming its node.
+TEST_F(LauncherHostfile, NodeLauncherNamesAWorkingFolderItCannotEnter) {
+  Finished r = run_launcher({"--chdir", dir_ + "/no-such-folder", "--node-rank", "1",
+                             "--world-info", "localhost:0@otherhost:0", "--master-addr",
+                             "127.0.0.1", "--master-port", port_, "--", "true"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("strata-run (node 1, otherhost): error: cannot enter the working folder '" +
+                       dir_ + "/no-such-folder' here: No such file or directory"),
+            std::string::npos)
+      << r.err;
 }
 
 // A node launcher whose stdin closes without a stop line (the head or the link is gone) stops
