@@ -124,25 +124,45 @@ class SshHosts : public ::testing::Test {
     if (const std::string why = ensure_sshd(dir_ + "/apt.log"); !why.empty())
       GTEST_SKIP() << "no sshd to test with: " << why;
     if (::access("/run/sshd", F_OK) != 0)  // sshd's privilege separation folder (root only)
-      sh(std::string(::geteuid() == 0 ? "" : "sudo -n ") + "mkdir -p -m 0755 /run/sshd");
+      sh(std::string(::geteuid() == 0 ? "" : "sudo -n ") + "mkdir -p -m 0755 /run/sshd 2>/dev/null");
     ASSERT_EQ(sh("ssh-keygen -q -t ed25519 -N '' -f " + dir_ + "/host_key && ssh-keygen -q -t "
                  "ed25519 -N '' -f " + dir_ + "/user_key && cp " + dir_ + "/user_key.pub " +
                  dir_ + "/authorized_keys"),
               0);
+    refused_port_ = free_port();
+    ssh_config_ = dir_ + "/ssh_config";
+    // sshd as this user logs in only this user; as root (sudo) any. Without PAM, sshd refuses an
+    // account whose password field says locked ('!', as useradd leaves it); with PAM, a
+    // container may refuse the session (pam_loginuid). So each way is tried until one logs in.
+    std::string failures;
+    for (const bool as_root : {false, true}) {
+      if (as_root && (::geteuid() == 0 || sh("sudo -n true 2>/dev/null") != 0)) continue;
+      for (const bool pam : {false, true}) {
+        const std::string why = start_sshd(as_root, pam);
+        if (why.empty()) return;
+        failures += "\n- sshd" + std::string(as_root ? " through sudo" : "") +
+                    (pam ? " with PAM: " : " without PAM: ") + why;
+      }
+    }
+    GTEST_SKIP() << "no sshd to test with could be started here:" << failures;
+  }
+
+  // Starts sshd on 127.0.0.2 and 127.0.0.3 and logs in once: "" on success, else why not.
+  std::string start_sshd(bool as_root, bool pam) {
     port_ = free_port();
     std::ofstream(dir_ + "/sshd_config")
         << "ListenAddress 127.0.0.2:" << port_ << "\nListenAddress 127.0.0.3:" << port_
         << "\nHostKey " << dir_ << "/host_key\nAuthorizedKeysFile " << dir_
-        << "/authorized_keys\nPidFile " << dir_ << "/sshd.pid\n"
-        << "UsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        << "/authorized_keys\nPidFile " << dir_ << "/sshd.pid\nUsePAM " << (pam ? "yes" : "no")
+        << "\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
            "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nStrictModes no\n"
            "MaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n";
-    if (sh(std::string(kSshd) + " -f " + dir_ + "/sshd_config -E " + dir_ + "/sshd.log") != 0 ||
+    sudo_ = as_root ? "sudo -n " : "";
+    const std::string log = dir_ + "/sshd.log";
+    if (sh(sudo_ + kSshd + " -f " + dir_ + "/sshd_config -E " + log) != 0 ||
         !wait_listening("127.0.0.2", port_, 10))
-      GTEST_SKIP() << "sshd could not be started here: " << read_file(dir_ + "/sshd.log");
+      return "it did not start: " + read_file(log);
     started_ = true;
-    refused_port_ = free_port();
-    ssh_config_ = dir_ + "/ssh_config";
     std::ofstream(ssh_config_)
         << "Host alias-a\n  HostName 127.0.0.2\n"
         << "Host alias-b\n  HostName 127.0.0.3\n"
@@ -154,16 +174,22 @@ class SshHosts : public ::testing::Test {
         << "/known_hosts\n  StrictHostKeyChecking no\n  LogLevel ERROR\n"
         << "  RequestTTY force\n";  // as a user's config may say: strata-run's -T wins
     const std::string check = dir_ + "/check.log";
-    if (sh("ssh -F " + ssh_config_ + " -o BatchMode=yes -T alias-b true >" + check + " 2>&1") != 0)
-      GTEST_SKIP() << "key login to the test's sshd fails here: " << read_file(check)
-                   << read_file(dir_ + "/sshd.log");
+    if (sh("ssh -F " + ssh_config_ + " -o BatchMode=yes -T alias-b true >" + check + " 2>&1") == 0)
+      return "";
+    stop_sshd();
+    return "key login failed: " + read_file(check) + read_file(log);
+  }
+
+  void stop_sshd() {
+    if (!started_) return;
+    const pid_t sshd = std::atoi(read_file(dir_ + "/sshd.pid").c_str());
+    if (sshd > 0) sh(sudo_ + "kill " + std::to_string(sshd));
+    ::unlink((dir_ + "/sshd.pid").c_str());
+    started_ = false;
   }
 
   void TearDown() override {
-    if (started_) {
-      const pid_t sshd = std::atoi(read_file(dir_ + "/sshd.pid").c_str());
-      if (sshd > 0) ::kill(sshd, SIGTERM);
-    }
+    stop_sshd();
     sh("rm -rf " + dir_);
   }
 
@@ -222,7 +248,7 @@ class SshHosts : public ::testing::Test {
     EXPECT_EQ(losses(metrics), reference) << r.out << r.err;
   }
 
-  std::string dir_, ssh_config_;
+  std::string dir_, ssh_config_, sudo_;
   int port_ = 0, refused_port_ = 0;
   bool started_ = false;
   SilentHost silent_;
