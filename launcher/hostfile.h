@@ -29,8 +29,9 @@ Resources read_hostfile(const std::string& path, const std::string& named_by = "
 // DeepSpeed's parse_resource_filter: include keeps only the named hosts/slots, exclude removes
 // them; a host without ":SLOTS" means all of its slots; hosts keep the pool's order and hosts
 // left without slots are dropped. Unknown hosts or slots are errors. A spec names a host by its
-// spec_name (so "node1" selects "alice@node1", and "[::1]:0" slot 0 of "::1"). (Differs from DeepSpeed in
-// one corner: a host named twice in --include gets the union of its slots, not the last list.)
+// spec_name (so "node1" selects "alice@node1", and "[::1]:0" slot 0 of "::1"). (Differs from
+// DeepSpeed in one corner: a host named twice in --include gets the union of its slots, not the
+// last list.)
 Resources filter_resources(const Resources& pool, const std::string& include,
                            const std::string& exclude);
 

@@ -319,7 +319,8 @@ LaunchPlan make_plan(const LauncherOptions& o) {
   // head's NCCL_* and STRATA_*, which the local ones inherit.
   EnvList exports;
   if (o.hostfile) {
-    if (const char* home = std::getenv("HOME")) read_env_file(std::string(home) + "/.strata_env", exports);
+    if (const char* home = std::getenv("HOME"))
+      read_env_file(std::string(home) + "/.strata_env", exports);
     read_env_file(".strata_env", exports);
   }
   for (const auto& [name, value] : resolve_exports(o.exports)) set(exports, name, value);
@@ -362,10 +363,11 @@ LaunchPlan make_plan(const LauncherOptions& o) {
         remote_exports.emplace_back(name, value);
     for (size_t n = 0; n < plan.world.size(); ++n) {
       if (is_local_host(plan.world[n].host)) continue;
-      std::vector<std::string> args = {plan.remote_launcher, "--chdir",         directory,
-                                       "--watch-stdin",      "--node-rank",     std::to_string(n),
-                                       "--world-info",       world_info,        "--master-addr",
-                                       plan.master_addr,     "--master-port",   std::to_string(plan.master_port)};
+      std::vector<std::string> args = {
+          plan.remote_launcher, "--chdir",       directory,
+          "--watch-stdin",      "--node-rank",   std::to_string(n),
+          "--world-info",       world_info,      "--master-addr",
+          plan.master_addr,     "--master-port", std::to_string(plan.master_port)};
       if (o.grace_seconds)
         args.insert(args.end(), {"--grace", fmt::format("{}", *o.grace_seconds)});
       args.push_back("--");

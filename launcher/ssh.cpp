@@ -47,7 +47,8 @@ std::vector<std::string> ssh_options(const SshOptions& options) {
 }
 
 // argv's stdout, or nullopt when it cannot run or exits non-zero. stdin and stderr: /dev/null.
-std::optional<std::string> output_of(const std::string& path, const std::vector<std::string>& argv) {
+std::optional<std::string> output_of(const std::string& path,
+                                     const std::vector<std::string>& argv) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return std::nullopt;
   std::vector<char*> args;

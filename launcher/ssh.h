@@ -34,7 +34,8 @@ std::string shell_quote(const std::string& word);
 std::string shell_join(const std::vector<std::string>& words);
 
 // `export A=1 B=2; exec LAUNCHER ARGS...` as one string for the remote shell.
-std::string remote_command(const EnvList& exports, const std::vector<std::string>& launcher_and_args);
+std::string remote_command(const EnvList& exports,
+                           const std::vector<std::string>& launcher_and_args);
 
 // ssh's argv: ssh -T -o BatchMode=yes -o ConnectTimeout=N [-F FILE] [-p PORT] HOST COMMAND.
 std::vector<std::string> ssh_argv(const std::string& host, const std::string& command,

@@ -226,7 +226,8 @@ class Supervisor {
   }
 
   void say(const std::string& text) const {
-    const std::string who = options_.label.empty() ? "strata-run" : "strata-run (" + options_.label + ")";
+    const std::string who =
+        options_.label.empty() ? "strata-run" : "strata-run (" + options_.label + ")";
     write_all(STDERR_FILENO, who + ": " + text + "\n");
   }
 
@@ -308,8 +309,8 @@ class Supervisor {
           "--ssh-port or the ssh config's Port choose the port)",
           host);
     if (said("Could not resolve hostname"))
-      return fmt::format("ssh cannot resolve '{}' (neither a host name nor a Host of the ssh config)",
-                         host);
+      return fmt::format(
+          "ssh cannot resolve '{}' (neither a host name nor a Host of the ssh config)", host);
     if (said("Host key verification failed"))
       return fmt::format("ssh does not know {}'s host key, or it changed (connect once by hand)",
                          host);
@@ -427,9 +428,9 @@ class Supervisor {
     auto next = now + kSweepEvery;  // the next sweep
     for (auto& c : children_) {
       if (c->killed || !c->may_signal()) continue;
-      const auto due = c->ssh_kill_at ? *c->ssh_kill_at
-                                      : kill_at_ + (c->spec.remote ? kRemoteExtra
-                                                                   : Clock::duration::zero());
+      const auto due = c->ssh_kill_at
+                           ? *c->ssh_kill_at
+                           : kill_at_ + (c->spec.remote ? kRemoteExtra : Clock::duration::zero());
       if (now >= due && c->spec.remote) {
         say(fmt::format("{}: ssh has not ended 3 s after its node launcher was to kill the ranks "
                         "there ({:g} s grace); killing ssh",

@@ -57,8 +57,8 @@ TEST(LauncherConfig, IncludeFlagWinsOverNumGpusAndTheHostfileIsTheConfigsNeighbo
   std::ofstream(dir + "/hosts") << "localhost slots=4\n";
   const auto path = write_config("launch_hostfile_" + std::to_string(::getpid()) + "/c.json", R"({
     "train_micro_batch_size_per_gpu": 2, "launcher": {"hostfile": "hosts", "num_gpus": 3}})");
-  Finished r =
-      run_launcher({"--config", path, "--include", "localhost:1,3", "--", "bash", "-c", kEcho, "p"});
+  Finished r = run_launcher(
+      {"--config", path, "--include", "localhost:1,3", "--", "bash", "-c", kEcho, "p"});
   ASSERT_EQ(r.code, 0) << r.err;  // run from the test's folder, not the config's
   EXPECT_NE(r.out.find("W=2"), std::string::npos) << r.out;
 

@@ -124,7 +124,8 @@ class SshHosts : public ::testing::Test {
     if (const std::string why = ensure_sshd(dir_ + "/apt.log"); !why.empty())
       GTEST_SKIP() << "no sshd to test with: " << why;
     if (::access("/run/sshd", F_OK) != 0)  // sshd's privilege separation folder (root only)
-      sh(std::string(::geteuid() == 0 ? "" : "sudo -n ") + "mkdir -p -m 0755 /run/sshd 2>/dev/null");
+      sh(std::string(::geteuid() == 0 ? "" : "sudo -n ") +
+         "mkdir -p -m 0755 /run/sshd 2>/dev/null");
     ASSERT_EQ(sh("ssh-keygen -q -t ed25519 -N '' -f " + dir_ + "/host_key && ssh-keygen -q -t "
                  "ed25519 -N '' -f " + dir_ + "/user_key && cp " + dir_ + "/user_key.pub " +
                  dir_ + "/authorized_keys"),
