@@ -411,7 +411,7 @@ class Supervisor {
   }
 
   void kill_group(Child& c) {
-    if (c.spec.remote && c.in >= 0) {  // the node launcher kills its ranks at once
+    if (c.spec.remote && c.in >= 0 && c.running) {  // its node launcher kills the ranks at once
       write_all(c.in, "kill\n");
       close_fd(c.in);
       c.ssh_kill_at = Clock::now() + kRemoteExtra;
