@@ -159,8 +159,12 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
     blocks_->push_back(Block(config));
   norm_ = register_module("norm",
                           torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
-  if (config.tied)
+  if (config.tied) {
+    // GPT-2's initialisation: with N(0, 1) embeddings the tied head's logits would start huge.
+    torch::NoGradGuard no_grad;
+    embed_->weight.normal_(0.0, 0.02);
     register_parameter("head_weight", embed_->weight);
+  }
   else
     head_ = register_module("head", torch::nn::Linear(
                                         torch::nn::LinearOptions(config.d_model, config.vocab).bias(false)));

@@ -25,7 +25,7 @@ struct GPTConfig {
   double capacity_factor = 1.25;
   double aux_loss_coef = 0.01;
   // The output head is the token embedding's weight (the usual C++ tie: one tensor registered
-  // under a second name, "head_weight").
+  // under a second name, "head_weight"), initialised N(0, 0.02) as GPT-2's.
   bool tied = false;
   // Sizes by name: tiny, small, tiny-moe, dense-350M, moe-8x (../shared/bench/README.md);
   // "-tied" after tiny or small ties the head to the embedding.
