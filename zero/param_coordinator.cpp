@@ -1,7 +1,6 @@
 #include "zero/param_coordinator.h"
 
 #include <algorithm>
-#include <thread>
 
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
