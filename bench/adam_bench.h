@@ -6,5 +6,8 @@
 namespace strata::bench {
 
 int run_adam(int argc, char** argv);
+// strata-bench cpu-adam: the host tier's CPU Adam against LibTorch's AdamW and a STREAM triad
+// (bench/cpu_adam_bench.cpp).
+int run_cpu_adam(int argc, char** argv);
 
 }  // namespace strata::bench

@@ -10,6 +10,7 @@
 //   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3]
 //                    [--device cuda|cpu]
 //   strata-bench adam [--numel N] [--steps N] [--device cuda|cpu]   (bench/adam_bench.h)
+//   strata-bench cpu-adam [--numel N] [--runs R]                    (bench/cpu_adam_bench.cpp)
 //   strata-bench --version
 #include <algorithm>
 #include <chrono>
@@ -279,6 +280,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (argc >= 2 && std::string(argv[1]) == "adam") return strata::bench::run_adam(argc, argv);
+    if (argc >= 2 && std::string(argv[1]) == "cpu-adam") return strata::bench::run_cpu_adam(argc, argv);
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata-bench: error: %s\n", e.what());

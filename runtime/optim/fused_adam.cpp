@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "offload/cpu_adam.h"
 #include "runtime/error.h"
 
 #if STRATA_HAS_CUDA
@@ -23,32 +24,20 @@ bool is_float_type(torch::ScalarType t) {
   return t == torch::kFloat || t == torch::kBFloat16 || t == torch::kHalf;
 }
 
-template <class G, class Out>
-void cpu_loop(float* p, float* m, float* v, const G* g, Out* out, int64_t n,
-              const AdamScalars& s) {
-  at::parallel_for(0, n, 1 << 15, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      adam_update(p[i], m[i], v[i], static_cast<float>(g[i]), s);
-      if constexpr (!std::is_void_v<Out>) out[i] = static_cast<Out>(p[i]);
-    }
-  });
+offload::Float host_float(torch::ScalarType t) {
+  if (t == torch::kBFloat16) return offload::Float::kBF16;
+  if (t == torch::kHalf) return offload::Float::kF16;
+  return offload::Float::kF32;
 }
 
-template <class G>
+// The host tier's SIMD Adam (offload/cpu_adam.h), on LibTorch's intra-op threads.
 void cpu_step(const torch::Tensor& p, const torch::Tensor& m, const torch::Tensor& v,
               const torch::Tensor& g, const torch::Tensor& out, const AdamScalars& s) {
-  auto* pp = p.data_ptr<float>();
-  auto* mp = m.data_ptr<float>();
-  auto* vp = v.data_ptr<float>();
-  const auto* gp = g.data_ptr<G>();
-  const int64_t n = p.numel();
-  if (!out.defined()) return cpu_loop<G, void>(pp, mp, vp, gp, nullptr, n, s);
-  switch (out.scalar_type()) {
-    case torch::kFloat: return cpu_loop(pp, mp, vp, gp, out.data_ptr<float>(), n, s);
-    case torch::kBFloat16: return cpu_loop(pp, mp, vp, gp, out.data_ptr<c10::BFloat16>(), n, s);
-    case torch::kHalf: return cpu_loop(pp, mp, vp, gp, out.data_ptr<c10::Half>(), n, s);
-    default: break;
-  }
+  offload::cpu_adam_step(p.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
+                         g.data_ptr(), host_float(g.scalar_type()),
+                         out.defined() ? out.data_ptr() : nullptr,
+                         out.defined() ? host_float(out.scalar_type()) : offload::Float::kF32,
+                         p.numel(), s, at::get_num_threads());
 }
 
 #if STRATA_HAS_CUDA
@@ -112,13 +101,7 @@ void fused_adam_step(const torch::Tensor& master, const torch::Tensor& exp_avg,
   }
   check(master.is_cpu(), "the tensors must be on a CPU or CUDA device, not " +
                              master.device().str());
-  switch (grad.scalar_type()) {
-    case torch::kFloat: return cpu_step<float>(master, exp_avg, exp_avg_sq, grad, out, scalars);
-    case torch::kBFloat16:
-      return cpu_step<c10::BFloat16>(master, exp_avg, exp_avg_sq, grad, out, scalars);
-    case torch::kHalf: return cpu_step<c10::Half>(master, exp_avg, exp_avg_sq, grad, out, scalars);
-    default: break;
-  }
+  cpu_step(master, exp_avg, exp_avg_sq, grad, out, scalars);  // dtypes checked above
 }
 
 }  // namespace strata::optim

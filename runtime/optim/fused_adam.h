@@ -1,13 +1,13 @@
 // Adam's step over one flat fp32 tensor in one pass: the master weights and both moments are
 // read and written once, the gradient is read in its own dtype times a scale (unscaling and
 // clipping without an fp32 copy), and the new weights can be written out in a second dtype at
-// the same time (the 16-bit model copy). A CUDA kernel on GPUs (cuda/fused_adam.cu), a parallel
-// loop on CPUs; both run adam_math.h's adam_update().
+// the same time (the 16-bit model copy). A CUDA kernel on GPUs (cuda/fused_adam.cu), the
+// host tier's SIMD Adam on CPUs (offload/cpu_adam.h); both run adam_math.h's adam_update().
 #pragma once
 
 #include <torch/torch.h>
 
-#include "runtime/optim/adam_math.h"
+#include "offload/adam_math.h"
 
 namespace strata::optim {
 

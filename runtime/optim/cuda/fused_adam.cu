@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "runtime/optim/adam_math.h"
+#include "offload/adam_math.h"
 #include "runtime/optim/cuda/fused_adam_launch.h"
 
 namespace strata::optim::cuda {

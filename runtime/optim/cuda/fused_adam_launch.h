@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "runtime/optim/adam_math.h"
+#include "offload/adam_math.h"
 
 namespace strata::optim::cuda {
 

@@ -1,5 +1,5 @@
-// One element of the fused Adam step, shared by the CPU loop (fused_adam.cpp) and the CUDA kernel
-// (cuda/fused_adam.cu), so both compute the same thing in the same order as the per-tensor
+// One element of the fused Adam step, shared by the CPU Adam (offload/cpu_adam.cpp) and the CUDA kernel
+// (runtime/optim/cuda/fused_adam.cu), so both compute the same thing in the same order as the per-tensor
 // reference in optimizers.cpp (strata::optim::Adam::step): decoupled decay or L2, the moments,
 // then p += -step_size * m / (sqrt(v) / sqrt(c2) + eps). Torch-free: nvcc compiles it alone.
 #pragma once

@@ -1,0 +1,27 @@
+// The CPU Adam/AdamW step of the host tier (ZeRO-Offload's optimizer, and the engine's fused CPU
+// step): one pass over memory per tile, each element read and written once (p, g, m, v in; p,
+// m, v and the 16-bit copy out), SIMD chosen at run time (AVX-512, AVX2 + FMA, or scalar),
+// split over threads. It computes adam_math.h's adam_update() (the element the CUDA kernel and
+// the per-tensor reference compute), so results equal LibTorch's AdamW to float tolerance;
+// fused multiply-adds round differently from the scalar path in the last bit.
+// Torch-free: plain pointers, so that it serves pinned host buffers and swapped-in sub-groups.
+#pragma once
+
+#include <cstdint>
+
+#include "offload/adam_math.h"
+
+namespace strata::offload {
+
+enum class Float { kF32, kBF16, kF16 };
+
+// The instruction set the step uses on this CPU: "avx512", "avx2" or "scalar". The environment
+// variable STRATA_CPU_ADAM_ISA (same names) lowers it (tests compare the paths).
+const char* cpu_adam_isa();
+
+// p, m, v: fp32, n elements. g: n elements of `g_type`, read times s.grad_scale. out (may be
+// null): n elements of `out_type` that receive the new p. `threads` <= 0: as many as the CPU has.
+void cpu_adam_step(float* p, float* m, float* v, const void* g, Float g_type, void* out,
+                   Float out_type, int64_t n, const optim::AdamScalars& s, int threads);
+
+}  // namespace strata::offload
