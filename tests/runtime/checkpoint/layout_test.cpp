@@ -284,6 +284,13 @@ TEST(CheckpointReader, ErrorsForMissingPieces) {
   ckpt::write_file_atomic(dir + "/latest", "s2");  // `latest` naming a folder that is gone
   msg = error_of([&] { ckpt::CheckpointReader r(dir); });
   EXPECT_NE(msg.find(dir + "/s2"), std::string::npos) << msg;
+  // `latest` naming a folder outside the checkpoint folder (a path, a parent, an absolute path)
+  // is refused before anything is opened there.
+  for (const std::string outside : {"../s1", "/tmp", "s1/../../x", ".."}) {
+    ckpt::write_file_atomic(dir + "/latest", outside);
+    msg = error_of([&] { ckpt::CheckpointReader r(dir); });
+    EXPECT_NE(msg.find("holds '" + outside + "', which is not a tag"), std::string::npos) << msg;
+  }
   ckpt::write_file_atomic(dir + "/latest", "s1\n");  // a hand-written newline is fine
 
   const auto shard = fs::path(dir) / "s1" / "zero_pp_rank_1_optim_states.ckpt";
