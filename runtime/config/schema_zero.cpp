@@ -192,6 +192,9 @@ Block make_zero() {
       .deprecated_alias("stage3_gather_fp16_weights_on_model_save")
       .describe("ZeRO-3: gather the partitioned weights so save_16bit_model() writes the full 16-bit model");
   b.add(&ZeroConfig::ignore_unused_parameters, "ignore_unused_parameters")
+      .when([](const json& v) { return v.is_boolean() && !v.get<bool>(); })
+      .not_implemented("Strata gives a parameter without a gradient a zero gradient at every stage "
+                       "(DeepSpeed's default, true); failing on one instead is not implemented")
       .describe("Tolerate parameters that get no gradient (dynamic networks) instead of failing; used at stage 2");
   b.add(&ZeroConfig::round_robin_gradients, "round_robin_gradients")
       .describe("Stages 1-2 with CPU offload: spread the copying of gradients to CPU memory across ranks");
