@@ -5,17 +5,9 @@
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "zero/storage.h"
 
 namespace strata::zero {
-namespace {
-
-std::vector<int64_t> contiguous_strides(c10::IntArrayRef sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
-  return strides;
-}
-
-}  // namespace
 
 FlatParams::FlatParams(std::vector<torch::Tensor> params, int64_t partitions, int64_t alignment)
     : params_(std::move(params)), partitions_(partitions) {
@@ -41,9 +33,7 @@ FlatParams::FlatParams(std::vector<torch::Tensor> params, int64_t partitions, in
     data_.narrow(0, offsets_[i], p.numel()).copy_(p.reshape({-1}));
     p.mutable_grad() = torch::Tensor();
     // Same TensorImpl, new storage: the module, autograd and the user keep their handles.
-    const std::vector<int64_t> sizes = p.sizes().vec();
-    p.set_(data_.storage(), data_.storage_offset() + offsets_[i], sizes,
-           contiguous_strides(sizes));
+    view_into(p, data_, offsets_[i]);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "zero/storage.h"
 
 namespace strata::zero {
 namespace {
@@ -66,13 +67,6 @@ class Planner {
   std::unordered_set<const c10::TensorImpl*> seen_;
   std::vector<UnitSpec> specs_;
 };
-
-void set_storage_view(torch::Tensor& p, const torch::Tensor& flat, int64_t offset) {
-  const std::vector<int64_t> sizes = p.sizes().vec();
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
-  p.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
-}
 
 int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
@@ -210,7 +204,7 @@ ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOp
       const auto value = value_of ? value_of(p) : p;
       u.full.narrow(0, u.offsets[i], p.numel()).copy_(value.reshape({-1}));
       p.mutable_grad() = torch::Tensor();
-      set_storage_view(p, u.full, u.offsets[i]);  // same TensorImpl: module and autograd keep it
+      view_into(p, u.full, u.offsets[i]);  // same TensorImpl: module and autograd keep it
     }
     u.shard.copy_(u.full.narrow(0, rank_ * u.chunk, u.chunk));
     const size_t index = size_t(&u - units_.data());
@@ -225,14 +219,7 @@ int64_t ParamUnits::unit_of(const c10::StorageImpl* storage) const {
   return it == unit_of_storage_.end() ? -1 : static_cast<int64_t>(it->second);
 }
 
-void ParamUnits::fill(Unit& unit) {
-  auto* storage = unit.full.storage().unsafeGetStorageImpl();
-  const size_t nbytes = static_cast<size_t>(bytes_of(unit.full));
-  c10::Allocator* allocator = storage->allocator();
-  if (allocator == nullptr) allocator = c10::GetAllocator(unit.full.device().type());
-  storage->set_data_ptr_noswap(allocator->allocate(nbytes));
-  storage->set_nbytes(nbytes);
-}
+void ParamUnits::fill(Unit& unit) { refill_bytes(unit.full, size_t(bytes_of(unit.full))); }
 
 void ParamUnits::gather(size_t u) {
   if (auto work = gather_async(u)) {
@@ -259,9 +246,7 @@ comm::WorkPtr ParamUnits::gather_async(size_t u) {
 void ParamUnits::release(size_t u) {
   auto& unit = units_.at(u);
   if (unit.persistent || !unit.gathered) return;
-  auto* storage = unit.full.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, unit.full.device()));
-  storage->set_nbytes(0);
+  release_bytes(unit.full);
   unit.gathered = false;
   gathered_bytes_ -= bytes_of(unit.full);
 }

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "zero/storage.h"
 
 namespace strata::zero {
 namespace {
@@ -44,12 +45,6 @@ bool creates_tensor(const char* name) {
       "aten::full_like",  "aten::rand",          "aten::randn",      "aten::randint",
       "aten::arange",     "aten::eye",           "aten::tensor",     "aten::scalar_tensor"};
   return factories.count(name) > 0;
-}
-
-void release_storage(const torch::Tensor& t) {
-  auto* storage = t.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  storage->set_nbytes(0);
 }
 
 }  // namespace
@@ -139,7 +134,7 @@ void PartitionedInit::seal(torch::Tensor t) {
   padded = torch::Tensor();
   if (dtype != t.scalar_type() || device != t.device())
     t.set_data(torch::empty(t.sizes(), opts));  // the model's dtype and device, no bytes yet
-  release_storage(t);
+  release_bytes(t);
   auto* storage = t.storage().unsafeGetStorageImpl();
   sealed_.erase(storage);
   sealed_.emplace(storage, Entry{t.storage().getWeakStorageImpl(),
@@ -161,12 +156,7 @@ void PartitionedInit::regather(const c10::StorageImpl* storage) {
   {
     at::DisableRecordFunctionGuard no_callbacks;
     torch::NoGradGuard no_grad;
-    auto* s = t.storage().unsafeGetStorageImpl();
-    const size_t nbytes = size_t(t.numel()) * t.element_size();
-    c10::Allocator* allocator = s->allocator();
-    if (allocator == nullptr) allocator = c10::GetAllocator(t.device().type());
-    s->set_data_ptr_noswap(allocator->allocate(nbytes));
-    s->set_nbytes(nbytes);
+    refill_bytes(t, size_t(t.numel()) * t.element_size());
     t.detach().copy_(values);
   }
   sealed_.erase(storage);
