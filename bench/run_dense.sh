@@ -7,6 +7,8 @@
 # ZeRO-3 (configs/bench_dense_bf16_zero3.json: units released after use, as FSDP2 reshards)
 # beside FSDP2 and, when DS_PEER names ../shared/bench/peer_deepspeed_gpt.py and DeepSpeed
 # imports, DeepSpeed's ZeRO-3. Stage 3 on one GPU is timed against stage 0 in one process.
+# ONLY=stage3 runs just what ZeRO-3's comparison needs (Strata 1 GPU stage 0 and 3, FSDP2, Strata
+# stage 2 and 3 on two GPUs, DeepSpeed's ZeRO-3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 peer="$1"
@@ -14,20 +16,22 @@ bin="${2:-build}/bin"
 out=$(mktemp -d)
 gpus=$(nvidia-smi -L | wc -l)
 
-"$bin/strata-bench" adam | tee "$out/adam.jsonl"
-python3 "$peer" ${COMPILE:+--compile} | tee "$out/peer1.jsonl"
+only="${ONLY:-}"
+skip() { [[ "$only" == stage3 ]]; }  # a run ZeRO-3's comparison does not need
+skip || "$bin/strata-bench" adam | tee "$out/adam.jsonl"
+skip || python3 "$peer" ${COMPILE:+--compile} | tee "$out/peer1.jsonl"
 "$bin/strata-bench" gpt --config configs/bench_dense_bf16.json --model dense-350M | tee "$out/strata1.jsonl"
 "$bin/strata-bench" gpt --config configs/bench_dense_bf16_zero3.json --model dense-350M | tee "$out/strata1_stage3.jsonl"
 if [[ $gpus -ge 2 ]]; then
-  torchrun --nproc-per-node 2 "$peer" --fsdp --no-reshard | tee "$out/peer2_noreshard.jsonl"
+  skip || torchrun --nproc-per-node 2 "$peer" --fsdp --no-reshard | tee "$out/peer2_noreshard.jsonl"
   torchrun --nproc-per-node 2 "$peer" --fsdp | tee "$out/peer2.jsonl"
-  "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
+  skip || "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
     --config configs/bench_dense_bf16.json | tee "$out/strata2_stage0.jsonl"
   "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
     --config configs/bench_dense_bf16_zero2.json | tee "$out/strata2_stage2.jsonl"
   python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["zero_optimization"]["reduce_bucket_size"]=2**31-1; json.dump(c,open(sys.argv[2],"w"))' \
     configs/bench_dense_bf16_zero2.json "$out/zero2_one_bucket.json"
-  "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
+  skip || "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
     --config "$out/zero2_one_bucket.json" | tee "$out/strata2_stage2_one_bucket.jsonl"
   "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model dense-350M \
     --config configs/bench_dense_bf16_zero3.json | tee "$out/strata2_stage3.jsonl"
