@@ -1,0 +1,250 @@
+// DeepSpeed-MoE's top1/top2/topk gating as per-route lists (see gate.h). A route is one (token,
+// choice) pair; routes are numbered choice-major, r = choice * S + token, DeepSpeed's [k, S].
+#include "moe/gate.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <iostream>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace strata::moe {
+namespace {
+
+using torch::indexing::Slice;
+
+void check(const torch::Tensor& logits, const GateOptions& o) {
+  if (!logits.defined() || logits.dim() != 2) {
+    throw Error("moe::gate: logits must be a [tokens, experts] tensor; flatten the batch and "
+                "sequence dimensions first");
+  }
+  if (logits.scalar_type() != torch::kFloat && logits.scalar_type() != torch::kDouble) {
+    throw Error(fmt::format("moe::gate: logits are {}; the gate computes in float32 as DeepSpeed "
+                            "does, cast them with .to(torch::kFloat)",
+                            std::string(c10::toString(logits.scalar_type()))));
+  }
+  const int64_t S = logits.size(0), E = logits.size(1);
+  if (S < 1 || E < 1) {
+    throw Error(fmt::format("moe::gate: logits are [{}, {}]; the gate needs at least one token and "
+                            "one expert", S, E));
+  }
+  if (o.k < 1 || o.k > E) {
+    throw Error(fmt::format("moe::gate: k = {} but there are {} experts; k must be in [1, {}] "
+                            "(lower k or add experts)", o.k, E, E));
+  }
+  const std::pair<const char*, double> reals[] = {{"capacity_factor", o.capacity_factor},
+                                                  {"eval_capacity_factor", o.eval_capacity_factor},
+                                                  {"z_loss_coef", o.z_loss_coef}};
+  for (const auto& [name, v] : reals) {
+    if (!std::isfinite(v) || v < 0) {
+      throw Error(fmt::format("moe::gate: {} = {}; it must be a finite number >= 0", name, v));
+    }
+  }
+  if (o.min_capacity < 0) {
+    throw Error(fmt::format("moe::gate: min_capacity = {}; it must be >= 0", o.min_capacity));
+  }
+  // DeepSpeed's top1gating asserts this (its topk over tokens would fail otherwise).
+  if (o.k == 1 && S < o.min_capacity) {
+    throw Error(fmt::format("moe::gate: {} tokens but min_capacity = {}; top-1 gating needs at "
+                            "least min_capacity tokens (as DeepSpeed): lower min_capacity (0 is "
+                            "allowed) or route a larger batch", S, o.min_capacity));
+  }
+  if (o.used_token.defined()) {
+    if (o.k != 1) {
+      throw Error(fmt::format("moe::gate: used_token is only applied by top-1 gating (as in "
+                              "DeepSpeed) but k = {}; leave it undefined", o.k));
+    }
+    if (o.used_token.dim() != 1 || o.used_token.size(0) != S) {
+      throw Error(fmt::format("moe::gate: used_token must be a [{}] mask (one entry per token), "
+                              "got {}", S, c10::str(o.used_token.sizes())));
+    }
+  }
+  if (o.k >= 2 && o.noisy_gate_policy != NoisyGatePolicy::None) {
+    // DeepSpeed ignores the policy silently beyond top-1; say so once per process.
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      std::cerr << fmt::format("strata: warning: moe noisy_gate_policy is only applied with k = 1 "
+                               "(as in DeepSpeed); ignored with k = {}\n", o.k);
+    }
+  }
+}
+
+// Gumbel(0, 1) noise as torch.distributions.Gumbel samples it: -log(-log(u)), u uniform in
+// [tiny, 1 - eps]. Drawn in float32 on the CPU so it is the same on every device.
+torch::Tensor gumbel(at::Generator& gen, int64_t S, int64_t E, const torch::Tensor& like) {
+  using lim = std::numeric_limits<float>;
+  auto u = torch::rand({S, E}, gen, torch::kFloat).clamp(lim::min(), 1.0 - lim::epsilon());
+  return (-torch::log(-torch::log(u))).to(like.options());
+}
+
+// Place of each route when sorted by `priority` descending, ties to the lower token.
+torch::Tensor priority_place(const torch::Tensor& priority, const torch::Tensor& token) {
+  const auto by_token = std::get<1>(token.sort(/*stable=*/true, 0, false));
+  const auto by_prio = std::get<1>(priority.index_select(0, by_token).sort(true, 0, true));
+  const auto order = by_token.index_select(0, by_prio);
+  auto place = torch::empty_like(order);
+  place.index_put_({order}, torch::arange(order.size(0), order.options()));
+  return place;
+}
+
+// Rank of each route among the routes to the same expert, in increasing `key` (keys are unique
+// within an expert and lie in [0, key_bound)).
+torch::Tensor rank_within_expert(const torch::Tensor& expert, const torch::Tensor& key,
+                                 int64_t key_bound, int64_t E) {
+  const int64_t R = expert.size(0);
+  if (R == 0) return torch::empty_like(expert);
+  const auto perm = std::get<1>((expert * key_bound + key).sort());
+  const auto counts = torch::bincount(expert, {}, E);
+  const auto starts = counts.cumsum(0) - counts;
+  auto rank = torch::empty_like(expert);
+  rank.index_put_({perm}, torch::arange(R, expert.options()) -
+                              starts.index_select(0, expert.index_select(0, perm)));
+  return rank;
+}
+
+}  // namespace
+
+int64_t gate_capacity(int64_t num_tokens, int64_t num_experts, double factor,
+                      int64_t min_capacity) {
+  // DeepSpeed: ceil((S / E) * torch.tensor(factor)): a double quotient times a float32 tensor,
+  // so both are rounded to float32 and multiplied in float32.
+  const float per_expert = static_cast<float>(static_cast<double>(num_tokens) / num_experts);
+  const float product = per_expert * static_cast<float>(factor);
+  const auto capacity = static_cast<int64_t>(std::ceil(product));
+  return capacity < min_capacity ? min_capacity : capacity;
+}
+
+GateOutput gate(const torch::Tensor& logits, const GateOptions& o) {
+  check(logits, o);
+  const int64_t S = logits.size(0), E = logits.size(1), k = o.k;
+  const auto dev = logits.device();
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(dev);
+  auto gen = at::detail::createCPUGenerator(o.seed);
+
+  const auto gates = torch::softmax(logits, 1);
+  const auto plain = logits.detach();
+
+  // Each token's k experts: idx [S, k].
+  torch::Tensor idx;
+  if (k == 1) {
+    const bool rsample = o.training && o.noisy_gate_policy == NoisyGatePolicy::RSample;
+    idx = (rsample ? plain + gumbel(gen, S, E, plain) : gates.detach()).argmax(1, true);
+  } else if (k == 2) {
+    const auto first = gates.detach().argmax(1, true);
+    auto second = o.top2_2nd_expert_sampling ? plain + gumbel(gen, S, E, plain) : plain.clone();
+    second.scatter_(1, first, -std::numeric_limits<double>::infinity());
+    idx = torch::cat({first, second.argmax(1, true)}, 1);
+  } else {
+    // torch.topk leaves ties unordered; a stable sort puts the lower expert first.
+    idx = std::get<1>(gates.detach().sort(/*stable=*/true, 1, true)).index({Slice(), Slice(0, k)});
+  }
+
+  // Routes, choice-major.
+  auto expert = idx.t().reshape(-1);
+  auto token = torch::arange(S, i64).repeat({k});
+  if (o.used_token.defined()) {  // unused tokens are not routed at all (k = 1)
+    const auto used = o.used_token.to(dev).ne(0);
+    expert = expert.masked_select(used);
+    token = token.masked_select(used);
+  }
+  const int64_t routes = expert.size(0);
+  const auto exp_counts = torch::bincount(expert, {}, E);
+
+  // l_aux from the choices before drops; DeepSpeed's ce counts 1st choices for k <= 2.
+  const auto firsts = expert.index({Slice(0, k == 1 ? routes : S)});
+  const auto ce_counts = k <= 2 ? torch::bincount(firsts, {}, E) : exp_counts;
+  const auto me = gates.mean(0);
+  const auto ce = ce_counts.to(gates.scalar_type()) / static_cast<double>(S);
+  torch::Tensor l_aux;
+  if (k == 1) {
+    l_aux = (me * ce).sum() * E;
+  } else {
+    l_aux = (me * ce).mean() * E * E;
+    if (k > 2) l_aux = l_aux / k;
+  }
+
+  // Capacity.
+  const double factor = o.training ? o.capacity_factor : o.eval_capacity_factor;
+  int64_t capacity;
+  if (o.drop_tokens) {
+    capacity = gate_capacity(S, E, factor * k, o.min_capacity);
+  } else {
+    const int64_t local = routes == 0 ? 0 : exp_counts.max().item<int64_t>();
+    capacity = o.agree_capacity ? o.agree_capacity(local) : local;
+    if (capacity < local) {
+      throw Error(fmt::format("moe::gate: agree_capacity returned {} for a local expert load of "
+                              "{}; it must return the maximum over the expert-parallel group (at "
+                              "least its argument)", capacity, local));
+    }
+    if (k == 1) capacity = std::min(capacity, S);  // top1gating caps it at the token count
+  }
+
+  // Who survives: the first `capacity` routes of each expert in priority order.
+  //   k = 1: random priority (use_rts) or token order; k = 2: choice-major position;
+  //   k >= 3: probability (Probs) or token order (Position).
+  const auto route_number = torch::arange(routes, i64);
+  torch::Tensor place;
+  int64_t place_bound = routes;
+  if (k == 1 && o.use_rts) {
+    auto prio = torch::rand({S}, gen, torch::kFloat).to(dev).index_select(0, token);
+    place = priority_place(prio, token);
+  } else if (k == 2) {
+    place = route_number;
+  } else if (k >= 3 && o.drop_policy == DropPolicy::Probs) {
+    place = priority_place(gates.detach().gather(1, idx).t().reshape(-1), token);
+  } else {
+    place = token;
+    place_bound = S;
+  }
+  const auto kept = rank_within_expert(expert, place, place_bound, E).lt(capacity);
+  const auto kept_routes = kept.nonzero().squeeze(1);
+  GateOutput out;
+  out.num_experts = E;
+  out.capacity = capacity;
+  out.l_aux = l_aux;
+  out.exp_counts = exp_counts;
+  out.token = token.index_select(0, kept_routes);
+  out.expert = expert.index_select(0, kept_routes);
+  out.dropped = routes - kept_routes.size(0);
+
+  // Slots are DeepSpeed's locations: cumsum over tokens of the kept mask (k = 1, Probs), which is
+  // the pre-drop position for the positional policies (kept routes are a prefix there).
+  const auto slot_key = k == 2 ? route_number.index_select(0, kept_routes) : out.token;
+  out.slot = rank_within_expert(out.expert, slot_key, k == 2 ? routes : S, E);
+
+  // Combine weights, with DeepSpeed's arithmetic: top1 raw; top2 g / clamp(g1 + g2, eps); topk
+  // over the kept [S, E] mask, g / clamp(sum_e, eps).
+  const double eps = logits.scalar_type() == torch::kFloat ? std::numeric_limits<float>::epsilon()
+                                                           : std::numeric_limits<double>::epsilon();
+  torch::Tensor weight;  // [routes], choice-major
+  if (k == 1) {
+    weight = gates.gather(1, idx).squeeze(1);
+    if (o.used_token.defined()) weight = weight.masked_select(o.used_token.to(dev).ne(0));
+  } else if (k == 2) {
+    const auto kept_sk = kept.view({2, S}).t().to(gates.scalar_type());
+    const auto g = gates.gather(1, idx) * kept_sk;
+    const auto g1 = g.select(1, 0), g2 = g.select(1, 1);
+    const auto denom = (g1 + g2).clamp_min(eps);
+    weight = torch::cat({g1 / denom, g2 / denom});
+  } else {
+    auto mask = torch::zeros({S, E}, gates.options());
+    mask.index_put_({token, expert}, kept.to(gates.scalar_type()));
+    const auto masked = gates * mask;
+    const auto normed = masked / masked.sum(-1, true).clamp_min(eps);
+    weight = normed.gather(1, idx).t().reshape(-1);
+  }
+  out.weight = weight.index_select(0, kept_routes);
+
+  if (o.z_loss_coef > 0) {
+    out.z_loss = torch::logsumexp(logits, 1).pow(2).mean() * o.z_loss_coef;
+  }
+  return out;
+}
+
+}  // namespace strata::moe

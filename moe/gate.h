@@ -1,0 +1,105 @@
+// The MoE gate: from router logits [S tokens, E experts] to the routes each token takes, each
+// expert's capacity, and the auxiliary losses. It is DeepSpeed-MoE's gating
+// (deepspeed/moe/sharded_moe.py), decision for decision, so that a DeepSpeed config trains the
+// same model here:
+//   - k = 1 follows top1gating: argmax of softmax(logits) (of logits + Gumbel noise under
+//     RSample while training); capacity ceil(S/E * cf), at least min_capacity; over capacity, the
+//     tokens with the highest uniform random priority survive (use_rts), otherwise the lowest
+//     token indices; the combine weight is the raw softmax probability (not renormalised);
+//     l_aux = sum(me * ce) * E.
+//   - k = 2 follows top2gating: 1st expert argmax of softmax(logits), 2nd argmax of logits (plus
+//     Gumbel noise when top2_2nd_expert_sampling, in eval too, as DeepSpeed) with the 1st masked
+//     out; capacity from cf * 2; positions are first all 1st choices in token order, then all 2nd
+//     choices (offset by the 1st choices' counts); a route at position >= capacity is dropped; the
+//     kept weights are renormalised per token, w / max(sum kept w, eps); l_aux = mean(me*ce)*E*E
+//     with ce counting 1st choices only.
+//   - k >= 3 follows topkgating: the k most probable experts; capacity from cf * k; drop_policy
+//     Probs keeps each expert's `capacity` most probable routes, Position the first in token
+//     order; kept weights renormalised as for k = 2; l_aux = mean(me*ce)*E*E/k with ce counting
+//     all k choices.
+// me is the mean gate probability per expert, ce the fraction of tokens routed to it (before
+// drops). exp_counts counts routes per expert BEFORE capacity drops, as DeepSpeed does. With
+// drop_tokens = false the capacity is the largest expert load, agreed over the expert-parallel
+// group through `agree_capacity` (DeepSpeed's all-reduce MAX; k = 1 then caps it at S).
+//
+// The output is permutation-style, O(S*k): one entry per kept route (token, expert, slot within
+// the expert's capacity buffer, combine weight), never DeepSpeed's dense [S,E,C] tensors. A slot
+// is what DeepSpeed's `locations` hold: for k = 1 and drop_policy Probs, the kept routes of an
+// expert in token order; for k = 2 the pre-drop position; for Position, the token-order position.
+//
+// Ties (where DeepSpeed's torch.topk/argmax leave the order unspecified), here fixed:
+//   - between experts: the lowest expert index wins (argmax; a stable sort for k >= 3);
+//   - between tokens competing for capacity at equal priority: the lowest token index survives.
+//
+// Randomness: all noise (RSample Gumbel, RTS priorities, 2nd-expert Gumbel) is drawn on the CPU
+// from a generator created from `seed` alone, in that order, then moved to the logits' device,
+// so a route does not depend on the device or on how experts are spread over ranks. The layer
+// derives the seed from (seed, step, micro-batch, layer). DeepSpeed draws from the global RNG.
+//
+// What differs from DeepSpeed, on purpose:
+//   - noisy_gate_policy Jitter multiplies the gate's INPUT (before W_g), so it belongs to the
+//     layer; here it is accepted and does nothing. Noise set with k >= 2 is ignored as in
+//     DeepSpeed, but with a warning (DeepSpeed is silent).
+//   - drop_policy is an option of the gate for k >= 3 (DeepSpeed's TopKGate always uses "probs").
+//   - router z-loss (ST-MoE): z_loss_coef * mean(logsumexp(logits)^2), when z_loss_coef > 0.
+//   - no tensor-parallel rounding of the drop_tokens=false capacity (Strata has no TP) and no
+//     Tutel path. The logits are not modified in place (DeepSpeed's top2 adds its noise in place).
+//   - bad input is a strata::Error, never an assert (DeepSpeed asserts S >= min_capacity at k = 1;
+//     so does this, as an Error).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include <torch/torch.h>
+
+namespace strata::moe {
+
+enum class NoisyGatePolicy { None, Jitter, RSample };
+enum class DropPolicy { Probs, Position };
+
+struct GateOptions {
+  int64_t k = 1;
+  double capacity_factor = 1.0;       // while training
+  double eval_capacity_factor = 1.0;  // while not training
+  int64_t min_capacity = 4;           // DeepSpeed's MoE default (TopKGate's own default is 8)
+  bool training = true;
+  bool drop_tokens = true;
+  bool use_rts = true;  // k = 1 only (random token selection), in eval too as in DeepSpeed
+  NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::None;  // RSample: k = 1, training only
+  bool top2_2nd_expert_sampling = true;  // k = 2 only, in eval too as in DeepSpeed
+  DropPolicy drop_policy = DropPolicy::Probs;  // k >= 3 only
+  double z_loss_coef = 0.0;  // 0: no z-loss
+  uint64_t seed = 0;
+  // Optional [S] 0/1 mask of the tokens to route (DeepSpeed's used_token; k = 1 only).
+  torch::Tensor used_token;
+  // drop_tokens = false: maps this rank's largest expert load to the capacity all ranks agree on
+  // (an all-reduce MAX over the expert-parallel group). Empty: identity (one rank). Must return
+  // at least its argument.
+  std::function<int64_t(int64_t)> agree_capacity;
+};
+
+struct GateOutput {
+  int64_t num_experts = 0;
+  int64_t capacity = 0;    // slots per expert
+  torch::Tensor l_aux;     // scalar, differentiable w.r.t. logits
+  torch::Tensor z_loss;    // scalar, differentiable; undefined unless z_loss_coef > 0
+  torch::Tensor exp_counts;  // [E] int64: routes chosen per expert, before capacity drops
+  // The kept routes, R of them, ordered by choice (all 1st choices, then all 2nd, ...) and by
+  // token within a choice: DeepSpeed's [k, S] route layout without the dropped entries.
+  torch::Tensor token;   // [R] int64, token index in [0, S)
+  torch::Tensor expert;  // [R] int64, expert index in [0, E)
+  torch::Tensor slot;    // [R] int64, position in the expert's buffer, in [0, capacity)
+  torch::Tensor weight;  // [R] logits' dtype, combine weight, differentiable w.r.t. logits
+  int64_t dropped = 0;   // routes counted in exp_counts but dropped over capacity
+};
+
+// logits: [S, E], float32 (float64 accepted, e.g. for gradient checks), any device.
+GateOutput gate(const torch::Tensor& logits, const GateOptions& options);
+
+// DeepSpeed's _capacity: ceil(S / E * factor) evaluated in float32 as DeepSpeed's scripted
+// function does, raised to min_capacity.
+int64_t gate_capacity(int64_t num_tokens, int64_t num_experts, double factor,
+                      int64_t min_capacity);
+
+}  // namespace strata::moe
