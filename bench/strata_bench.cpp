@@ -11,6 +11,8 @@
 //                    [--device cuda|cpu]
 //   strata-bench adam [--numel N] [--steps N] [--device cuda|cpu]   (bench/adam_bench.h)
 //   strata-bench cpu-adam [--numel N] [--runs R]                    (bench/cpu_adam_bench.cpp)
+//   strata-bench nvme --dir PATH [--size-gib 4] [--block-size 1M] [--queue-depth 32] [--pairs 7]
+//                                                                   (bench/nvme_bench.cpp)
 //   strata-bench --version
 #include <algorithm>
 #include <chrono>
@@ -32,6 +34,10 @@
 #include "runtime/optim/adam.h"
 #include "strata/version.h"
 #include "runtime/error.h"
+
+namespace strata::bench {
+int run_nvme(int argc, char** argv);  // bench/nvme_bench.cpp: the io_uring store against fio
+}  // namespace strata::bench
 
 namespace {
 
@@ -281,6 +287,7 @@ int main(int argc, char** argv) {
   try {
     if (argc >= 2 && std::string(argv[1]) == "adam") return strata::bench::run_adam(argc, argv);
     if (argc >= 2 && std::string(argv[1]) == "cpu-adam") return strata::bench::run_cpu_adam(argc, argv);
+    if (argc >= 2 && std::string(argv[1]) == "nvme") return strata::bench::run_nvme(argc, argv);
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata-bench: error: %s\n", e.what());

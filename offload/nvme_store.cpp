@@ -163,6 +163,9 @@ void NvmeStore::Worker::run() {
           p->file->crc[(p->offset + at) / kPage] = crc32c(p->io + at, kPage);
       prep(p);
       ++inflight;
+      // A write waits on its checksum: let the device start on it before the next one's.
+      if (p->is_write && o.checksums && batch.size() > 1 && !o.single_submit)
+        io_uring_submit(&ring);
     }
     int r = io_uring_submit_and_wait(&ring, 1);
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
