@@ -139,17 +139,19 @@ struct NvmeStore::Worker {
   void run();
 };
 
+// Checksums are computed while the device works: a write's after it is submitted (its buffer
+// stays unchanged until the ticket is done), a read's after the refill that follows its
+// completion. Both happen before the next reap, so no piece finishes with its CRC undone.
 void NvmeStore::Worker::run() {
   const NvmeOptions& o = store->options_;
   arm_wake();
   int inflight = 0;
-  std::vector<Piece*> batch;
+  std::vector<Piece*> batch, sent_writes, arrived_reads;
   std::vector<std::pair<uint64_t, int>> done;
   for (;;) {
     batch.clear();
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (stop && queue.empty() && inflight == 0) break;
       // overlap_events false: a new batch only once the previous one has drained.
       const int room = (o.overlap_events || inflight == 0) ? o.queue_depth - inflight : 0;
       while (int(batch.size()) < room && !queue.empty()) {
@@ -158,14 +160,20 @@ void NvmeStore::Worker::run() {
       }
     }
     for (Piece* p : batch) {
-      if (p->is_write && o.checksums)  // before the kernel sees it: the table says what we sent
-        for (uint32_t at = 0; at < p->len; at += kPage)
-          p->file->crc[(p->offset + at) / kPage] = crc32c(p->io + at, kPage);
       prep(p);
       ++inflight;
-      // A write waits on its checksum: let the device start on it before the next one's.
-      if (p->is_write && o.checksums && batch.size() > 1 && !o.single_submit)
-        io_uring_submit(&ring);
+      if (p->is_write && o.checksums) sent_writes.push_back(p);
+    }
+    if (!batch.empty() && !o.single_submit) io_uring_submit(&ring);
+    for (Piece* p : sent_writes)
+      for (uint32_t at = 0; at < p->len; at += kPage)
+        p->file->crc[(p->offset + at) / kPage] = crc32c(p->io + at, kPage);
+    sent_writes.clear();
+    for (Piece* p : arrived_reads) complete(p);
+    arrived_reads.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stop && queue.empty() && inflight == 0) break;
     }
     int r = io_uring_submit_and_wait(&ring, 1);
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
@@ -203,6 +211,8 @@ void NvmeStore::Worker::run() {
         if (p->done < p->len) {  // short transfer: the remainder
           prep(p);
           ++inflight;
+        } else if (!p->is_write && o.checksums) {
+          arrived_reads.push_back(p);  // checked once the queue is refilled
         } else {
           complete(p);
         }

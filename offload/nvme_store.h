@@ -18,9 +18,10 @@
 // a page goes through a page of the store's own.
 //
 // Checksums. The store is the only reader of its files within a run, so it keeps one CRC32C per
-// 4 KiB page in memory (4 bytes per 4096: 0.1% of the file), computed by the worker before a
-// write is submitted and checked after a read completes; a mismatch (a torn write, a flipped
-// bit, another process writing the file) is an error naming file and offset, never silent
+// 4 KiB page in memory (4 bytes per 4096: 0.1% of the file), computed by the worker for a write
+// and checked after a read completes, both while the device works on the rest of the queue (the
+// caller keeps a write's buffer unchanged until its ticket is done); a mismatch (a torn write, a
+// flipped bit, another process writing the file) is an error naming file and offset, never silent
 // garbage. 4 KiB rather than block_size so that any aligned read can be checked. Pages never
 // written read back as zeros and check as such.
 //
