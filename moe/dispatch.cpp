@@ -1,0 +1,66 @@
+#include "moe/dispatch.h"
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace strata::moe {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group travels in the autograd context as a capsule (saved_data holds IValues only).
+struct GroupCapsule : torch::CustomClassHolder {
+  explicit GroupCapsule(comm::GroupPtr g) : group(std::move(g)) {}
+  comm::GroupPtr group;
+};
+
+torch::Tensor exchange_equal(const torch::Tensor& x, const comm::GroupPtr& group) {
+  const auto in = x.contiguous();
+  auto out = torch::empty_like(in);
+  group->all_to_all_single(out, in);
+  return out;
+}
+
+struct AllToAll : torch::autograd::Function<AllToAll> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const comm::GroupPtr& group) {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupCapsule>(group));
+    return exchange_equal(x, group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto capsule = ctx->saved_data["group"].toCapsule();
+    const auto& group = static_cast<GroupCapsule*>(capsule.get())->group;
+    // Equal splits: chunk p went to rank p and came from rank p, so the reverse is the same call.
+    return {exchange_equal(grads[0], group), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor dispatch_tokens(const torch::Tensor& x, const torch::Tensor& token,
+                              const torch::Tensor& position, int64_t rows) {
+  return torch::zeros({rows, x.size(1)}, x.options())
+      .index_copy(0, position, x.index_select(0, token));
+}
+
+torch::Tensor combine_tokens(const torch::Tensor& expert_out, const torch::Tensor& token,
+                             const torch::Tensor& position, const torch::Tensor& weight,
+                             int64_t num_tokens) {
+  const auto routed =
+      expert_out.index_select(0, position) * weight.to(expert_out.scalar_type()).unsqueeze(1);
+  return torch::zeros({num_tokens, expert_out.size(1)}, expert_out.options())
+      .index_add(0, token, routed);
+}
+
+torch::Tensor all_to_all(const torch::Tensor& x, const comm::GroupPtr& group) {
+  if (!group || group->size() == 1) return x;
+  if (x.dim() < 1 || x.size(0) % group->size() != 0) {
+    throw Error(fmt::format("moe::all_to_all: dim 0 of {} does not split equally over the {} ranks "
+                            "of group {}", c10::str(x.sizes()), group->size(), group->name()));
+  }
+  return AllToAll::apply(x, group);
+}
+
+}  // namespace strata::moe

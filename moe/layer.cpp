@@ -1,0 +1,214 @@
+#include "moe/layer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "moe/dispatch.h"
+#include "moe/keys.h"
+#include "runtime/error.h"
+
+namespace strata::moe {
+namespace {
+
+constexpr double kJitterEps = 1e-2;  // DeepSpeed's multiplicative_jitter default
+
+uint64_t layer_key(const MoEOptions& o, KeyTag tag, uint64_t c) {
+  return key({o.seed, static_cast<uint64_t>(tag), static_cast<uint64_t>(o.layer_id), c});
+}
+
+void check(const MoEOptions& o) {
+  if (o.hidden_size < 1) {
+    throw Error(fmt::format("moe::MoE: hidden_size = {}; set it to the model width d (>= 1)",
+                            o.hidden_size));
+  }
+  if (o.num_experts < 1 || o.k < 1 || o.k > o.num_experts) {
+    throw Error(fmt::format("moe::MoE: num_experts = {}, k = {}; need num_experts >= 1 and "
+                            "1 <= k <= num_experts", o.num_experts, o.k));
+  }
+  if (o.ep_size < 1 || o.num_experts % o.ep_size != 0) {
+    throw Error(fmt::format("moe::MoE: num_experts = {} does not split over ep_size = {} ranks; "
+                            "choose an ep_size that divides num_experts (E % ep_size == 0)",
+                            o.num_experts, o.ep_size));
+  }
+  if (o.ep_group && o.ep_group->size() != o.ep_size) {
+    throw Error(fmt::format("moe::MoE: ep_size = {} but the expert-parallel group {} has {} ranks; "
+                            "pass comm::create_expert_groups(world, ep_size).expert_parallel",
+                            o.ep_size, o.ep_group->name(), o.ep_group->size()));
+  }
+  if (!o.ep_group && o.ep_size > 1) {
+    throw Error(fmt::format("moe::MoE: ep_size = {} needs its expert-parallel group: pass "
+                            "comm::create_expert_groups(world, {}).expert_parallel as ep_group",
+                            o.ep_size, o.ep_size));
+  }
+}
+
+}  // namespace
+
+MoEOptions::MoEOptions(int64_t hidden, int64_t ffn, int64_t experts, const GateOptions& g)
+    : hidden_size(hidden),
+      ffn_size(ffn),
+      num_experts(experts),
+      k(g.k),
+      capacity_factor(g.capacity_factor),
+      eval_capacity_factor(g.eval_capacity_factor),
+      min_capacity(g.min_capacity),
+      drop_tokens(g.drop_tokens),
+      use_rts(g.use_rts),
+      noisy_gate_policy(g.noisy_gate_policy),
+      top2_2nd_expert_sampling(g.top2_2nd_expert_sampling),
+      drop_policy(g.drop_policy),
+      router_z_loss_coef(g.z_loss_coef),
+      seed(g.seed) {}
+
+GateOptions MoEOptions::gate_options() const {
+  GateOptions g;
+  g.k = k;
+  g.capacity_factor = capacity_factor;
+  g.eval_capacity_factor = eval_capacity_factor;
+  g.min_capacity = min_capacity;
+  g.drop_tokens = drop_tokens;
+  g.use_rts = use_rts;
+  g.noisy_gate_policy = noisy_gate_policy;
+  g.top2_2nd_expert_sampling = top2_2nd_expert_sampling;
+  g.drop_policy = drop_policy;
+  g.z_loss_coef = router_z_loss_coef;
+  g.seed = seed;
+  return g;
+}
+
+MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
+  const auto& o = options_;
+  check(o);
+  ep_rank_ = o.ep_group ? o.ep_group->rank() : 0;
+  gate = register_module(
+      "gate", torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size, o.num_experts).bias(false)));
+  {
+    // Linear's own init bound (kaiming_uniform, a = sqrt(5)), from a named seed.
+    torch::NoGradGuard no_grad;
+    auto gen = at::detail::createCPUGenerator(layer_key(o, KeyTag::GateInit, 0));
+    const double bound = 1.0 / std::sqrt(double(o.hidden_size));
+    gate->weight.copy_(torch::rand({o.num_experts, o.hidden_size}, gen, torch::kFloat) *
+                           (2 * bound) - bound);
+  }
+  ExpertsOptions eo;
+  eo.hidden_size = o.hidden_size;
+  eo.ffn_size = o.ffn_size;
+  eo.first_expert = first_expert();
+  eo.local_experts = num_local_experts();
+  eo.seed = o.seed;
+  eo.layer_id = o.layer_id;
+  eo.factory = o.expert_factory;
+  experts = register_module("experts", Experts(std::move(eo)));
+}
+
+torch::Tensor MoEImpl::aux_loss() const {
+  if (!last_.l_aux.defined()) {
+    throw Error("moe::MoE::aux_loss: no forward has run yet; call it after forward()");
+  }
+  return last_.z_loss.defined() ? last_.l_aux + last_.z_loss : last_.l_aux;
+}
+
+torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
+  const auto& o = options_;
+  const int64_t d = o.hidden_size, E = o.num_experts, El = num_local_experts(), ep = o.ep_size;
+  if (input.dim() < 1 || input.size(-1) != d) {
+    throw Error(fmt::format("moe::MoE (layer {}): input {} but hidden_size = {}; the last "
+                            "dimension must be the model width", o.layer_id,
+                            c10::str(input.sizes()), d));
+  }
+  const auto x = input.reshape({-1, d});
+  const int64_t S = x.size(0);
+  const auto c = static_cast<uint64_t>(call_++);
+
+  // 1. Gate, in float32 (DeepSpeed's TopKGate casts input and weight).
+  auto gate_in = x.to(torch::kFloat);
+  if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && o.k == 1 && is_training()) {
+    auto gen = at::detail::createCPUGenerator(layer_key(o, KeyTag::Jitter, c));
+    const auto u = torch::rand({S, d}, gen, torch::kFloat);
+    gate_in = gate_in * (u * (2 * kJitterEps) + (1 - kJitterEps)).to(gate_in.device());
+  }
+  const auto logits = torch::nn::functional::linear(gate_in, gate->weight.to(torch::kFloat));
+  GateOptions go = o.gate_options();
+  go.training = is_training();
+  go.seed = layer_key(o, KeyTag::GateNoise, c);
+  if (!o.drop_tokens && o.ep_group && ep > 1) {
+    const auto group = o.ep_group;
+    go.agree_capacity = [group](int64_t local) {
+      auto t = torch::full({1}, local, torch::kLong);
+      group->all_reduce(t, comm::ReduceOp::Max);
+      return t.item<int64_t>();
+    };
+  }
+  const GateOutput g = moe::gate(logits, go);
+  const int64_t C = g.capacity;
+
+  // 2. Dispatch into [E * C, d] (rows expert * C + slot).
+  const auto position = g.expert * C + g.slot;
+  const auto sent = dispatch_tokens(x, g.token, position, E * C);
+
+  // 3. To the experts' ranks and back: [ep, El, C, d] arrives, the experts see [El, ep * C, d].
+  auto expert_in = all_to_all(sent, o.ep_group).view({ep, El, C, d}).transpose(0, 1)
+                       .reshape({El, ep * C, d});
+  auto expert_out = experts->forward(expert_in);
+  expert_out = expert_out.view({El, ep, C, d}).transpose(0, 1).reshape({E * C, d});
+  const auto back = all_to_all(expert_out, o.ep_group);
+
+  // 4. Combine with the gate's weights.
+  const auto y = combine_tokens(back, g.token, position, g.weight, S);
+
+  last_.l_aux = g.l_aux;
+  last_.z_loss = g.z_loss;
+  last_.exp_counts = g.exp_counts;
+  last_.dropped = g.dropped;
+  last_.capacity = C;
+  last_.dispatch_shape = {E, C, d};
+  last_.expert_input_shape = expert_in.sizes().vec();
+  return y.view(input.sizes());
+}
+
+bool is_expert_parameter_name(const std::string& name) {
+  size_t start = 0;
+  while (start <= name.size()) {
+    const size_t end = std::min(name.find('.', start), name.size());
+    if (name.compare(start, end - start, "experts") == 0 && end - start == 7) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+namespace {
+
+void collect(const torch::nn::Module& m, const std::string& prefix,
+             std::vector<ExpertParameter>& out) {
+  if (const auto* moe = dynamic_cast<const MoEImpl*>(&m)) {
+    const auto& ex = *moe->experts;
+    const std::string base = prefix + "experts.";
+    for (const auto& kv : ex.named_parameters(/*recurse=*/true)) {
+      ExpertParameter p;
+      p.name = base + kv.key();
+      p.param = kv.value();
+      p.stacked = ex.built_in();
+      // A user expert's parameters sit under its global index: "5.fc.weight".
+      p.first_expert =
+          p.stacked ? ex.first_expert() : std::stoll(kv.key().substr(0, kv.key().find('.')));
+      p.num_experts = p.stacked ? ex.local_experts() : 1;
+      p.layer_id = moe->options().layer_id;
+      out.push_back(std::move(p));
+    }
+    return;  // an MoE's other children (the gate) hold no experts
+  }
+  for (const auto& kv : m.named_children()) collect(*kv.value(), prefix + kv.key() + ".", out);
+}
+
+}  // namespace
+
+std::vector<ExpertParameter> expert_parameters(const torch::nn::Module& model) {
+  std::vector<ExpertParameter> out;
+  collect(model, "", out);
+  return out;
+}
+
+}  // namespace strata::moe

@@ -1,0 +1,148 @@
+// strata::moe::MoE: DeepSpeed-MoE's layer (deepspeed/moe/layer.py, sharded_moe.py MOELayer), a
+// torch::nn::Module to put in a model where an MLP was: y = MoE(x), same shape, x [..., d].
+//
+// One forward:
+//   1. gate: logits = x.float() @ W_g^T (W_g: Linear(d, E, no bias), computed in float32 as
+//      DeepSpeed's TopKGate; Jitter multiplies the gate's input by uniform(1 +- 0.01) noise
+//      at k = 1 while training, DeepSpeed's multiplicative_jitter); moe::gate() gives the
+//      capacity C, the kept routes, l_aux, z_loss, exp_counts (moe/gate.h).
+//   2. dispatch: the kept routes are written into a zero-padded [E * C, d] buffer at rows
+//      expert * C + slot (moe/dispatch.h). Memory O(S * k * d + E * C * d), never [S, E, C].
+//   3. expert parallelism (ep_size > 1): an equal-split all_to_all sends experts
+//      [p * E_local, (p + 1) * E_local) to rank p of the EP group, which receives
+//      [ep_size, E_local, C, d], runs its experts on [E_local, ep_size * C, d] as one grouped
+//      computation (moe/experts.h), and sends the results back by the reverse all_to_all
+//      (autograd flows through both).
+//   4. combine: each route's output row times its combine weight, index_add'ed into its token.
+// drop_tokens = false: C is the largest expert load, agreed by an all-reduce MAX over the EP
+// group (DeepSpeed's semantics), then the same padded layout and equal-split exchange.
+// All ranks of an EP group must route the same number of tokens per call (as in DeepSpeed).
+//
+// Host synchronisations per forward: none in the layer's own code with drop_tokens = true; with
+// drop_tokens = false one, the capacity (the gate's max load, all-reduced on the host). The gate
+// (moe/gate.cpp) still returns variable-length route lists, which on CUDA costs syncs of its own
+// (nonzero, bincount); removing them is the GPU step's work.
+//
+// Randomness is named, never positional (moe/keys.h), so runs at different ep_size draw the same:
+//   - W_g from key(seed, GateInit, layer_id): uniform(+-1/sqrt(d)), identical on every rank;
+//   - expert g from key(seed, ExpertInit, layer_id, g) (moe/experts.h);
+//   - call c's gate noise (RSample, RTS, 2nd-expert sampling) from key(seed, GateNoise,
+//     layer_id, c), its Jitter from key(seed, Jitter, layer_id, c). c is the layer's call
+//     counter: 0 at construction, +1 per forward (training or not); set_call_index() sets it,
+//     e.g. to a global micro-batch number so that data-parallel ranks, or a 1-rank run with
+//     gradient accumulation, draw what a given rank draws. All ranks of an EP group use the same
+//     c and so the same noise (each on its own tokens).
+//
+// For the engine (expert parameters are reduced over the expert-DP group, kept in their own
+// optimizer group and checkpointed per expert): the experts live in a submodule registered as
+// "experts", so their full names contain the component "experts" (is_expert_parameter_name), and
+// expert_parameters(model) lists them with the global experts each one holds. Everything else
+// (the gate's "gate.weight") is an ordinary data-parallel parameter.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "comm/process_group.h"
+#include "moe/experts.h"
+#include "moe/gate.h"
+
+namespace strata::moe {
+
+struct MoEOptions {
+  MoEOptions() = default;
+  // The gate's values from GateOptions (k, capacity factors, min_capacity, drop_tokens, use_rts,
+  // noisy_gate_policy, top2_2nd_expert_sampling, drop_policy, z_loss_coef, seed); its training,
+  // used_token and agree_capacity are the layer's business and are ignored.
+  MoEOptions(int64_t hidden_size, int64_t ffn_size, int64_t num_experts,
+             const GateOptions& gate = {});
+
+  int64_t hidden_size = 0;  // d
+  int64_t ffn_size = 0;     // the built-in MLP's hidden width (ignored with expert_factory)
+  int64_t num_experts = 1;  // E, over the whole EP group
+  int64_t k = 1;
+  double capacity_factor = 1.0;
+  double eval_capacity_factor = 1.0;
+  int64_t min_capacity = 4;
+  bool drop_tokens = true;
+  bool use_rts = true;
+  NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::None;
+  bool top2_2nd_expert_sampling = true;
+  DropPolicy drop_policy = DropPolicy::Probs;
+  double router_z_loss_coef = 0.0;
+  uint64_t seed = 0;
+  int64_t layer_id = 0;  // tells layers' random streams apart: give each MoE layer its own
+  // Expert parallelism: ep_size ranks split the experts. ep_group: this rank's EP group
+  // (comm::create_expert_groups(world, ep_size).expert_parallel); null only with ep_size 1.
+  int64_t ep_size = 1;
+  comm::GroupPtr ep_group;
+  ExpertFactory expert_factory;  // empty: the built-in MLP (d -> ffn -> GELU -> d)
+
+  // The gate's options for one call (training flag and seed filled by the layer).
+  GateOptions gate_options() const;
+};
+
+// What the last forward did, for losses and monitoring.
+struct MoEStats {
+  torch::Tensor l_aux;       // scalar, differentiable: add l_aux * coef to the loss
+  torch::Tensor z_loss;      // scalar, differentiable, coefficient applied; undefined if coef 0
+  torch::Tensor exp_counts;  // [E] int64, routes per expert before capacity drops (this rank)
+  int64_t dropped = 0;       // routes dropped over capacity (this rank)
+  int64_t capacity = 0;      // C
+  std::vector<int64_t> dispatch_shape;      // [E, C, d]: the padded buffer this rank sends
+  std::vector<int64_t> expert_input_shape;  // [E_local, ep_size * C, d]
+};
+
+class MoEImpl : public torch::nn::Module {
+ public:
+  explicit MoEImpl(MoEOptions options);
+
+  // x [..., d] -> [..., d].
+  torch::Tensor forward(const torch::Tensor& x);
+
+  const MoEOptions& options() const { return options_; }
+  const MoEStats& last() const { return last_; }
+  // l_aux plus z_loss (when enabled) of the last forward.
+  torch::Tensor aux_loss() const;
+
+  int64_t call_index() const { return call_; }
+  void set_call_index(int64_t c) { call_ = c; }
+
+  int64_t num_local_experts() const { return options_.num_experts / options_.ep_size; }
+  int64_t first_expert() const { return ep_rank_ * num_local_experts(); }
+
+  torch::nn::Linear gate{nullptr};  // "gate.weight" [E, d]
+  Experts experts{nullptr};         // "experts.*"
+
+ private:
+  MoEOptions options_;
+  int64_t ep_rank_ = 0;
+  int64_t call_ = 0;
+  MoEStats last_;
+};
+TORCH_MODULE(MoE);
+
+// True when a parameter's full name has a component "experts" (e.g. "blocks.1.moe.experts.w1"),
+// the name the MoE layer gives its expert submodule. For names only (checkpoint keys); on a live
+// model prefer expert_parameters(), which cannot mistake a user's own module named "experts".
+bool is_expert_parameter_name(const std::string& name);
+
+struct ExpertParameter {
+  std::string name;     // full name in the model
+  torch::Tensor param;
+  int64_t first_expert;  // global index of the first expert it holds
+  // Built-in stacked tensors hold local_experts experts along dim 0; a user expert's
+  // parameter holds one.
+  int64_t num_experts;
+  bool stacked;
+  int64_t layer_id;
+};
+
+// Every expert parameter of every MoE layer inside `model` (the model itself included), in
+// module order.
+std::vector<ExpertParameter> expert_parameters(const torch::nn::Module& model);
+
+}  // namespace strata::moe

@@ -1,0 +1,371 @@
+// The MoE layer in one process, against a reference computed another way: the gate's routes
+// (moe::gate on the same logits) applied token by token with each expert's MLP written out
+// (a loop in the test), forward and gradients to 1e-5 in float32. Also: the dispatch never holds
+// an [S, E, C] tensor, l_aux and z_loss reach the gradients, the named seeds (init per global
+// expert, noise per call), user experts, expert parameter discovery and the errors.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "moe/keys.h"
+#include "moe/layer.h"
+#include "runtime/error.h"
+
+namespace {
+
+using namespace strata::moe;
+namespace F = torch::nn::functional;
+
+constexpr int64_t kD = 8, kFfn = 16, kE = 4;
+
+MoEOptions options(int64_t k, bool drop_tokens, uint64_t seed = 7) {
+  MoEOptions o;
+  o.hidden_size = kD;
+  o.ffn_size = kFfn;
+  o.num_experts = kE;
+  o.k = k;
+  o.min_capacity = 0;
+  o.drop_tokens = drop_tokens;
+  o.router_z_loss_coef = 0.01;
+  o.seed = seed;
+  o.layer_id = 3;
+  return o;
+}
+
+void expect_close(const torch::Tensor& got, const torch::Tensor& want, const std::string& what,
+                  double tol = 1e-5) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double diff = (got - want).abs().max().item<double>();
+  EXPECT_LE(diff, tol * (1 + want.abs().max().item<double>())) << what;
+}
+
+// Parameters of the reference: copies of the layer's, so gradients are computed separately.
+struct Reference {
+  torch::Tensor wg, w1, b1, w2, b2;
+  explicit Reference(MoE& m) {
+    auto copy = [](const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); };
+    wg = copy(m->gate->weight);
+    w1 = copy(m->experts->w1);
+    b1 = copy(m->experts->b1);
+    w2 = copy(m->experts->w2);
+    b2 = copy(m->experts->b2);
+  }
+  // Call c of the layer, as moe/layer.h documents it: gate on x.float() @ W_g^T (jittered per
+  // the named seed), then each kept route's expert MLP on its token alone.
+  std::pair<torch::Tensor, GateOutput> forward(const MoEOptions& o, const torch::Tensor& x,
+                                               uint64_t c, bool training = true) {
+    auto gate_in = x.to(torch::kFloat);
+    if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && o.k == 1 && training) {
+      auto gen = at::detail::createCPUGenerator(
+          key({o.seed, uint64_t(KeyTag::Jitter), uint64_t(o.layer_id), c}));
+      gate_in = gate_in * (torch::rand({x.size(0), x.size(1)}, gen, torch::kFloat) * 0.02 + 0.99);
+    }
+    GateOptions go = o.gate_options();
+    go.training = training;
+    go.seed = key({o.seed, uint64_t(KeyTag::GateNoise), uint64_t(o.layer_id), c});
+    GateOutput g = gate(F::linear(gate_in, wg), go);
+    std::vector<torch::Tensor> rows(x.size(0), torch::zeros({x.size(1)}));
+    for (int64_t r = 0; r < g.token.size(0); ++r) {
+      const int64_t t = g.token[r].item<int64_t>(), e = g.expert[r].item<int64_t>();
+      auto h = F::gelu(torch::matmul(x[t], w1[e]) + b1[e]);
+      rows[t] = rows[t] + g.weight[r] * (torch::matmul(h, w2[e]) + b2[e]);
+    }
+    return {torch::stack(rows), g};
+  }
+};
+
+struct Case {
+  const char* name;
+  int64_t k;
+  bool drop_tokens;
+  bool use_rts;
+  NoisyGatePolicy noise;
+  bool second_sampling;
+  DropPolicy drop = DropPolicy::Probs;
+};
+
+class LayerVsReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LayerVsReference, ForwardAndGradients) {
+  const Case& cs = GetParam();
+  auto o = options(cs.k, cs.drop_tokens);
+  o.use_rts = cs.use_rts;
+  o.noisy_gate_policy = cs.noise;
+  o.top2_2nd_expert_sampling = cs.second_sampling;
+  o.drop_policy = cs.drop;
+  o.capacity_factor = 0.75;  // drops at k <= 2
+  MoE m(o);
+  Reference ref(m);
+  m->set_call_index(5);  // the noise of call 5, in the layer and the reference alike
+
+  torch::manual_seed(1);
+  // [2, 12, d]: the layer flattens leading dimensions; the reference sees the flat tokens.
+  auto x = torch::randn({2, 12, kD}).requires_grad_(true);
+  auto x_ref = x.detach().clone().reshape({24, kD}).requires_grad_(true);
+  auto probe = torch::randn({24, kD});
+
+  auto y = m->forward(x);
+  ASSERT_EQ(y.sizes(), x.sizes());
+  auto [y_ref, g] = ref.forward(o, x_ref, 5);
+  expect_close(y.reshape({24, kD}), y_ref, "output");
+  EXPECT_GT(y_ref.abs().max().item<double>(), 0.05) << "a vacuous reference";
+  EXPECT_EQ(m->last().capacity, g.capacity);
+  EXPECT_EQ(m->last().dropped, g.dropped);
+  EXPECT_TRUE(torch::equal(m->last().exp_counts, g.exp_counts));
+  if (cs.drop_tokens && cs.k <= 2) EXPECT_GT(g.dropped, 0) << "the case should drop routes";
+  if (!cs.drop_tokens) EXPECT_EQ(g.dropped, 0);
+
+  const auto loss = (y.reshape({24, kD}) * probe).sum() + 0.5 * m->aux_loss();
+  const auto loss_ref = (y_ref * probe).sum() + 0.5 * (g.l_aux + g.z_loss);
+  expect_close(loss, loss_ref, "loss");
+  loss.backward();
+  loss_ref.backward();
+  expect_close(x.grad().reshape({24, kD}), x_ref.grad(), "d input");
+  expect_close(m->gate->weight.grad(), ref.wg.grad(), "d gate weight");
+  expect_close(m->experts->w1.grad(), ref.w1.grad(), "d w1");
+  expect_close(m->experts->b1.grad(), ref.b1.grad(), "d b1");
+  expect_close(m->experts->w2.grad(), ref.w2.grad(), "d w2");
+  expect_close(m->experts->b2.grad(), ref.b2.grad(), "d b2");
+  EXPECT_EQ(m->call_index(), 6);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Moe, LayerVsReference,
+    ::testing::Values(
+        Case{"top1_plain", 1, true, false, NoisyGatePolicy::None, false},
+        Case{"top1_rts", 1, true, true, NoisyGatePolicy::None, false},
+        Case{"top1_rts_jitter", 1, true, true, NoisyGatePolicy::Jitter, false},
+        Case{"top1_rsample", 1, true, true, NoisyGatePolicy::RSample, false},
+        Case{"top1_no_drop", 1, false, true, NoisyGatePolicy::None, false},
+        Case{"top2", 2, true, false, NoisyGatePolicy::None, false},
+        Case{"top2_sampling", 2, true, false, NoisyGatePolicy::None, true},
+        Case{"top2_no_drop", 2, false, false, NoisyGatePolicy::None, true},
+        Case{"top3_probs", 3, true, false, NoisyGatePolicy::None, false},
+        Case{"top3_position", 3, true, false, NoisyGatePolicy::None, false,
+             DropPolicy::Position}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The gate's noise is named by the call index: the same call draws the same routes, another call
+// others (RTS at k = 1 over capacity picks different survivors).
+TEST(MoeLayer, NoiseIsKeyedByCallIndex) {
+  auto o = options(1, true);
+  o.capacity_factor = 0.5;  // many drops: the survivors are the random choice
+  MoE m(o);
+  torch::manual_seed(2);
+  const auto x = torch::randn({64, kD});
+  torch::NoGradGuard no_grad;
+  m->set_call_index(11);
+  const auto a = m->forward(x);
+  m->set_call_index(11);
+  EXPECT_TRUE(torch::equal(m->forward(x), a));
+  EXPECT_FALSE(torch::equal(m->forward(x), a)) << "call 12 should draw other RTS priorities";
+}
+
+// Peak tensor size during forward and backward, from every op's outputs.
+std::atomic<int64_t> g_max_numel{0};
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) { return nullptr; }
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  for (const auto& v : fn.outputs()) {
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    int64_t n = v.toTensor().numel(), cur = g_max_numel.load();
+    while (n > cur && !g_max_numel.compare_exchange_weak(cur, n)) {
+    }
+  }
+}
+
+TEST(MoeLayer, DispatchIsCapacityPaddedNeverSxExC) {
+  MoEOptions o = options(2, true);
+  o.num_experts = 8;
+  o.ffn_size = 32;
+  MoE m(o);
+  const int64_t S = 256, E = 8;
+  const auto x = torch::randn({S, kD}).requires_grad_(true);
+  g_max_numel = 0;
+  auto handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
+                                          .needsOutputs(true)
+                                          .scopes({at::RecordScope::FUNCTION,
+                                                   at::RecordScope::BACKWARD_FUNCTION}));
+  auto y = m->forward(x);
+  (y.pow(2).sum() + m->aux_loss()).backward();
+  at::removeCallback(handle);
+  const int64_t C = m->last().capacity;
+  ASSERT_EQ(C, 64);  // ceil(256 / 8 * 1.0 * 2)
+  EXPECT_EQ(m->last().dispatch_shape, (std::vector<int64_t>{E, C, kD}));
+  EXPECT_EQ(m->last().expert_input_shape, (std::vector<int64_t>{E, C, kD}));
+  // The largest tensor is the experts' hidden [E, C, ffn] (16384), far below S*E*C (131072).
+  EXPECT_GT(g_max_numel.load(), 0);
+  EXPECT_LE(g_max_numel.load(), E * C * 32);
+  EXPECT_LT(g_max_numel.load(), S * E * C / 4);
+}
+
+TEST(MoeLayer, AuxLossesReachTheGateWeight) {
+  auto o = options(2, true);
+  o.router_z_loss_coef = 0.1;
+  MoE m(o);
+  Reference ref(m);
+  torch::manual_seed(3);
+  const auto x = torch::randn({32, kD});
+  m->forward(x);
+  m->last().l_aux.backward();
+  const auto g_laux = m->gate->weight.grad().clone();
+  EXPECT_GT(g_laux.abs().sum().item<double>(), 0);
+  m->gate->weight.mutable_grad().zero_();
+  m->forward(x);
+  m->last().z_loss.backward();
+  const auto g_z = m->gate->weight.grad().clone();
+  // z_loss = coef * mean(logsumexp(x W_g^T)^2), differentiated here by hand's other route.
+  auto z_ref = torch::logsumexp(F::linear(x, ref.wg), 1).pow(2).mean() * 0.1;
+  z_ref.backward();
+  expect_close(g_z, ref.wg.grad(), "d z_loss / d W_g");
+  ref.wg.mutable_grad().zero_();
+  // l_aux against the gate on the reference's logits (call 0, deterministic top2 apart from the
+  // 2nd-expert noise, which the reference replays from the same key).
+  auto [unused, g] = ref.forward(o, x, 0);
+  g.l_aux.backward();
+  expect_close(g_laux, ref.wg.grad(), "d l_aux / d W_g");
+  // The experts get no gradient from the aux losses.
+  EXPECT_FALSE(m->experts->w1.grad().defined());
+}
+
+// A ProcessGroup that only answers who it is: enough to build an ep_size 2 layer's rank r.
+class FakeGroup : public strata::comm::ProcessGroup {
+ public:
+  FakeGroup(int rank, int size) : rank_(rank), size_(size), ranks_{0, 1} {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& world_ranks() const override { return ranks_; }
+  const std::string& name() const override { return name_; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1); }
+  strata::comm::WorkPtr all_reduce_async(torch::Tensor, strata::comm::ReduceOp) override { return no(); }
+  strata::comm::WorkPtr broadcast_async(torch::Tensor, int) override { return no(); }
+  strata::comm::WorkPtr all_gather_async(torch::Tensor, torch::Tensor) override { return no(); }
+  strata::comm::WorkPtr reduce_scatter_async(torch::Tensor, torch::Tensor,
+                                             strata::comm::ReduceOp) override { return no(); }
+  strata::comm::WorkPtr all_to_all_single_async(torch::Tensor, torch::Tensor, std::vector<int64_t>,
+                                                std::vector<int64_t>) override { return no(); }
+  strata::comm::WorkPtr barrier_async() override { return no(); }
+  strata::comm::GroupPtr new_group(const std::vector<int>&) override { return nullptr; }
+  strata::comm::GroupPtr split(int, int) override { return nullptr; }
+
+ private:
+  static strata::comm::WorkPtr no() { throw strata::Error("FakeGroup: no collectives"); }
+  int rank_, size_;
+  std::vector<int> ranks_;
+  std::string name_ = "fake";
+};
+
+TEST(MoeLayer, InitDoesNotDependOnEpSize) {
+  MoE whole(options(2, true));
+  for (int r = 0; r < 2; ++r) {
+    auto o = options(2, true);
+    o.ep_size = 2;
+    o.ep_group = std::make_shared<FakeGroup>(r, 2);
+    MoE part(o);
+    EXPECT_EQ(part->first_expert(), 2 * r);
+    EXPECT_TRUE(torch::equal(part->gate->weight, whole->gate->weight));
+    const auto rows = torch::indexing::Slice(2 * r, 2 * r + 2);
+    EXPECT_TRUE(torch::equal(part->experts->w1, whole->experts->w1.index({rows})));
+    EXPECT_TRUE(torch::equal(part->experts->b2, whole->experts->b2.index({rows})));
+    // User experts: the factory runs under a generator seeded per global expert.
+    o.expert_factory = [](int64_t) {
+      return torch::nn::AnyModule(torch::nn::Linear(kD, kD));
+    };
+    auto o1 = o;
+    o1.ep_size = 1;
+    o1.ep_group = nullptr;
+    MoE user_part(o), user_whole(o1);
+    for (int64_t g = 2 * r; g < 2 * r + 2; ++g) {
+      const std::string name = "experts." + std::to_string(g) + ".weight";
+      EXPECT_TRUE(torch::equal(user_part->named_parameters()[name],
+                               user_whole->named_parameters()[name])) << name;
+    }
+  }
+  // Experts differ from each other and from another layer's.
+  EXPECT_FALSE(torch::equal(whole->experts->w1[0], whole->experts->w1[1]));
+  auto other = options(2, true);
+  other.layer_id = 4;
+  EXPECT_FALSE(torch::equal(MoE(other)->experts->w1, whole->experts->w1));
+}
+
+struct UserMlpImpl : torch::nn::Module {
+  UserMlpImpl() {
+    up = register_module("up", torch::nn::Linear(kD, kFfn));
+    down = register_module("down", torch::nn::Linear(kFfn, kD));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return down(torch::tanh(up(x))); }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(UserMlp);
+
+// User experts: each a user MLP built by the factory, run one by one on its padded rows;
+// checked against the same token-by-token reference with the user's modules.
+TEST(MoeLayer, UserExpertsMatchTokenByToken) {
+  auto o = options(2, true);
+  o.expert_factory = [](int64_t) { return torch::nn::AnyModule(UserMlp()); };
+  MoE m(o);
+  torch::manual_seed(4);
+  const auto x = torch::randn({20, kD});
+  torch::NoGradGuard no_grad;
+  const auto y = m->forward(x);
+  GateOptions go = o.gate_options();
+  go.seed = key({o.seed, uint64_t(KeyTag::GateNoise), uint64_t(o.layer_id), 0});
+  const auto g = gate(F::linear(x, m->gate->weight), go);
+  auto want = torch::zeros_like(x);
+  for (int64_t r = 0; r < g.token.size(0); ++r) {
+    const int64_t t = g.token[r].item<int64_t>(), e = g.expert[r].item<int64_t>();
+    auto* expert = m->experts->named_children()[std::to_string(e)]->as<UserMlp>();
+    want[t] += g.weight[r] * expert->forward(x[t].unsqueeze(0))[0];
+  }
+  expect_close(y, want, "user experts");
+}
+
+TEST(MoeLayer, ExpertParametersAreFoundByNameAndByWalk) {
+  torch::nn::Sequential model(torch::nn::Linear(kD, kD), MoE(options(2, true)));
+  const auto found = expert_parameters(*model);
+  ASSERT_EQ(found.size(), 4u);
+  EXPECT_EQ(found[0].name, "1.experts.w1");
+  EXPECT_TRUE(found[0].stacked);
+  EXPECT_EQ(found[0].num_experts, kE);
+  int experts = 0;
+  for (const auto& kv : model->named_parameters()) experts += is_expert_parameter_name(kv.key());
+  EXPECT_EQ(experts, 4);
+  EXPECT_FALSE(is_expert_parameter_name("1.gate.weight"));
+  EXPECT_FALSE(is_expert_parameter_name("my_experts.w"));
+  EXPECT_TRUE(is_expert_parameter_name("experts.3.fc.weight"));
+}
+
+TEST(MoeLayer, ErrorsSayWhatToChange) {
+  auto expect_error = [](MoEOptions o, const std::string& part) {
+    try {
+      MoE m(o);
+      ADD_FAILURE() << "no error; wanted one mentioning " << part;
+    } catch (const strata::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  auto o = options(1, true);
+  o.ep_size = 3;
+  expect_error(o, "E % ep_size");
+  o.ep_size = 2;
+  expect_error(o, "create_expert_groups");
+  o.ep_group = std::make_shared<FakeGroup>(0, 4);
+  expect_error(o, "has 4 ranks");
+  o = options(5, true);
+  expect_error(o, "k <= num_experts");
+  MoE m(options(1, true));
+  try {
+    m->forward(torch::randn({4, kD + 1}));
+    ADD_FAILURE() << "no error for a wrong width";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden_size"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

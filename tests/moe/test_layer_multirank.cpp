@@ -1,0 +1,162 @@
+// Expert parallelism over real processes (Gloo, loopback): ep_size 2 on 2 ranks against ep_size
+// 1 in one process. Each rank's gate sees only its own micro-batch, so the reference runs the
+// 1-rank layer on each rank's micro-batch separately, at the same call index (the same noise):
+//   - outputs and input gradients equal the reference's for that micro-batch;
+//   - each rank's expert gradients equal the reference's (summed over both micro-batches) for
+//     the experts the rank holds, since the all_to_all brings both ranks' tokens to them;
+//   - the gate weight's gradient, summed over the ranks (what data-parallel reduction does),
+//     equals the reference's sum; l_aux per rank equals the reference's for its micro-batch.
+// With drop_tokens true and false, at k = 1 (RTS, Jitter) and k = 2 (2nd-expert sampling).
+// Every rank computes the reference itself and checks its own share.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/process_group.h"
+#include "comm/topology.h"
+#include "moe/layer.h"
+#include "runtime/error.h"
+#include "tests/comm/ranks.h"
+
+namespace strata::test {
+namespace {
+
+using namespace strata::moe;
+
+constexpr int64_t kD = 8, kFfn = 16, kE = 4, kS = 24;
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) throw Error(fmt::format("{} is not set", name));
+  return std::atoi(v);
+}
+
+void check_close(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
+  if (!got.defined() || !want.defined() || got.sizes() != want.sizes()) {
+    throw Error(fmt::format("{}: shapes differ or undefined", what));
+  }
+  const double diff = (got - want).abs().max().item<double>();
+  const double tol = 1e-5 * (1 + want.abs().max().item<double>());
+  if (!(diff <= tol)) throw Error(fmt::format("{}: max difference {} > {}", what, diff, tol));
+}
+
+MoEOptions options() {
+  MoEOptions o;
+  o.hidden_size = kD;
+  o.ffn_size = kFfn;
+  o.num_experts = kE;
+  o.k = env_int("MOE_K");
+  o.drop_tokens = env_int("MOE_DROP") != 0;
+  o.capacity_factor = 0.75;
+  o.min_capacity = 0;
+  o.use_rts = true;
+  o.noisy_gate_policy = o.k == 1 ? NoisyGatePolicy::Jitter : NoisyGatePolicy::None;
+  o.top2_2nd_expert_sampling = true;
+  o.router_z_loss_coef = 0.01;
+  o.seed = 21;
+  o.layer_id = 1;
+  return o;
+}
+
+struct Run {
+  torch::Tensor y, x_grad;
+  int64_t capacity, dropped;
+  torch::Tensor l_aux;
+};
+
+Run step(MoE& m, const torch::Tensor& x_in, const torch::Tensor& probe) {
+  m->set_call_index(9);
+  auto x = x_in.clone().requires_grad_(true);
+  auto y = m->forward(x);
+  ((y * probe).sum() + 0.5 * m->aux_loss()).backward();
+  return {y.detach(), x.grad(), m->last().capacity, m->last().dropped, m->last().l_aux.detach()};
+}
+
+STRATA_SCENARIO(moe_ep2) {
+  auto world = comm::init_process_group();
+  const int r = world->rank();
+  auto groups = comm::create_expert_groups(world, 2, kE);
+
+  torch::manual_seed(100);
+  std::vector<torch::Tensor> xs, probes;
+  for (int q = 0; q < 2; ++q) {
+    xs.push_back(torch::randn({kS, kD}));
+    probes.push_back(torch::randn({kS, kD}));
+  }
+
+  auto o = options();
+  o.ep_size = 2;
+  o.ep_group = groups.expert_parallel;
+  MoE m(o);
+  const Run got = step(m, xs[r], probes[r]);
+
+  auto o1 = options();
+  MoE ref(o1);
+  std::vector<Run> want;
+  for (int q = 0; q < 2; ++q) want.push_back(step(ref, xs[q], probes[q]));
+
+  check_close(got.y, want[r].y, "output");
+  check_close(got.x_grad, want[r].x_grad, "d input");
+  check_close(got.l_aux, want[r].l_aux, "l_aux");
+  if (o.drop_tokens) {
+    if (got.capacity != want[r].capacity || got.dropped != want[r].dropped)
+      throw Error(fmt::format("capacity/dropped {}/{} vs {}/{}", got.capacity, got.dropped,
+                              want[r].capacity, want[r].dropped));
+    if (o.k == 1 && want[0].dropped + want[1].dropped == 0)
+      throw Error("the drop_tokens case should drop routes");
+  } else {
+    // DeepSpeed's semantics: the capacity is the largest load over the EP group.
+    const int64_t agreed = std::max(want[0].capacity, want[1].capacity);
+    if (got.capacity != agreed || got.dropped != 0)
+      throw Error(fmt::format("capacity {} (want {}), dropped {}", got.capacity, agreed,
+                              got.dropped));
+  }
+  const auto rows = torch::indexing::Slice(2 * r, 2 * r + 2);
+  check_close(m->experts->w1.grad(), ref->experts->w1.grad().index({rows}), "d w1");
+  check_close(m->experts->b1.grad(), ref->experts->b1.grad().index({rows}), "d b1");
+  check_close(m->experts->w2.grad(), ref->experts->w2.grad().index({rows}), "d w2");
+  check_close(m->experts->b2.grad(), ref->experts->b2.grad().index({rows}), "d b2");
+  auto gate_grad = m->gate->weight.grad().clone();
+  world->all_reduce(gate_grad);
+  check_close(gate_grad, ref->gate->weight.grad(), "d gate weight (summed over ranks)");
+}
+
+Launched run(int k, bool drop) {
+  LaunchSpec spec;
+  spec.scenario = "moe_ep2";
+  spec.world = 2;
+  spec.env = {{"MOE_K", std::to_string(k)}, {"MOE_DROP", drop ? "1" : "0"}};
+  spec.timeout_s = 120;
+  Launched l = run_ranks(spec);
+  l.print_messages();
+  return l;
+}
+
+TEST(MoeExpertParallel, Top1DropTokensEp2MatchesEp1) {
+  auto r = run(1, true);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(MoeExpertParallel, Top1NoDropEp2MatchesEp1) {
+  auto r = run(1, false);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(MoeExpertParallel, Top2DropTokensEp2MatchesEp1) {
+  auto r = run(2, true);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(MoeExpertParallel, Top2NoDropEp2MatchesEp1) {
+  auto r = run(2, false);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+}  // namespace
+}  // namespace strata::test
+
+int main(int argc, char** argv) { return strata::test::test_main(argc, argv); }
