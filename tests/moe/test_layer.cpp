@@ -341,6 +341,48 @@ TEST(MoeLayer, ExpertParametersAreFoundByNameAndByWalk) {
   EXPECT_TRUE(is_expert_parameter_name("experts.3.fc.weight"));
 }
 
+TEST(MoeLayer, OptionsFromGateOptionsAndUserExpertNames) {
+  GateOptions g;
+  g.k = 2;
+  g.capacity_factor = 1.25;
+  g.eval_capacity_factor = 2.0;
+  g.min_capacity = 3;
+  g.drop_tokens = false;
+  g.use_rts = false;
+  g.top2_2nd_expert_sampling = false;
+  g.drop_policy = DropPolicy::Position;
+  g.z_loss_coef = 0.5;
+  g.seed = 99;
+  const MoEOptions o(kD, kFfn, kE, g);
+  EXPECT_EQ(o.hidden_size, kD);
+  EXPECT_EQ(o.num_experts, kE);
+  const GateOptions back = o.gate_options();
+  EXPECT_EQ(back.k, 2);
+  EXPECT_EQ(back.capacity_factor, 1.25);
+  EXPECT_EQ(back.eval_capacity_factor, 2.0);
+  EXPECT_EQ(back.min_capacity, 3);
+  EXPECT_FALSE(back.drop_tokens);
+  EXPECT_FALSE(back.use_rts);
+  EXPECT_FALSE(back.top2_2nd_expert_sampling);
+  EXPECT_EQ(back.drop_policy, DropPolicy::Position);
+  EXPECT_EQ(back.z_loss_coef, 0.5);
+  EXPECT_EQ(back.seed, 99u);
+
+  // User experts are named by their global index; expert_parameters() reports it.
+  auto uo = options(1, true);
+  uo.ep_size = 2;
+  uo.ep_group = std::make_shared<FakeGroup>(1, 2);
+  uo.expert_factory = [](int64_t) { return torch::nn::AnyModule(UserMlp()); };
+  MoE m(uo);
+  const auto found = expert_parameters(*m);
+  ASSERT_EQ(found.size(), 8u);  // experts 2 and 3, up/down weight and bias each
+  EXPECT_EQ(found[0].name, "experts.2.up.weight");
+  EXPECT_EQ(found[0].first_expert, 2);
+  EXPECT_EQ(found[4].first_expert, 3);
+  EXPECT_FALSE(found[0].stacked);
+  EXPECT_EQ(found[0].num_experts, 1);
+}
+
 TEST(MoeLayer, ErrorsSayWhatToChange) {
   auto expect_error = [](MoEOptions o, const std::string& part) {
     try {
