@@ -7,6 +7,7 @@
 #include <limits>
 #include <mutex>
 
+#include "offload/cpu_adam.h"
 #include "runtime/cpu_threads.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -182,6 +183,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     po.reduce_bucket_numel = zero.reduce_bucket_size.value;
     po.accumulation_steps = gradient_accumulation_steps();
     po.accum_dtype = accum;
+    const auto& oo = zero.offload_optimizer;
+    po.offload.enabled = oo.device == "cpu";
+    po.offload.pin_memory = oo.pin_memory;
+    po.offload.tile_numel = zero.sub_group_size;
     auto build = [&](std::vector<torch::Tensor> master) {
       return make_optimizer_over(master, options);
     };
@@ -207,11 +212,19 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(params_, group_, po, build);
     }
     optimizer_ = partitioned_->inner();
+    if (partitioned_->offloads())
+      log::info("[strata] optimizer offload: fp32 master and optimizer state of {} elements in "
+                "host memory{}, stepped on the CPU ({}, {} thread(s)) in tiles of up to {} "
+                "elements",
+                partitioned_->master().numel(),
+                partitioned_->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
+                offload::cpu_adam_isa(), at::get_num_threads(), zero.sub_group_size);
     // Strata's Adam steps the flat master in one fused pass (a CUDA kernel on GPUs).
     if (auto adam = std::dynamic_pointer_cast<optim::Adam>(optimizer_); adam && adam->can_step_flat())
       partitioned_->use_flat_step(
-          [adam](const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out) {
-            adam->step_flat(grad, grad_scale, copy_out);
+          [adam](const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
+                 int64_t tile_numel, const zero::PartitionedOptimizer::TileDone& after_tile) {
+            adam->step_flat(grad, grad_scale, copy_out, tile_numel, after_tile);
           });
   } else {
     optimizer_ = make_optimizer_over(params_, options);

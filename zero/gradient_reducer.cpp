@@ -69,7 +69,8 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
     const int64_t parts = group_ ? group_->size() : 1;
     if (options_.flat_offsets.size() != params_.size() ||
         options_.shards.buckets().size() != plan.size() || options_.shards.parts() != parts ||
-        options_.partition_grad.numel() != options_.shards.partition_numel())
+        options_.partition_grad.numel() != options_.shards.partition_numel() ||
+        (!options_.copy_to_partition && options_.partition_grad.device() != params_.front().device()))
       throw Error("GradientReducer: partition mode needs the bucket plan, every parameter's flat "
                   "offset and a bucketed ShardMap of those buckets for this group");
   }
@@ -181,7 +182,10 @@ void GradientReducer::launch_ready_buckets() {
 void GradientReducer::deliver(Bucket& bucket) {
   if (bucket.work) bucket.work->wait();
   const auto out = bucket.flat.narrow(0, bucket.out_offset, bucket.out_numel);
-  if (options_.mode == Mode::kPartition) {
+  if (options_.mode == Mode::kPartition && options_.copy_to_partition) {
+    // Stream-ordered: the bucket's memory is reused only by work queued after this copy.
+    bucket.accumulator.copy_(out, /*non_blocking=*/bucket.accumulator.is_pinned());
+  } else if (options_.mode == Mode::kPartition) {
     bucket.accumulator.add_(out);
   } else {
     for (size_t i = 0; i < bucket.params.size(); ++i) {

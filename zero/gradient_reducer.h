@@ -45,6 +45,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     std::vector<int64_t> flat_offsets;
     ShardMap shards;
     torch::Tensor partition_grad;
+    // kPartition with optimizer offload: partition_grad is a host buffer (pinned on GPUs) that
+    // each reduced chunk is copied into, asynchronously, instead of being added to; the owner
+    // sums micro-steps on the host once the copies are done.
+    bool copy_to_partition = false;
   };
 
   // Parameter indices per bucket: reverse registration order, at most bucket_numel elements per

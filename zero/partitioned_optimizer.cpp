@@ -1,11 +1,14 @@
 #include "zero/partitioned_optimizer.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "runtime/log.h"
 
 namespace strata::zero {
 namespace {
@@ -36,6 +39,10 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
       rank_(group_ ? group_->rank() : 0),
       flat_(std::make_unique<FlatParams>(std::move(params), partitions_for(options.stage, group_))) {
   if (options_.stage > 2) throw Error("PartitionedOptimizer: stage 3 takes the ParamUnits");
+  if (options_.offload.enabled && options_.stage < 1)
+    throw Error("optimizer offload partitions the optimizer: it needs ZeRO stage 1, 2 or 3");
+  device_ = flat_->data().device();
+  pin_ = options_.offload.enabled && options_.offload.pin_memory && device_.is_cuda();
   const auto model_dtype = flat_->data().scalar_type();
   const auto plan = GradientReducer::plan(flat_->params(), options_.reduce_bucket_numel);
   shards_ = shard_map_for(*flat_, options_.stage, plan);
@@ -51,6 +58,8 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
   if (options_.stage <= 1) {
     grad_flat_ = flat_->zeros_like_data(model_dtype);
     own_local_gradients();
+    if (options_.offload.enabled)  // the boundary's gradient partition, copied for the CPU step
+      host_grad_ = host_buffer(shards_.partition_numel(), wide ? options_.accum_dtype : model_dtype);
     if (wide) {
       // The window's sum lives in fp32 and is all-reduced at its end (end_micro_step()); the
       // reducer's per-parameter hooks would reduce only the last micro-step's 16-bit gradient.
@@ -60,13 +69,17 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
       reducer_ = GradientReducer::create(flat_->params(), group_, r);
     }
   } else {
-    grad_partition_ = torch::zeros({shards_.partition_numel()},
-                                   flat_->data().options().dtype(wide ? options_.accum_dtype
-                                                                      : model_dtype));
     r.mode = GradientReducer::Mode::kPartition;
     for (size_t i = 0; i < flat_->params().size(); ++i) r.flat_offsets.push_back(flat_->offset(i));
     r.shards = shards_;
-    r.partition_grad = grad_partition_;
+    if (options_.offload.enabled) {
+      offload_partition_gradients(r);
+    } else {
+      grad_partition_ = torch::zeros({shards_.partition_numel()},
+                                     flat_->data().options().dtype(wide ? options_.accum_dtype
+                                                                        : model_dtype));
+      r.partition_grad = grad_partition_;
+    }
     reducer_ = GradientReducer::create(flat_->params(), group_, r);
   }
 }
@@ -82,22 +95,28 @@ PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
   if (units_->trainable_params().empty())
     throw Error("ZeRO-3: the model has no parameter that requires a gradient");
   shards_ = units_->shards();
+  device_ = units_->partition().device();
+  pin_ = options_.offload.enabled && options_.offload.pin_memory && device_.is_cuda();
   init_master(units_->partition(), make_inner);
   // As stage 2, with one bucket per unit: its gradient is reduce-scattered once the unit's
   // backward is done, and only this rank's chunk is kept.
   const auto model_dtype = units_->partition().scalar_type();
   const bool wide = options_.accumulation_steps > 1 &&
                     c10::elementSize(options_.accum_dtype) > c10::elementSize(model_dtype);
-  grad_partition_ = torch::zeros({shards_.partition_numel()},
-                                 units_->partition().options().dtype(wide ? options_.accum_dtype
-                                                                          : model_dtype));
   GradientReducer::Options r;
   r.mode = GradientReducer::Mode::kPartition;
   r.comm_dtype = options_.comm_dtype;
   r.plan = units_->plan();
   r.flat_offsets = units_->flat_offsets();
   r.shards = shards_;
-  r.partition_grad = grad_partition_;
+  if (options_.offload.enabled) {
+    offload_partition_gradients(r);
+  } else {
+    grad_partition_ = torch::zeros({shards_.partition_numel()},
+                                   units_->partition().options().dtype(wide ? options_.accum_dtype
+                                                                            : model_dtype));
+    r.partition_grad = grad_partition_;
+  }
   reducer_ = GradientReducer::create(units_->trainable_params(), group_, r);
 }
 
@@ -105,10 +124,56 @@ void PartitionedOptimizer::init_master(const torch::Tensor& partition,
                                        const InnerBuilder& make_inner) {
   {
     torch::NoGradGuard no_grad;
-    master_ = partition.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    // Offload: in host memory, where the CPU steps it (it never crosses to the device).
+    master_ = partition.to(options_.offload.enabled ? torch::Device(torch::kCPU) : partition.device(),
+                           torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
   }
   inner_ = make_inner({master_});
   if (!inner_) throw Error("the optimizer builder returned null");
+}
+
+void PartitionedOptimizer::offload_partition_gradients(GradientReducer::Options& r) {
+  // Each reduced chunk is copied straight into host memory: no partition-sized gradient stays
+  // on the device. The copies arrive in the communication dtype; a window of several
+  // micro-steps is summed on the host in fp32, as DeepSpeed's offload does.
+  host_grad_ = host_buffer(shards_.partition_numel(), options_.comm_dtype);
+  if (options_.accumulation_steps > 1)
+    host_accum_ = torch::zeros({shards_.partition_numel()}, torch::kFloat);
+  r.partition_grad = host_grad_;
+  r.copy_to_partition = true;
+}
+
+torch::Tensor PartitionedOptimizer::host_buffer(int64_t numel, torch::ScalarType dtype) {
+  const auto options = torch::TensorOptions().dtype(dtype).device(torch::kCPU);
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  if (pin_) {
+    rlimit limit{};
+    const bool capped = getrlimit(RLIMIT_MEMLOCK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+    std::string why;
+    if (capped && static_cast<uint64_t>(pinned_bytes_ + bytes) > limit.rlim_cur) {
+      why = fmt::format("they would exceed the process's locked-memory limit (RLIMIT_MEMLOCK, "
+                        "`ulimit -l`) of {} bytes", limit.rlim_cur);
+    } else {
+      try {
+        auto t = torch::empty({numel}, options.pinned_memory(true));
+        pinned_bytes_ += bytes;
+        return t;
+      } catch (const c10::Error& e) {
+        why = fmt::format("the allocation failed ({})", e.what_without_backtrace());
+      }
+    }
+    pin_ = false;
+    log::info("[strata] warning: optimizer offload: {} MB of page-locked host memory were asked "
+              "for and {}; the offload's host buffers are pageable memory instead (correct, with "
+              "slower copies). Raise the limit, or set offload_optimizer.pin_memory false to "
+              "choose pageable memory.",
+              bytes >> 20, why);
+  }
+  return torch::empty({numel}, options);
+}
+
+void PartitionedOptimizer::wait_for_device() const {
+  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
 }
 
 const FlatParams& PartitionedOptimizer::flat() const {
@@ -123,6 +188,12 @@ void PartitionedOptimizer::begin_backward(bool boundary) {
 
 void PartitionedOptimizer::end_micro_step() {
   if (reducer_) reducer_->finish();
+  if (offloads() && options_.stage >= 2 && host_accum_.defined()) {
+    // This micro-step's chunks have landed in host_grad_: fold them into the fp32 sum.
+    torch::NoGradGuard no_grad;
+    wait_for_device();
+    host_accum_.add_(host_grad_);
+  }
   if (accumulates_wide()) {
     // This micro-step's 16-bit gradients join the fp32 sum; .grad starts from zero again.
     torch::NoGradGuard no_grad;
@@ -155,6 +226,7 @@ void PartitionedOptimizer::own_local_gradients() {
 }
 
 torch::Tensor PartitionedOptimizer::partition_gradient() const {
+  if (offloads() && options_.stage >= 2) return host_accum_.defined() ? host_accum_ : host_grad_;
   if (options_.stage >= 2) return grad_partition_;
   if (accumulates_wide()) return shards_.range(grad_accum_, partition_index());
   return shards_.range(grad_flat_, partition_index());  // stage 0, 1: contiguous
@@ -167,6 +239,7 @@ void PartitionedOptimizer::zero_gradients() {
   }
   if (grad_accum_.defined()) grad_accum_.zero_();
   if (grad_partition_.defined()) grad_partition_.zero_();
+  if (host_accum_.defined()) host_accum_.zero_();
   master_.mutable_grad() = torch::Tensor();  // the fp32 gradient lives only during a step
   grad_ = torch::Tensor();
 }
@@ -174,22 +247,33 @@ void PartitionedOptimizer::zero_gradients() {
 GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   torch::NoGradGuard no_grad;
   if (options_.stage <= 1 && !accumulates_wide()) own_local_gradients();
+  // Offload: the gradient the CPU steps with, in host memory.
+  auto gradient = partition_gradient();
+  if (offloads() && options_.stage <= 1) {
+    host_grad_.copy_(gradient);
+    gradient = host_grad_;
+  } else if (offloads()) {
+    wait_for_device();  // the last micro-step's copies (one window: they are the gradient)
+  }
   // A sum of squares is finite iff every element is: one reduction gives the overflow flag
   // and the norm.
   torch::Tensor sum_squares;
   if (flat_step_) {
     // Reduced in fp32 straight from the model's dtype; the loss scale comes out on the host.
-    grad_ = partition_gradient();
+    grad_ = gradient;
     grad_scale_ = 1.0 / loss_scale;
     sum_squares = at::linalg_vector_norm(grad_, 2, c10::nullopt, false, torch::kFloat)
                       .to(torch::kDouble)
                       .pow(2);
   } else {
-    grad_ = partition_gradient().to(torch::kFloat, false, /*copy=*/true);
+    grad_ = gradient.to(torch::kFloat, false, /*copy=*/true);
     if (loss_scale != 1.0) grad_.mul_(1.0 / loss_scale);
     sum_squares = grad_.pow(2).sum().to(torch::kDouble);
   }
-  if (group_ && shards_.parts() > 1) group_->all_reduce(sum_squares, comm::ReduceOp::Sum);
+  if (group_ && shards_.parts() > 1) {
+    sum_squares = sum_squares.to(device_);  // the group's collectives run on the model's device
+    group_->all_reduce(sum_squares, comm::ReduceOp::Sum);
+  }
   double total = sum_squares.item<double>();  // the step's one host sync
   if (flat_step_) total *= grad_scale_ * grad_scale_;
   return {!std::isfinite(total), std::sqrt(total)};
@@ -205,8 +289,10 @@ void PartitionedOptimizer::apply(double clip_coef) {
   auto mine = units_ ? units_->partition()
               : shards_.is_contiguous() ? shards_.range(flat_->data(), partition_index())
                                         : torch::empty({n}, flat_->data().options());
-  if (flat_step_) {
-    flat_step_(grad_, grad_scale_ * std::min(clip_coef, 1.0), mine);
+  if (offloads()) {
+    apply_offloaded(clip_coef, mine);
+  } else if (flat_step_) {
+    flat_step_(grad_, grad_scale_ * std::min(clip_coef, 1.0), mine, 0, {});
   } else {
     if (clip_coef < 1.0) grad_.mul_(clip_coef);
     master_.mutable_grad() = grad_;
@@ -236,6 +322,25 @@ void PartitionedOptimizer::apply(double clip_coef) {
   zero_gradients();
 }
 
+void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor& mine) {
+  if (!host_out_.defined()) host_out_ = host_buffer(mine.numel(), mine.scalar_type());
+  // Each tile goes back as soon as the CPU has written it; the copies queue on the device's
+  // stream (asynchronous from page-locked memory) while the CPU steps the next tile.
+  auto send = [&](int64_t lo, int64_t n) {
+    mine.narrow(0, lo, n).copy_(host_out_.narrow(0, lo, n), /*non_blocking=*/host_out_.is_pinned());
+  };
+  if (flat_step_) {
+    flat_step_(grad_, grad_scale_ * std::min(clip_coef, 1.0), host_out_,
+               options_.offload.tile_numel, send);
+  } else {
+    if (clip_coef < 1.0) grad_.mul_(clip_coef);
+    master_.mutable_grad() = grad_;
+    inner_->step();
+    host_out_.copy_(master_);
+    send(0, host_out_.numel());
+  }
+}
+
 void PartitionedOptimizer::discard() {
   torch::NoGradGuard no_grad;
   zero_gradients();
@@ -244,7 +349,8 @@ void PartitionedOptimizer::discard() {
 ModelStateBytes PartitionedOptimizer::state_bytes() const {
   ModelStateBytes bytes;
   bytes.params = units_ ? units_->resident_bytes() : nbytes(flat_->data());
-  bytes.grads = nbytes(grad_flat_) + nbytes(grad_accum_) + nbytes(grad_partition_);
+  bytes.grads = nbytes(grad_flat_) + nbytes(grad_accum_) + nbytes(grad_partition_) +
+                nbytes(host_grad_) + nbytes(host_accum_);
   bytes.master = nbytes(master_);
   return bytes;
 }

@@ -43,6 +43,19 @@
 
 namespace strata::zero {
 
+// ZeRO-Offload (DeepSpeed's offload_optimizer.device "cpu", stages 1-3): the fp32 master and the
+// optimizer state live in host memory and the step runs on the CPU. Gradients leave the device
+// as each bucket is reduced (stages 2-3; stage 1 copies its partition at the boundary) into a
+// host buffer, micro-steps are summed there in fp32, and the new 16-bit weights go back tile by
+// tile (tile_numel, DeepSpeed's sub_group_size): the copy of one tile overlaps the CPU step of
+// the next. Host buffers that cross to a GPU are page-locked when pin_memory is set, within the
+// process's RLIMIT_MEMLOCK; past it (or when pinning fails) they are pageable, said once.
+struct OffloadOptions {
+  bool enabled = false;
+  bool pin_memory = true;
+  int64_t tile_numel = 0;  // 0: the whole partition in one step
+};
+
 struct PartitionedOptions {
   int64_t stage = 0;  // 0, 1, 2 or 3 (3: the constructor that takes the ParamUnits)
   torch::ScalarType comm_dtype = torch::kFloat;
@@ -53,6 +66,7 @@ struct PartitionedOptions {
   // up over the window. One micro-step needs no accumulator.
   int64_t accumulation_steps = 1;
   torch::ScalarType accum_dtype = torch::kFloat;
+  OffloadOptions offload;
 };
 
 struct GradientSummary {
@@ -72,8 +86,12 @@ class PartitionedOptimizer {
       std::function<std::shared_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
   // The inner optimizer's fused step over master(): (gradient in the model's dtype, factor to
   // apply to it, tensor that receives the new weights in the model's dtype or undefined).
+  // With tile_numel > 0 it steps tile by tile and calls after_tile(offset, numel) as each tile's
+  // copy_out is written (optim::Adam::step_flat).
+  using TileDone = std::function<void(int64_t offset, int64_t numel)>;
   using FlatStep = std::function<void(const torch::Tensor& grad, double grad_scale,
-                                      const torch::Tensor& copy_out)>;
+                                      const torch::Tensor& copy_out, int64_t tile_numel,
+                                      const TileDone& after_tile)>;
 
   PartitionedOptimizer(std::vector<torch::Tensor> params, comm::GroupPtr group,
                        PartitionedOptions options, const InnerBuilder& make_inner);
@@ -100,6 +118,8 @@ class PartitionedOptimizer {
   // Stages 0-2: the flat buffer of the model's parameters (there is none at stage 3).
   const FlatParams& flat() const;
   ParamUnits* units() const { return units_.get(); }
+  bool offloads() const { return options_.offload.enabled; }
+  int64_t pinned_host_bytes() const { return pinned_bytes_; }
   // The fp32 master weights of partition partition_index() of flat(), laid out as shards()
   // says (the inner optimizer's one parameter); a checkpoint restores them in place.
   const torch::Tensor& master() const { return master_; }
@@ -115,6 +135,12 @@ class PartitionedOptimizer {
   bool accumulates_wide() const { return grad_accum_.defined(); }
   torch::Tensor partition_gradient() const;  // in the accumulation dtype, no copy
   void zero_gradients();
+  // Optimizer offload: a host buffer, page-locked when it will cross to a GPU and allowed.
+  torch::Tensor host_buffer(int64_t numel, torch::ScalarType dtype);
+  void offload_partition_gradients(GradientReducer::Options& r);  // stages 2-3
+  void wait_for_device() const;  // the device's queued copies into host buffers are done
+  // Writes the new weights into `mine` (on the device) from the host step.
+  void apply_offloaded(double clip_coef, const torch::Tensor& mine);
 
   PartitionedOptions options_;
   comm::GroupPtr group_;
@@ -132,6 +158,13 @@ class PartitionedOptimizer {
   FlatStep flat_step_;
   torch::Tensor grad_;       // the prepared gradient of the partition (fp32 unless flat_step_)
   double grad_scale_ = 1.0;  // flat step: the factor still to apply to grad_ (1 / loss scale)
+  // Optimizer offload (the master above is then in host memory too).
+  torch::Device device_ = torch::kCPU;  // where the model's parameters are
+  torch::Tensor host_grad_;   // this rank's gradient as it arrives from the device
+  torch::Tensor host_accum_;  // fp32 sum over the micro-steps of a window (more than one)
+  torch::Tensor host_out_;    // the step's new weights in the model's dtype, on their way back
+  bool pin_ = false;          // host buffers are page-locked (model on a GPU, pin_memory)
+  int64_t pinned_bytes_ = 0;
 };
 
 }  // namespace strata::zero

@@ -51,14 +51,14 @@ struct OffloadParamConfig {
   int64_t buffer_count = 5;
   int64_t buffer_size = 100000000;
   int64_t max_in_cpu = 1000000000;
-  bool pin_memory = false;
+  bool pin_memory = true;  // DeepSpeed's default since 0.19.5
 };
 
 struct OffloadOptimizerConfig {
   std::string device = "none";  // none | cpu | nvme
   std::string nvme_path;
   int64_t buffer_count = 4;
-  bool pin_memory = false;
+  bool pin_memory = true;  // DeepSpeed's default since 0.19.5
   bool pipeline_read = false;
   bool pipeline_write = false;
   bool fast_init = false;

@@ -39,8 +39,8 @@ Block make_offload_optimizer() {
   BlockBuilder<OffloadOptimizerConfig> b("offload_optimizer");
   b.add(&OffloadOptimizerConfig::device, "device")
       .one_of({"none", "cpu", "nvme"}, true)
-      .when([](const json& v) { return v != "none"; })
-      .pending("optimizer-state offload")
+      .when([](const json& v) { return v == "nvme"; })
+      .pending("optimizer-state offload to NVMe")
       .describe("Where optimizer states are offloaded (none, cpu or nvme); the optimizer step then runs on the CPU");
   b.add(&OffloadOptimizerConfig::nvme_path, "nvme_path")
       .describe("File-system path of the NVMe device optimizer states are offloaded to");
@@ -62,9 +62,11 @@ Block make_offload_optimizer() {
       .ignored("a Grace-Hopper path of DeepSpeed")
       .describe("SuperOffload: CPU offloading tuned for superchips (Grace Hopper), ZeRO-3 only");
   b.add(&OffloadOptimizerConfig::convert_grad_on_cpu, "convert_grad_on_cpu")
+      .ignored("Strata's CPU step reads the 16-bit gradients as they arrive and converts them on the CPU")
       .describe("Convert offloaded gradients to fp32 on the CPU rather than on the device before copying them");
   b.add(&OffloadOptimizerConfig::cpuadam_cores_perc, "cpuadam_cores_perc")
-      .range(0, 1)
+      .range(0, 1).ignored("DeepSpeed applies it with super_offload only; Strata's CPU Adam uses the "
+                           "rank's CPU threads (OMP_NUM_THREADS, or the cores shared among local ranks)")
       .describe("Fraction of CPU cores the CPU Adam uses (ZeRO-3 with super_offload)");
   Block block = b.build();
   block.auto_is_default = true;

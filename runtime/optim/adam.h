@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <tuple>
 #include <vector>
 
@@ -67,7 +68,13 @@ class Adam : public torch::optim::Optimizer {
   // One fused step of that tensor (its .grad is ignored): the gradient `grad` (same length,
   // fp32/bf16/fp16) is read times `grad_scale`; the new weights are also written into
   // `copy_out` when it is defined (e.g. the bf16 model copy). Same state as step().
-  void step_flat(const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out);
+  // With tile_numel > 0 the step runs tile by tile (one optimizer step, the same numbers) and
+  // after_tile(offset, numel) is called as each tile's new weights are written, so that a caller
+  // can move them on (optimizer offload: the host-to-device copy of one tile overlaps the
+  // CPU step of the next, DeepSpeed's sub_group_size).
+  using TileDone = std::function<void(int64_t offset, int64_t numel)>;
+  void step_flat(const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
+                 int64_t tile_numel = 0, const TileDone& after_tile = {});
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 

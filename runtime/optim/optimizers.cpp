@@ -167,8 +167,8 @@ bool Adam::can_step_flat() const {
   return p.scalar_type() == torch::kFloat && p.is_contiguous();
 }
 
-void Adam::step_flat(const torch::Tensor& grad, double grad_scale,
-                     const torch::Tensor& copy_out) {
+void Adam::step_flat(const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
+                     int64_t tile_numel, const TileDone& after_tile) {
   if (!can_step_flat())
     throw Error("strata::optim::Adam::step_flat needs one param group holding one contiguous "
                 "fp32 tensor");
@@ -197,7 +197,19 @@ void Adam::step_flat(const torch::Tensor& grad, double grad_scale,
   }
   s.step_size = static_cast<float>(o.lr() / correction1);
   s.sqrt_c2 = static_cast<float>(std::sqrt(correction2));
-  fused_adam_step(p, state.exp_avg(), state.exp_avg_sq(), grad, copy_out, s);
+  const int64_t n = p.numel();
+  if (tile_numel <= 0 || tile_numel >= n) {
+    fused_adam_step(p, state.exp_avg(), state.exp_avg_sq(), grad, copy_out, s);
+    if (after_tile) after_tile(0, n);
+    return;
+  }
+  for (int64_t lo = 0; lo < n; lo += tile_numel) {
+    const int64_t len = std::min(tile_numel, n - lo);
+    auto tile = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, lo, len) : t; };
+    fused_adam_step(tile(p), tile(state.exp_avg()), tile(state.exp_avg_sq()), tile(grad),
+                    tile(copy_out), s);
+    if (after_tile) after_tile(lo, len);
+  }
 }
 
 torch::Tensor Adam::step(LossClosure closure) {

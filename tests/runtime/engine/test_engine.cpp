@@ -296,12 +296,12 @@ TEST(EngineConfig, FeaturesThisBuildCannotRunAreRefusedByName) {
   auto [net, ref] = twin_nets();
   auto config = base_config(16, 1);
   config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}};
-  config["zero_optimization"] = {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}}}};
+  config["zero_optimization"] = {{"stage", 3}, {"offload_param", {{"device", "cpu"}}}};
   try {
     strata::initialize(net, config);
     FAIL() << "expected strata::Error";
   } catch (const strata::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_optimizer.device = \"cpu\""),
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_param.device = \"cpu\""),
               std::string::npos)
         << e.what();
   }

@@ -163,6 +163,43 @@ TEST(MixedPrecision, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   EXPECT_EQ(engine->global_steps(), 6);
 }
 
+// Optimizer offload to CPU memory steps the same numbers as the step beside the model: fp16 with
+// a poisoned (skipped) step, gradient accumulation 2, clipping, at stages 1-3, through Strata's
+// flat Adam (tiles of 3 elements) and through an ordinary optimizer (SGD with momentum).
+class OffloadedOptimizer : public testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(OffloadedOptimizer, StepsLikeTheDeviceStep) {
+  const auto [stage, optimizer] = GetParam();
+  std::vector<torch::Tensor> finals[2];
+  for (bool offload : {false, true}) {
+    torch::manual_seed(5);
+    ScaleNet net;
+    auto config = config_for(stage, 2);
+    config["fp16"] = {{"enabled", true}, {"initial_scale_power", 10}, {"hysteresis", 1}};
+    if (optimizer == "SGD")
+      config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 1e-2}, {"momentum", 0.9}}}};
+    config["zero_optimization"]["sub_group_size"] = 3;
+    if (offload) config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+    auto engine = strata::initialize(net, config);
+    for (int64_t micro = 0; micro < 12; ++micro) {
+      const auto d = batch(micro, 8);
+      auto loss = engine->forward(d.x, d.y);
+      if (micro == 5) loss = loss * std::numeric_limits<float>::infinity();
+      engine->backward(loss);
+      engine->step();
+    }
+    EXPECT_EQ(engine->skipped_steps(), 1);
+    EXPECT_EQ(engine->optimizer().param_groups()[0].params()[0].device().type(), torch::kCPU);
+    for (const auto& p : net->parameters()) finals[offload].push_back(p.detach().to(torch::kFloat));
+  }
+  for (size_t i = 0; i < finals[0].size(); ++i)
+    EXPECT_TRUE(torch::allclose(finals[0][i], finals[1][i], 1e-6, 1e-7))
+        << "parameter " << i << " differs by " << (finals[0][i] - finals[1][i]).abs().max().item<double>();
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, OffloadedOptimizer,
+                         testing::Combine(testing::Values(1, 2, 3), testing::Values("AdamW", "SGD")));
+
 TEST(MixedPrecision, ClientOptimizerInstanceIsRefusedWithZero) {
   auto [net, ref] = twin_nets();
   auto config = config_for(1, 1);
