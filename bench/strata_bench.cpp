@@ -245,6 +245,8 @@ int run(const Args& args) {
                       {"tok_s", tok / dt}, {"tflops", tflops}, {"mfu", tflops / peak},
                       {"peak_tflops", peak}, {"mem_GiB", peak_memory_gib(device)},
                       {"warm_s", warm}, {"loss", loss.item<double>()}};
+  if (const auto* t = engine->last_offload_times())
+    r["offload_ms"] = {{"wait", t->wait_ms}, {"norm", t->norm_ms}, {"cpu_step", t->step_ms}};
   if (engine->data_parallel_rank() == 0) std::printf("%s\n", r.dump().c_str());
 
   // The baseline: fp32 on one rank with Strata's AdamW, where a plain loop computes the same.

@@ -303,4 +303,62 @@ void cpu_adam_step(float* p, float* m, float* v, const void* g, Float g_type, vo
   for (auto& w : workers) w.join();
 }
 
+namespace {
+
+template <class Load>
+double sum_squares_range(int64_t begin, int64_t end, Load load) {
+  constexpr int kLanes = 16;
+  constexpr int64_t kFlush = 4096;  // fp32 lanes stay exact enough over this many elements
+  double total = 0;
+  for (int64_t lo = begin; lo < end; lo += kFlush) {
+    const int64_t hi = std::min(end, lo + kFlush);
+    float acc[kLanes] = {};
+    int64_t i = lo;
+    for (; i + kLanes <= hi; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) {
+        const float x = load(i + j);
+        acc[j] += x * x;
+      }
+    for (; i < hi; ++i) {
+      const float x = load(i);
+      acc[0] += x * x;
+    }
+    for (float a : acc) total += a;
+  }
+  return total;
+}
+
+double sum_squares_range(const void* g, Float type, int64_t begin, int64_t end) {
+  if (type == Float::kF32) {
+    const float* f = static_cast<const float*>(g);
+    return sum_squares_range(begin, end, [f](int64_t i) { return f[i]; });
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(g);
+  if (type == Float::kBF16)
+    return sum_squares_range(begin, end, [h](int64_t i) { return bf16_to_f32(h[i]); });
+  return sum_squares_range(begin, end, [h](int64_t i) { return f16_to_f32(h[i]); });
+}
+
+}  // namespace
+
+double cpu_sum_squares(const void* g, Float type, int64_t n, int threads) {
+  if (n <= 0) return 0;
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  constexpr int64_t kMinPerThread = int64_t(1) << 18;
+  threads = int(std::min<int64_t>(threads, std::max<int64_t>(1, n / kMinPerThread)));
+  const int64_t per = (n / threads + 63) / 64 * 64;
+  std::vector<double> partial(size_t(threads), 0.0);
+  std::vector<std::thread> workers;
+  for (int t = 1; t < threads; ++t) {
+    const int64_t begin = std::min(n, t * per), end = std::min(n, (t + 1) * per);
+    if (begin < end)
+      workers.emplace_back([&, t, begin, end] { partial[size_t(t)] = sum_squares_range(g, type, begin, end); });
+  }
+  partial[0] = sum_squares_range(g, type, 0, std::min(n, per));
+  for (auto& w : workers) w.join();
+  double total = 0;
+  for (double x : partial) total += x;
+  return total;
+}
+
 }  // namespace strata::offload

@@ -24,4 +24,9 @@ const char* cpu_adam_isa();
 void cpu_adam_step(float* p, float* m, float* v, const void* g, Float g_type, void* out,
                    Float out_type, int64_t n, const optim::AdamScalars& s, int threads);
 
+// The sum of squares of n elements of `type` (a gradient's, for its norm), accumulated in fp32
+// lanes flushed to double every few thousand elements, split over threads as the step is: one
+// read of the gradient, at memory bandwidth.
+double cpu_sum_squares(const void* g, Float type, int64_t n, int threads);
+
 }  // namespace strata::offload

@@ -103,6 +103,10 @@ class Engine {
   // Every rank must enter it (it all-gathers). Changes made inside are not kept: the next
   // gather reads the shards. Below stage 3 it does nothing.
   [[nodiscard]] std::shared_ptr<void> gathered_parameters();
+  // Optimizer offload: where the last step's host time went (null without offload).
+  const zero::OffloadTimes* last_offload_times() const {
+    return partitioned_ && partitioned_->offloads() ? &partitioned_->last_offload_times() : nullptr;
+  }
   // Stage 3: the units the parameters are cut into (null below stage 3).
   const zero::ParamUnits* stage3_units() const { return units_.get(); }
   zero::ParamCoordinator* stage3_coordinator() const { return coordinator_.get(); }

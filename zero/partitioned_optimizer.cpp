@@ -3,10 +3,12 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include <fmt/format.h>
 
+#include "offload/cpu_adam.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 
@@ -15,6 +17,15 @@ namespace {
 
 int64_t partitions_for(int64_t stage, const comm::GroupPtr& group) {
   return stage >= 1 && group ? group->size() : 1;
+}
+
+offload::Float host_float(const torch::Tensor& t) {
+  const auto type = t.scalar_type();
+  if (type == torch::kFloat) return offload::Float::kF32;
+  if (type == torch::kBFloat16) return offload::Float::kBF16;
+  if (type == torch::kHalf) return offload::Float::kF16;
+  throw Error(fmt::format("optimizer offload: gradients in {} are not supported (fp32, bf16 or fp16)",
+                          c10::toString(type)));
 }
 
 int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
@@ -247,6 +258,7 @@ void PartitionedOptimizer::zero_gradients() {
 GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   torch::NoGradGuard no_grad;
   if (options_.stage <= 1 && !accumulates_wide()) own_local_gradients();
+  const auto t0 = std::chrono::steady_clock::now();
   // Offload: the gradient the CPU steps with, in host memory.
   auto gradient = partition_gradient();
   if (offloads() && options_.stage <= 1) {
@@ -255,6 +267,7 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   } else if (offloads()) {
     wait_for_device();  // the last micro-step's copies (one window: they are the gradient)
   }
+  const auto t1 = std::chrono::steady_clock::now();
   // A sum of squares is finite iff every element is: one reduction gives the overflow flag
   // and the norm.
   torch::Tensor sum_squares;
@@ -262,20 +275,30 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
     // Reduced in fp32 straight from the model's dtype; the loss scale comes out on the host.
     grad_ = gradient;
     grad_scale_ = 1.0 / loss_scale;
-    sum_squares = at::linalg_vector_norm(grad_, 2, c10::nullopt, false, torch::kFloat)
-                      .to(torch::kDouble)
-                      .pow(2);
+    if (!offloads())
+      sum_squares = at::linalg_vector_norm(grad_, 2, c10::nullopt, false, torch::kFloat)
+                        .to(torch::kDouble)
+                        .pow(2);
   } else {
     grad_ = gradient.to(torch::kFloat, false, /*copy=*/true);
     if (loss_scale != 1.0) grad_.mul_(1.0 / loss_scale);
-    sum_squares = grad_.pow(2).sum().to(torch::kDouble);
+    if (!offloads()) sum_squares = grad_.pow(2).sum().to(torch::kDouble);
   }
+  if (offloads())  // the host tier's threaded pass (LibTorch's CPU norm of bf16 is far slower)
+    sum_squares = torch::tensor(offload::cpu_sum_squares(grad_.data_ptr(), host_float(grad_),
+                                                         grad_.numel(), at::get_num_threads()),
+                                torch::kDouble);
   if (group_ && shards_.parts() > 1) {
     sum_squares = sum_squares.to(device_);  // the group's collectives run on the model's device
     group_->all_reduce(sum_squares, comm::ReduceOp::Sum);
   }
   double total = sum_squares.item<double>();  // the step's one host sync
   if (flat_step_) total *= grad_scale_ * grad_scale_;
+  if (offloads()) {
+    using ms = std::chrono::duration<double, std::milli>;
+    offload_times_.wait_ms = ms(t1 - t0).count();
+    offload_times_.norm_ms = ms(std::chrono::steady_clock::now() - t1).count();
+  }
   return {!std::isfinite(total), std::sqrt(total)};
 }
 
@@ -323,6 +346,7 @@ void PartitionedOptimizer::apply(double clip_coef) {
 }
 
 void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor& mine) {
+  const auto t0 = std::chrono::steady_clock::now();
   if (!host_out_.defined()) host_out_ = host_buffer(mine.numel(), mine.scalar_type());
   // Each tile goes back as soon as the CPU has written it; the copies queue on the device's
   // stream (asynchronous from page-locked memory) while the CPU steps the next tile.
@@ -339,6 +363,8 @@ void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor
     host_out_.copy_(master_);
     send(0, host_out_.numel());
   }
+  offload_times_.step_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void PartitionedOptimizer::discard() {

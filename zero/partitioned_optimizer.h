@@ -56,6 +56,12 @@ struct OffloadOptions {
   int64_t tile_numel = 0;  // 0: the whole partition in one step
 };
 
+// Where the last offloaded step's host time went (ms): waiting for the device's gradient copies,
+// the gradient norm on the host, the CPU step with the weights' copies queued.
+struct OffloadTimes {
+  double wait_ms = 0, norm_ms = 0, step_ms = 0;
+};
+
 struct PartitionedOptions {
   int64_t stage = 0;  // 0, 1, 2 or 3 (3: the constructor that takes the ParamUnits)
   torch::ScalarType comm_dtype = torch::kFloat;
@@ -120,6 +126,7 @@ class PartitionedOptimizer {
   ParamUnits* units() const { return units_.get(); }
   bool offloads() const { return options_.offload.enabled; }
   int64_t pinned_host_bytes() const { return pinned_bytes_; }
+  const OffloadTimes& last_offload_times() const { return offload_times_; }
   // The fp32 master weights of partition partition_index() of flat(), laid out as shards()
   // says (the inner optimizer's one parameter); a checkpoint restores them in place.
   const torch::Tensor& master() const { return master_; }
@@ -165,6 +172,7 @@ class PartitionedOptimizer {
   torch::Tensor host_out_;    // the step's new weights in the model's dtype, on their way back
   bool pin_ = false;          // host buffers are page-locked (model on a GPU, pin_memory)
   int64_t pinned_bytes_ = 0;
+  OffloadTimes offload_times_;
 };
 
 }  // namespace strata::zero

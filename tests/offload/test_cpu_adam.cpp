@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,29 @@ TEST(CpuAdam, ThreadSplitsGiveTheSameBits) {
   }
   EXPECT_TRUE(torch::equal(results[0], results[1]));
   EXPECT_TRUE(torch::equal(results[0], results[2]));
+}
+
+// The gradient norm's pass: fp32, bf16 and fp16 against LibTorch's sum in double, on 1 and 3
+// threads, with a length that leaves remainders everywhere.
+TEST(CpuSumSquares, EqualsLibTorchForEachDtypeAndThreadCount) {
+  torch::manual_seed(3);
+  const int64_t n = 1000003;
+  const auto base = torch::randn({n}) * 3;
+  const std::pair<torch::ScalarType, strata::offload::Float> types[] = {
+      {torch::kFloat, strata::offload::Float::kF32},
+      {torch::kBFloat16, strata::offload::Float::kBF16},
+      {torch::kHalf, strata::offload::Float::kF16}};
+  for (const auto& [dtype, type] : types) {
+    const auto g = base.to(dtype);
+    const double want = g.to(torch::kDouble).pow(2).sum().item<double>();
+    for (int threads : {1, 3}) {
+      const double got = strata::offload::cpu_sum_squares(g.data_ptr(), type, n, threads);
+      EXPECT_NEAR(got, want, want * 1e-6) << c10::toString(dtype) << ", " << threads << " threads";
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  const float with_inf[] = {1.f, inf, 2.f};
+  EXPECT_FALSE(std::isfinite(strata::offload::cpu_sum_squares(with_inf, strata::offload::Float::kF32, 3, 1)));
 }
 
 }  // namespace
