@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "runtime/error.h"
+#include "zero/host_copy.h"
 
 namespace strata::zero {
 namespace {
@@ -183,8 +184,12 @@ void GradientReducer::deliver(Bucket& bucket) {
   if (bucket.work) bucket.work->wait();
   const auto out = bucket.flat.narrow(0, bucket.out_offset, bucket.out_numel);
   if (options_.mode == Mode::kPartition && options_.copy_to_partition) {
-    // Stream-ordered: the bucket's memory is reused only by work queued after this copy.
-    bucket.accumulator.copy_(out, /*non_blocking=*/bucket.accumulator.is_pinned());
+    // The reduced chunk's sum of squares stays on the device (a window of one micro-step: it is
+    // the gradient norm's share, with no pass over the host copy).
+    if (options_.sum_squares.defined())
+      options_.sum_squares.add_(
+          at::linalg_vector_norm(out, 2, c10::nullopt, false, torch::kFloat).to(torch::kDouble).pow(2));
+    copy_to_host_async(bucket.accumulator, out);
   } else if (options_.mode == Mode::kPartition) {
     bucket.accumulator.add_(out);
   } else {

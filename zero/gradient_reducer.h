@@ -49,6 +49,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     // each reduced chunk is copied into, asynchronously, instead of being added to; the owner
     // sums micro-steps on the host once the copies are done.
     bool copy_to_partition = false;
+    // With copy_to_partition: a device scalar (double) each reduced chunk's sum of squares is
+    // added to, so that a one-micro-step window's gradient norm needs no pass on the host.
+    torch::Tensor sum_squares;
   };
 
   // Parameter indices per bucket: reverse registration order, at most bucket_numel elements per

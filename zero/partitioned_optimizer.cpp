@@ -150,6 +150,9 @@ void PartitionedOptimizer::offload_partition_gradients(GradientReducer::Options&
   host_grad_ = host_buffer(shards_.partition_numel(), options_.comm_dtype);
   if (options_.accumulation_steps > 1)
     host_accum_ = torch::zeros({shards_.partition_numel()}, torch::kFloat);
+  else  // the window is one micro-step: its norm is summed on the device as buckets arrive
+    r.sum_squares = device_sum_squares_ =
+        torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   r.partition_grad = host_grad_;
   r.copy_to_partition = true;
 }
@@ -251,6 +254,7 @@ void PartitionedOptimizer::zero_gradients() {
   if (grad_accum_.defined()) grad_accum_.zero_();
   if (grad_partition_.defined()) grad_partition_.zero_();
   if (host_accum_.defined()) host_accum_.zero_();
+  if (device_sum_squares_.defined()) device_sum_squares_.zero_();
   master_.mutable_grad() = torch::Tensor();  // the fp32 gradient lives only during a step
   grad_ = torch::Tensor();
 }
@@ -284,16 +288,22 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
     if (loss_scale != 1.0) grad_.mul_(1.0 / loss_scale);
     if (!offloads()) sum_squares = grad_.pow(2).sum().to(torch::kDouble);
   }
-  if (offloads())  // the host tier's threaded pass (LibTorch's CPU norm of bf16 is far slower)
+  // Offload: the reducer summed a one-micro-step window's squares on the device (they carry the
+  // loss scale); else the host tier's threaded pass over the host copy.
+  double factor = flat_step_ ? grad_scale_ * grad_scale_ : 1.0;
+  if (offloads() && device_sum_squares_.defined()) {
+    sum_squares = device_sum_squares_.clone();
+    factor = 1.0 / (loss_scale * loss_scale);
+  } else if (offloads()) {
     sum_squares = torch::tensor(offload::cpu_sum_squares(grad_.data_ptr(), host_float(grad_),
                                                          grad_.numel(), at::get_num_threads()),
                                 torch::kDouble);
+  }
   if (group_ && shards_.parts() > 1) {
     sum_squares = sum_squares.to(device_);  // the group's collectives run on the model's device
     group_->all_reduce(sum_squares, comm::ReduceOp::Sum);
   }
-  double total = sum_squares.item<double>();  // the step's one host sync
-  if (flat_step_) total *= grad_scale_ * grad_scale_;
+  const double total = sum_squares.item<double>() * factor;  // the step's one host sync
   if (offloads()) {
     using ms = std::chrono::duration<double, std::milli>;
     offload_times_.wait_ms = ms(t1 - t0).count();

@@ -170,6 +170,8 @@ class PartitionedOptimizer {
   torch::Tensor host_grad_;   // this rank's gradient as it arrives from the device
   torch::Tensor host_accum_;  // fp32 sum over the micro-steps of a window (more than one)
   torch::Tensor host_out_;    // the step's new weights in the model's dtype, on their way back
+  torch::Tensor device_sum_squares_;  // stages 2-3, one micro-step per window: the gradient's
+                                      // sum of squares, added up on the device by the reducer
   bool pin_ = false;          // host buffers are page-locked (model on a GPU, pin_memory)
   int64_t pinned_bytes_ = 0;
   OffloadTimes offload_times_;

@@ -164,27 +164,28 @@ TEST(MixedPrecision, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
 }
 
 // Optimizer offload to CPU memory steps the same numbers as the step beside the model: fp16 with
-// a poisoned (skipped) step, gradient accumulation 2, clipping, at stages 1-3, through Strata's
-// flat Adam (tiles of 3 elements) and through an ordinary optimizer (SGD with momentum).
-class OffloadedOptimizer : public testing::TestWithParam<std::tuple<int, std::string>> {};
+// a poisoned (skipped) step, clipping, at stages 1-3, through Strata's flat Adam (tiles of 3
+// elements) and through an ordinary optimizer (SGD with momentum); gradient accumulation 2 (fp32
+// sums on the host, the norm on the host) and 1 (at stages 2-3 the norm summed on the device).
+class OffloadedOptimizer : public testing::TestWithParam<std::tuple<int, std::string, int>> {};
 
 TEST_P(OffloadedOptimizer, StepsLikeTheDeviceStep) {
-  const auto [stage, optimizer] = GetParam();
+  const auto [stage, optimizer, gas] = GetParam();
   std::vector<torch::Tensor> finals[2];
   for (bool offload : {false, true}) {
     torch::manual_seed(5);
     ScaleNet net;
-    auto config = config_for(stage, 2);
+    auto config = config_for(stage, gas);
     config["fp16"] = {{"enabled", true}, {"initial_scale_power", 10}, {"hysteresis", 1}};
     if (optimizer == "SGD")
       config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 1e-2}, {"momentum", 0.9}}}};
     config["zero_optimization"]["sub_group_size"] = 3;
     if (offload) config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
     auto engine = strata::initialize(net, config);
-    for (int64_t micro = 0; micro < 12; ++micro) {
-      const auto d = batch(micro, 8);
+    for (int64_t micro = 0; micro < 6 * gas; ++micro) {
+      const auto d = batch(micro, 16 / gas);
       auto loss = engine->forward(d.x, d.y);
-      if (micro == 5) loss = loss * std::numeric_limits<float>::infinity();
+      if (micro == 2 * gas + 1 - (gas == 1)) loss = loss * std::numeric_limits<float>::infinity();
       engine->backward(loss);
       engine->step();
     }
@@ -198,7 +199,8 @@ TEST_P(OffloadedOptimizer, StepsLikeTheDeviceStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, OffloadedOptimizer,
-                         testing::Combine(testing::Values(1, 2, 3), testing::Values("AdamW", "SGD")));
+                         testing::Combine(testing::Values(1, 2, 3), testing::Values("AdamW", "SGD"),
+                                          testing::Values(1, 2)));
 
 TEST(MixedPrecision, ClientOptimizerInstanceIsRefusedWithZero) {
   auto [net, ref] = twin_nets();
