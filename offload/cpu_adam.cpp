@@ -43,6 +43,23 @@ Isa chosen_isa() {
   return isa;
 }
 
+// Runs fn(thread, begin, end) over [0, n) cut into contiguous, cache-line aligned ranges, one per
+// thread (threads <= 0: as many as the CPU has; fewer when a thread would get less than
+// min_per_thread elements), the first range on the calling thread.
+template <class Fn>
+void split_over_threads(int64_t n, int threads, int64_t min_per_thread, const Fn& fn) {
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  threads = int(std::min<int64_t>(threads, std::max<int64_t>(1, n / min_per_thread)));
+  const int64_t per = (n / threads + 63) / 64 * 64;
+  std::vector<std::thread> workers;
+  for (int t = 1; t < threads; ++t) {
+    const int64_t begin = std::min(n, t * per), end = std::min(n, (t + 1) * per);
+    if (begin < end) workers.emplace_back([&fn, t, begin, end] { fn(t, begin, end); });
+  }
+  fn(0, 0, std::min(n, per));
+  for (auto& w : workers) w.join();
+}
+
 // --- scalar conversions (IEEE round to nearest even; NaN stays NaN) ---------------------------
 
 inline float bf16_to_f32(uint16_t b) {
@@ -289,18 +306,9 @@ void cpu_adam_step(float* p, float* m, float* v, const void* g, Float g_type, vo
   RangeFn fn = g_type == Float::kF32    ? pick_out<int(Float::kF32)>(isa, out, out_type)
                : g_type == Float::kBF16 ? pick_out<int(Float::kBF16)>(isa, out, out_type)
                                         : pick_out<int(Float::kF16)>(isa, out, out_type);
-  // Threads over contiguous, cache-line aligned ranges; small steps stay on this thread.
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  constexpr int64_t kMinPerThread = int64_t(1) << 16;
-  threads = int(std::min<int64_t>(threads, std::max<int64_t>(1, n / kMinPerThread)));
-  const int64_t per = (n / threads + 63) / 64 * 64;
-  std::vector<std::thread> workers;
-  for (int t = 1; t < threads; ++t) {
-    const int64_t begin = std::min(n, t * per), end = std::min(n, (t + 1) * per);
-    if (begin < end) workers.emplace_back(fn, p, m, v, g, out, begin, end, std::cref(s));
-  }
-  fn(p, m, v, g, out, 0, std::min(n, per), s);
-  for (auto& w : workers) w.join();
+  split_over_threads(n, threads, int64_t(1) << 16, [&](int, int64_t begin, int64_t end) {
+    fn(p, m, v, g, out, begin, end, s);
+  });
 }
 
 namespace {
@@ -344,18 +352,10 @@ double sum_squares_range(const void* g, Float type, int64_t begin, int64_t end) 
 double cpu_sum_squares(const void* g, Float type, int64_t n, int threads) {
   if (n <= 0) return 0;
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  constexpr int64_t kMinPerThread = int64_t(1) << 18;
-  threads = int(std::min<int64_t>(threads, std::max<int64_t>(1, n / kMinPerThread)));
-  const int64_t per = (n / threads + 63) / 64 * 64;
-  std::vector<double> partial(size_t(threads), 0.0);
-  std::vector<std::thread> workers;
-  for (int t = 1; t < threads; ++t) {
-    const int64_t begin = std::min(n, t * per), end = std::min(n, (t + 1) * per);
-    if (begin < end)
-      workers.emplace_back([&, t, begin, end] { partial[size_t(t)] = sum_squares_range(g, type, begin, end); });
-  }
-  partial[0] = sum_squares_range(g, type, 0, std::min(n, per));
-  for (auto& w : workers) w.join();
+  std::vector<double> partial(size_t(threads), 0.0);  // split_over_threads uses at most these
+  split_over_threads(n, threads, int64_t(1) << 18, [&](int t, int64_t begin, int64_t end) {
+    partial[size_t(t)] = sum_squares_range(g, type, begin, end);
+  });
   double total = 0;
   for (double x : partial) total += x;
   return total;

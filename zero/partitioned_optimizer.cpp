@@ -52,8 +52,7 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
   if (options_.stage > 2) throw Error("PartitionedOptimizer: stage 3 takes the ParamUnits");
   if (options_.offload.enabled && options_.stage < 1)
     throw Error("optimizer offload partitions the optimizer: it needs ZeRO stage 1, 2 or 3");
-  device_ = flat_->data().device();
-  pin_ = options_.offload.enabled && options_.offload.pin_memory && device_.is_cuda();
+  set_device(flat_->data());
   const auto model_dtype = flat_->data().scalar_type();
   const auto plan = GradientReducer::plan(flat_->params(), options_.reduce_bucket_numel);
   shards_ = shard_map_for(*flat_, options_.stage, plan);
@@ -64,8 +63,7 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
   r.comm_dtype = options_.comm_dtype;
   r.plan = plan;
   // Summing several micro-steps in a wider dtype than the model's (fp32 under bf16/fp16).
-  const bool wide = options_.accumulation_steps > 1 &&
-                    c10::elementSize(options_.accum_dtype) > c10::elementSize(model_dtype);
+  const bool wide = accumulates_wider_than(model_dtype);
   if (options_.stage <= 1) {
     grad_flat_ = flat_->zeros_like_data(model_dtype);
     own_local_gradients();
@@ -83,14 +81,7 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
     r.mode = GradientReducer::Mode::kPartition;
     for (size_t i = 0; i < flat_->params().size(); ++i) r.flat_offsets.push_back(flat_->offset(i));
     r.shards = shards_;
-    if (options_.offload.enabled) {
-      offload_partition_gradients(r);
-    } else {
-      grad_partition_ = torch::zeros({shards_.partition_numel()},
-                                     flat_->data().options().dtype(wide ? options_.accum_dtype
-                                                                        : model_dtype));
-      r.partition_grad = grad_partition_;
-    }
+    place_partition_gradients(r, flat_->data());
     reducer_ = GradientReducer::create(flat_->params(), group_, r);
   }
 }
@@ -106,28 +97,17 @@ PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
   if (units_->trainable_params().empty())
     throw Error("ZeRO-3: the model has no parameter that requires a gradient");
   shards_ = units_->shards();
-  device_ = units_->partition().device();
-  pin_ = options_.offload.enabled && options_.offload.pin_memory && device_.is_cuda();
+  set_device(units_->partition());
   init_master(units_->partition(), make_inner);
   // As stage 2, with one bucket per unit: its gradient is reduce-scattered once the unit's
   // backward is done, and only this rank's chunk is kept.
-  const auto model_dtype = units_->partition().scalar_type();
-  const bool wide = options_.accumulation_steps > 1 &&
-                    c10::elementSize(options_.accum_dtype) > c10::elementSize(model_dtype);
   GradientReducer::Options r;
   r.mode = GradientReducer::Mode::kPartition;
   r.comm_dtype = options_.comm_dtype;
   r.plan = units_->plan();
   r.flat_offsets = units_->flat_offsets();
   r.shards = shards_;
-  if (options_.offload.enabled) {
-    offload_partition_gradients(r);
-  } else {
-    grad_partition_ = torch::zeros({shards_.partition_numel()},
-                                   units_->partition().options().dtype(wide ? options_.accum_dtype
-                                                                            : model_dtype));
-    r.partition_grad = grad_partition_;
-  }
+  place_partition_gradients(r, units_->partition());
   reducer_ = GradientReducer::create(units_->trainable_params(), group_, r);
 }
 
@@ -143,13 +123,32 @@ void PartitionedOptimizer::init_master(const torch::Tensor& partition,
   if (!inner_) throw Error("the optimizer builder returned null");
 }
 
-void PartitionedOptimizer::offload_partition_gradients(GradientReducer::Options& r) {
-  // Each reduced chunk is copied straight into host memory: no partition-sized gradient stays
-  // on the device. The copies arrive in the communication dtype; a window of several
-  // micro-steps is summed on the host in fp32, as DeepSpeed's offload does.
-  host_grad_ = host_buffer(shards_.partition_numel(), options_.comm_dtype);
+void PartitionedOptimizer::set_device(const torch::Tensor& params) {
+  device_ = params.device();
+  pin_ = options_.offload.enabled && options_.offload.pin_memory && device_.is_cuda();
+}
+
+bool PartitionedOptimizer::accumulates_wider_than(torch::ScalarType model_dtype) const {
+  return options_.accumulation_steps > 1 &&
+         c10::elementSize(options_.accum_dtype) > c10::elementSize(model_dtype);
+}
+
+void PartitionedOptimizer::place_partition_gradients(GradientReducer::Options& r,
+                                                     const torch::Tensor& params) {
+  const int64_t n = shards_.partition_numel();
+  if (!options_.offload.enabled) {
+    // On the device, summed over the window in the accumulation dtype.
+    const auto dtype = accumulates_wider_than(params.scalar_type()) ? options_.accum_dtype
+                                                                    : params.scalar_type();
+    r.partition_grad = grad_partition_ = torch::zeros({n}, params.options().dtype(dtype));
+    return;
+  }
+  // Offload: each reduced chunk is copied straight into host memory, so no partition-sized
+  // gradient stays on the device. The copies arrive in the communication dtype; a window of
+  // several micro-steps is summed on the host in fp32, as DeepSpeed's offload does.
+  host_grad_ = host_buffer(n, options_.comm_dtype);
   if (options_.accumulation_steps > 1)
-    host_accum_ = torch::zeros({shards_.partition_numel()}, torch::kFloat);
+    host_accum_ = torch::zeros({n}, torch::kFloat);
   else  // the window is one micro-step: its norm is summed on the device as buckets arrive
     r.sum_squares = device_sum_squares_ =
         torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));

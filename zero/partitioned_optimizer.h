@@ -144,7 +144,11 @@ class PartitionedOptimizer {
   void zero_gradients();
   // Optimizer offload: a host buffer, page-locked when it will cross to a GPU and allowed.
   torch::Tensor host_buffer(int64_t numel, torch::ScalarType dtype);
-  void offload_partition_gradients(GradientReducer::Options& r);  // stages 2-3
+  void set_device(const torch::Tensor& params);  // device_ and pin_ from the model's tensors
+  bool accumulates_wider_than(torch::ScalarType model_dtype) const;
+  // Stages 2-3: the buffer the reducer leaves this rank's gradient in (on the device, or in
+  // host memory with offload), given to the reducer's options.
+  void place_partition_gradients(GradientReducer::Options& r, const torch::Tensor& params);
   void wait_for_device() const;  // the device's queued copies into host buffers are done
   // Writes the new weights into `mine` (on the device) from the host step.
   void apply_offloaded(double clip_coef, const torch::Tensor& mine);
