@@ -80,7 +80,13 @@ void check(const torch::Tensor& logits, const GateOptions& o) {
 torch::Tensor gumbel(at::Generator& gen, int64_t S, int64_t E, const torch::Tensor& like) {
   using lim = std::numeric_limits<float>;
   auto u = torch::rand({S, E}, gen, torch::kFloat).clamp(lim::min(), 1.0 - lim::epsilon());
-  return (-torch::log(-torch::log(u))).to(like.options());
+  return host_to_device(-torch::log(-torch::log(u)), like.device()).to(like.scalar_type());
+}
+
+// Routes per expert: bincount without its host sync on CUDA (it reads the maximum to size its
+// output). `bins` counts every value of `expert`, which lies in [0, bins).
+torch::Tensor count_per_expert(const torch::Tensor& expert, int64_t bins) {
+  return torch::zeros({bins}, expert.options()).scatter_add_(0, expert, torch::ones_like(expert));
 }
 
 // Place of each route when sorted by `priority` descending, ties to the lower token.
@@ -88,24 +94,20 @@ torch::Tensor priority_place(const torch::Tensor& priority, const torch::Tensor&
   const auto by_token = std::get<1>(token.sort(/*stable=*/true, 0, false));
   const auto by_prio = std::get<1>(priority.index_select(0, by_token).sort(true, 0, true));
   const auto order = by_token.index_select(0, by_prio);
-  auto place = torch::empty_like(order);
-  place.index_put_({order}, torch::arange(order.size(0), order.options()));
-  return place;
+  return torch::empty_like(order).scatter_(0, order, torch::arange(order.size(0), order.options()));
 }
 
 // Rank of each route among the routes to the same expert, in increasing `key` (keys are unique
-// within an expert and lie in [0, key_bound)).
+// within an expert and lie in [0, key_bound); experts lie in [0, bins)).
 torch::Tensor rank_within_expert(const torch::Tensor& expert, const torch::Tensor& key,
-                                 int64_t key_bound, int64_t E) {
+                                 int64_t key_bound, int64_t bins) {
   const int64_t R = expert.size(0);
-  if (R == 0) return torch::empty_like(expert);
   const auto perm = std::get<1>((expert * key_bound + key).sort());
-  const auto counts = torch::bincount(expert, {}, E);
+  const auto counts = count_per_expert(expert, bins);
   const auto starts = counts.cumsum(0) - counts;
-  auto rank = torch::empty_like(expert);
-  rank.index_put_({perm}, torch::arange(R, expert.options()) -
-                              starts.index_select(0, expert.index_select(0, perm)));
-  return rank;
+  return torch::empty_like(expert).scatter_(
+      0, perm, torch::arange(R, expert.options()) -
+                   starts.index_select(0, expert.index_select(0, perm)));
 }
 
 }  // namespace
@@ -120,9 +122,16 @@ int64_t gate_capacity(int64_t num_tokens, int64_t num_experts, double factor,
   return capacity < min_capacity ? min_capacity : capacity;
 }
 
-GateOutput gate(const torch::Tensor& logits, const GateOptions& o) {
+torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& device) {
+  if (device.is_cpu() || !host.device().is_cpu()) return host.to(device);
+  // A blocking copy from pageable memory waits for the device; from page-locked memory the copy
+  // is queued on the current stream (the host allocator keeps the buffer until it is done).
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   check(logits, o);
-  const int64_t S = logits.size(0), E = logits.size(1), k = o.k;
+  const int64_t S = logits.size(0), E = logits.size(1), k = o.k, R = S * k;
   const auto dev = logits.device();
   const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(dev);
   auto gen = at::detail::createCPUGenerator(o.seed);
@@ -145,20 +154,20 @@ GateOutput gate(const torch::Tensor& logits, const GateOptions& o) {
     idx = std::get<1>(gates.detach().sort(/*stable=*/true, 1, true)).index({Slice(), Slice(0, k)});
   }
 
-  // Routes, choice-major.
-  auto expert = idx.t().reshape(-1);
-  auto token = torch::arange(S, i64).repeat({k});
-  if (o.used_token.defined()) {  // unused tokens are not routed at all (k = 1)
-    const auto used = o.used_token.to(dev).ne(0);
-    expert = expert.masked_select(used);
-    token = token.masked_select(used);
+  // Routes, choice-major. Unused tokens (used_token, k = 1) take no route: they are ranked under
+  // a virtual expert E that has no capacity, so nothing of them is counted or kept.
+  const auto expert = idx.t().reshape(-1);
+  const auto token = torch::arange(S, i64).repeat({k});
+  torch::Tensor used, ranked_expert = expert;
+  if (o.used_token.defined()) {
+    used = host_to_device(o.used_token, dev).ne(0);
+    ranked_expert = expert.masked_fill(used.logical_not(), E);
   }
-  const int64_t routes = expert.size(0);
-  const auto exp_counts = torch::bincount(expert, {}, E);
+  const auto exp_counts = count_per_expert(ranked_expert, E + 1).narrow(0, 0, E);
 
   // l_aux from the choices before drops; DeepSpeed's ce counts 1st choices for k <= 2.
-  const auto firsts = expert.index({Slice(0, k == 1 ? routes : S)});
-  const auto ce_counts = k <= 2 ? torch::bincount(firsts, {}, E) : exp_counts;
+  const auto ce_counts =
+      k == 2 ? count_per_expert(expert.narrow(0, 0, S), E) : exp_counts;
   const auto me = gates.mean(0);
   const auto ce = ce_counts.to(gates.scalar_type()) / static_cast<double>(S);
   torch::Tensor l_aux;
@@ -175,7 +184,7 @@ GateOutput gate(const torch::Tensor& logits, const GateOptions& o) {
   if (o.drop_tokens) {
     capacity = gate_capacity(S, E, factor * k, o.min_capacity);
   } else {
-    const int64_t local = routes == 0 ? 0 : exp_counts.max().item<int64_t>();
+    const int64_t local = exp_counts.max().item<int64_t>();  // the one host sync
     capacity = o.agree_capacity ? o.agree_capacity(local) : local;
     if (capacity < local) {
       throw Error(fmt::format("moe::gate: agree_capacity returned {} for a local expert load of "
@@ -188,62 +197,82 @@ GateOutput gate(const torch::Tensor& logits, const GateOptions& o) {
   // Who survives: the first `capacity` routes of each expert in priority order.
   //   k = 1: random priority (use_rts) or token order; k = 2: choice-major position;
   //   k >= 3: probability (Probs) or token order (Position).
-  const auto route_number = torch::arange(routes, i64);
   torch::Tensor place;
-  int64_t place_bound = routes;
+  int64_t place_bound = R;
+  bool place_is_slot_order = true;  // the survivors' order is the slots' order
   if (k == 1 && o.use_rts) {
-    auto prio = torch::rand({S}, gen, torch::kFloat).to(dev).index_select(0, token);
-    place = priority_place(prio, token);
+    const auto prio = host_to_device(torch::rand({S}, gen, torch::kFloat), dev);
+    place = priority_place(prio.index_select(0, token), token);
+    place_is_slot_order = false;
   } else if (k == 2) {
-    place = route_number;
+    place = torch::arange(R, i64);
   } else if (k >= 3 && o.drop_policy == DropPolicy::Probs) {
     place = priority_place(gates.detach().gather(1, idx).t().reshape(-1), token);
+    place_is_slot_order = false;
   } else {
     place = token;
     place_bound = S;
   }
-  const auto kept = rank_within_expert(expert, place, place_bound, E).lt(capacity);
-  const auto kept_routes = kept.nonzero().squeeze(1);
-  GateOutput out;
+  const auto rank = rank_within_expert(ranked_expert, place, place_bound, E + 1);
+  auto kept = rank.lt(capacity);
+  if (used.defined()) kept = kept.logical_and(used);
+
+  GateRoutes out;
   out.num_experts = E;
   out.capacity = capacity;
   out.l_aux = l_aux;
   out.exp_counts = exp_counts;
-  out.token = token.index_select(0, kept_routes);
-  out.expert = expert.index_select(0, kept_routes);
-  out.dropped = routes - kept_routes.size(0);
+  out.token = token;
+  out.expert = expert;
+  out.kept = kept;
+  const auto kept_expert = expert.masked_fill(kept.logical_not(), E);  // dropped: virtual E
+  out.kept_counts = count_per_expert(kept_expert, E + 1).narrow(0, 0, E);
+  out.dropped = (used.defined() ? used.sum() : torch::full({}, R, i64)) - kept.sum();
 
   // Slots are DeepSpeed's locations: cumsum over tokens of the kept mask (k = 1, Probs), which is
   // the pre-drop position for the positional policies (kept routes are a prefix there).
-  const auto slot_key = k == 2 ? route_number.index_select(0, kept_routes) : out.token;
-  out.slot = rank_within_expert(out.expert, slot_key, k == 2 ? routes : S, E);
+  out.slot = place_is_slot_order ? rank : rank_within_expert(kept_expert, token, S, E + 1);
 
   // Combine weights, with DeepSpeed's arithmetic: top1 raw; top2 g / clamp(g1 + g2, eps); topk
   // over the kept [S, E] mask, g / clamp(sum_e, eps).
   const double eps = logits.scalar_type() == torch::kFloat ? std::numeric_limits<float>::epsilon()
                                                            : std::numeric_limits<double>::epsilon();
-  torch::Tensor weight;  // [routes], choice-major
   if (k == 1) {
-    weight = gates.gather(1, idx).squeeze(1);
-    if (o.used_token.defined()) weight = weight.masked_select(o.used_token.to(dev).ne(0));
+    out.weight = gates.gather(1, idx).squeeze(1);
   } else if (k == 2) {
     const auto kept_sk = kept.view({2, S}).t().to(gates.scalar_type());
     const auto g = gates.gather(1, idx) * kept_sk;
     const auto g1 = g.select(1, 0), g2 = g.select(1, 1);
     const auto denom = (g1 + g2).clamp_min(eps);
-    weight = torch::cat({g1 / denom, g2 / denom});
+    out.weight = torch::cat({g1 / denom, g2 / denom});
   } else {
     auto mask = torch::zeros({S, E}, gates.options());
     mask.index_put_({token, expert}, kept.to(gates.scalar_type()));
     const auto masked = gates * mask;
     const auto normed = masked / masked.sum(-1, true).clamp_min(eps);
-    weight = normed.gather(1, idx).t().reshape(-1);
+    out.weight = normed.gather(1, idx).t().reshape(-1);
   }
-  out.weight = weight.index_select(0, kept_routes);
 
   if (o.z_loss_coef > 0) {
     out.z_loss = torch::logsumexp(logits, 1).pow(2).mean() * o.z_loss_coef;
   }
+  return out;
+}
+
+GateOutput gate(const torch::Tensor& logits, const GateOptions& o) {
+  const GateRoutes r = gate_routes(logits, o);
+  const auto kept_routes = r.kept.nonzero().squeeze(1);  // variable length: a host sync on CUDA
+  GateOutput out;
+  out.num_experts = r.num_experts;
+  out.capacity = r.capacity;
+  out.l_aux = r.l_aux;
+  out.z_loss = r.z_loss;
+  out.exp_counts = r.exp_counts;
+  out.token = r.token.index_select(0, kept_routes);
+  out.expert = r.expert.index_select(0, kept_routes);
+  out.slot = r.slot.index_select(0, kept_routes);
+  out.weight = r.weight.index_select(0, kept_routes);
+  out.dropped = r.dropped.item<int64_t>();
   return out;
 }
 

@@ -22,7 +22,14 @@
 // drop_tokens = false the capacity is the largest expert load, agreed over the expert-parallel
 // group through `agree_capacity` (DeepSpeed's all-reduce MAX; k = 1 then caps it at S).
 //
-// The output is permutation-style, O(S*k): one entry per kept route (token, expert, slot within
+// Two forms of the result, both O(S*k), never DeepSpeed's dense [S,E,C] tensors:
+//   - gate_routes(): fixed size, for the layer: all S*k routes with a kept mask, the dropped count
+//     as a device tensor. On CUDA it never makes the host wait for the device with drop_tokens =
+//     true (counts by scatter_add, ranks by sort and scatter, noise copied asynchronously); with
+//     drop_tokens = false once, to read the largest expert load.
+//   - gate(): the kept routes as lists, built on gate_routes() (their length is read on the host:
+//     a sync on CUDA). For tests, tools and users who want to look at the routing.
+// The lists are permutation-style: one entry per kept route (token, expert, slot within
 // the expert's capacity buffer, combine weight), never DeepSpeed's dense [S,E,C] tensors. A slot
 // is what DeepSpeed's `locations` hold: for k = 1 and drop_policy Probs, the kept routes of an
 // expert in token order; for k = 2 the pre-drop position; for Position, the token-order position.
@@ -32,8 +39,9 @@
 //   - between tokens competing for capacity at equal priority: the lowest token index survives.
 //
 // Randomness: all noise (RSample Gumbel, RTS priorities, 2nd-expert Gumbel) is drawn on the CPU
-// from a generator created from `seed` alone, in that order, then moved to the logits' device,
-// so a route does not depend on the device or on how experts are spread over ranks. The layer
+// from a generator created from `seed` alone, in that order, then moved to the logits' device
+// through page-locked memory by a copy queued on the stream (no host wait), so a route does not
+// depend on the device or on how experts are spread over ranks. The layer
 // derives the seed from (seed, step, micro-batch, layer). DeepSpeed draws from the global RNG.
 //
 // What differs from DeepSpeed, on purpose:
@@ -94,8 +102,28 @@ struct GateOutput {
   int64_t dropped = 0;   // routes counted in exp_counts but dropped over capacity
 };
 
+// The fixed-size form. Route r = choice * S + token, r in [0, S*k), for every route; where kept is
+// false (dropped over capacity, or an unused token) slot and weight mean nothing.
+struct GateRoutes {
+  int64_t num_experts = 0;
+  int64_t capacity = 0;
+  torch::Tensor l_aux, z_loss, exp_counts;  // as in GateOutput
+  torch::Tensor token;        // [S*k] int64
+  torch::Tensor expert;       // [S*k] int64
+  torch::Tensor slot;         // [S*k] int64, in [0, capacity) where kept
+  torch::Tensor kept;         // [S*k] bool
+  torch::Tensor weight;       // [S*k] logits' dtype, differentiable
+  torch::Tensor kept_counts;  // [E] int64, kept routes per expert (slots 0..n-1 are filled)
+  torch::Tensor dropped;      // int64 scalar on the logits' device
+};
+
 // logits: [S, E], float32 (float64 accepted, e.g. for gradient checks), any device.
+GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& options);
 GateOutput gate(const torch::Tensor& logits, const GateOptions& options);
+
+// `host` (a CPU tensor) on `device`; for CUDA through page-locked memory and a non-blocking copy
+// on the current stream, so the host does not wait.
+torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& device);
 
 // DeepSpeed's _capacity: ceil(S / E * factor) evaluated in float32 as DeepSpeed's scripted
 // function does, raised to min_capacity.
