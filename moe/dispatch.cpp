@@ -41,15 +41,22 @@ struct AllToAll : torch::autograd::Function<AllToAll> {
 
 torch::Tensor dispatch_tokens(const torch::Tensor& x, const torch::Tensor& token,
                               const torch::Tensor& position, int64_t rows) {
-  return torch::zeros({rows, x.size(1)}, x.options())
-      .index_copy(0, position, x.index_select(0, token));
+  // Row `rows` is the dropped routes' scratch (several may write it): cut off, so its gradient,
+  // the dropped routes', is zero.
+  return torch::zeros({rows + 1, x.size(1)}, x.options())
+      .index_copy(0, position, x.index_select(0, token))
+      .narrow(0, 0, rows);
 }
 
 torch::Tensor combine_tokens(const torch::Tensor& expert_out, const torch::Tensor& token,
                              const torch::Tensor& position, const torch::Tensor& weight,
-                             int64_t num_tokens) {
-  const auto routed =
-      expert_out.index_select(0, position) * weight.to(expert_out.scalar_type()).unsqueeze(1);
+                             const torch::Tensor& kept, int64_t num_tokens) {
+  auto routed = expert_out.index_select(0, position.clamp_max(expert_out.size(0) - 1));
+  if (kept.defined()) {
+    // Selected, not multiplied: the row a dropped route reads may hold anything.
+    routed = torch::where(kept.unsqueeze(1), routed, torch::zeros({}, routed.options()));
+  }
+  routed = routed * weight.to(expert_out.scalar_type()).unsqueeze(1);
   return torch::zeros({num_tokens, expert_out.size(1)}, expert_out.options())
       .index_add(0, token, routed);
 }

@@ -1,10 +1,12 @@
-// Token dispatch by permutation: the gate's kept routes (token, expert, slot, weight) move
+// Token dispatch by permutation: the gate's routes (token, expert, slot, weight, kept) move
 // tokens into a capacity-padded buffer and back, without DeepSpeed's dense [S, E, C] one-hot.
 //
 // Layout, DeepSpeed's: buffer row `expert * C + slot` holds the token of that route; rows no
 // route fills are zero. The gate's slots are unique within an expert and already in the order
 // DeepSpeed's `locations` give, so writing each route to its row IS the stable sort by expert
 // followed by the capacity cut: one index_copy, O(routes * d) memory, no host sync.
+// All S*k routes travel, dropped ones included (a fixed size: nothing is counted on the host):
+// a dropped route's position is `rows`, a scratch row that is cut off, and it adds nothing back.
 // Combining is the inverse: read each route's row, scale by its combine weight, index_add into
 // the token's output row.
 //
@@ -19,17 +21,17 @@
 
 namespace strata::moe {
 
-// x [S, d]; token, position [R] int64 (position = expert * C + slot, unique). Returns the
-// [rows, d] buffer, differentiable w.r.t. x.
+// x [S, d]; token, position [R] int64 (position = expert * C + slot, unique, or `rows` for a
+// dropped route). Returns the [rows, d] buffer, differentiable w.r.t. x.
 torch::Tensor dispatch_tokens(const torch::Tensor& x, const torch::Tensor& token,
                               const torch::Tensor& position, int64_t rows);
 
-// expert_out [rows, d]; weight [R] (cast to expert_out's dtype). Returns [S, d]: for each token
-// the sum over its routes of weight * expert_out[position]. Differentiable w.r.t. expert_out
-// and weight.
+// expert_out [rows, d]; weight [R] (cast to expert_out's dtype); kept [R] bool (undefined: all).
+// Returns [S, d]: for each token the sum over its kept routes of weight * expert_out[position].
+// Differentiable w.r.t. expert_out and weight (a dropped route's weight gets gradient 0).
 torch::Tensor combine_tokens(const torch::Tensor& expert_out, const torch::Tensor& token,
                              const torch::Tensor& position, const torch::Tensor& weight,
-                             int64_t num_tokens);
+                             const torch::Tensor& kept, int64_t num_tokens);
 
 // Equal-split all_to_all_single along dim 0 over `group` (dim 0 divisible by its size),
 // differentiable. Every member must call it, in the same order, forward and backward.

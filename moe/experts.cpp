@@ -8,7 +8,16 @@
 #include <fmt/format.h>
 
 #include "moe/keys.h"
+#include "runtime/compat.h"
 #include "runtime/error.h"
+
+#if STRATA_MOE_HAS_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+// at::_grouped_mm (bf16 on sm90/sm100 without a host sync, differentiable) came with LibTorch 2.8;
+// 2.9 is the first release taken here.
+#define STRATA_MOE_HAS_GROUPED_MM STRATA_TORCH_AT_LEAST(2, 9)
 
 namespace strata::moe {
 namespace {
@@ -20,6 +29,32 @@ torch::Tensor uniform(at::Generator& gen, at::IntArrayRef shape, double bound) {
 uint64_t expert_key(const ExpertsOptions& o, int64_t global) {
   return key({o.seed, static_cast<uint64_t>(KeyTag::ExpertInit), static_cast<uint64_t>(o.layer_id),
               static_cast<uint64_t>(global)});
+}
+
+// out[i] = a[i] @ b[g] for the rows i of group g, [offs[g-1], offs[g]); rows from offs[G-1] on
+// are left undefined (the caller masks them).
+torch::Tensor grouped_mm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& offs,
+                         bool native) {
+#if STRATA_MOE_HAS_GROUPED_MM
+  if (native) return at::_grouped_mm(a, b, offs);
+#endif
+  // The same computation group by group, with the bounds read on the host (a sync on CUDA): what
+  // the grouped path computes, for LibTorch without _grouped_mm and for the CPU tests.
+  const auto ends = offs.to(torch::kCPU, torch::kLong);
+  std::vector<torch::Tensor> pieces;
+  int64_t start = 0;
+  for (int64_t g = 0; g < b.size(0); ++g) {
+    const int64_t end = ends[g].item<int64_t>();
+    pieces.push_back(a.narrow(0, start, end - start).mm(b[g]));
+    start = end;
+  }
+  pieces.push_back(torch::zeros({a.size(0) - start, b.size(2)}, a.options()));
+  return torch::cat(pieces);
+}
+
+// Rows at or past `valid` rows become 0 (selected, not multiplied: they may hold anything).
+torch::Tensor keep_rows(const torch::Tensor& x, const torch::Tensor& row_valid) {
+  return torch::where(row_valid.unsqueeze(1), x, torch::zeros({}, x.options()));
 }
 
 }  // namespace
@@ -78,17 +113,88 @@ ExpertsImpl::ExpertsImpl(ExpertsOptions options) : options_(std::move(options)) 
 }
 
 torch::Tensor ExpertsImpl::forward(const torch::Tensor& x) {
+  check_input(x);
+  if (built_in()) {
+    // Padding rows (zeros) pass through too; they are never combined, so get no gradient.
+    auto h = torch::gelu(torch::baddbmm(b1.unsqueeze(1), x, w1));
+    return torch::baddbmm(b2.unsqueeze(1), h, w2);
+  }
+  return run_user(x);
+}
+
+bool ExpertsImpl::grouped(const torch::Tensor& x) const {
+  if (!built_in() || kernel_ == ExpertKernel::Batched) return false;
+  if (kernel_ == ExpertKernel::Grouped) return true;
+  return native_grouped(x);
+}
+
+bool ExpertsImpl::native_grouped(const torch::Tensor& x) const {
+#if STRATA_MOE_HAS_GROUPED_MM && STRATA_MOE_HAS_CUDA
+  // _grouped_mm's fast path: bf16 operands on compute capability 9.0 or 10.0 (else it falls back
+  // to a loop that reads the offsets on the host), rows 16-byte aligned (d, ffn multiples of 8).
+  if (!x.is_cuda() || x.scalar_type() != torch::kBFloat16 ||
+      w1.scalar_type() != torch::kBFloat16 || w2.scalar_type() != torch::kBFloat16) {
+    return false;
+  }
+  if (options_.hidden_size % 8 != 0 || options_.ffn_size % 8 != 0) return false;
+  const auto* props = at::cuda::getDeviceProperties(x.get_device());
+  return (props->major == 9 || props->major == 10) && props->minor == 0;
+#else
+  (void)x;
+  return false;
+#endif
+}
+
+torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& filled) {
+  const int64_t El = options_.local_experts, d = options_.hidden_size;
+  if (!grouped(x)) return forward(x);
+  check_input(x);
+  const int64_t T = x.size(1), N = El * T;
+  if (!filled.defined() || filled.dim() != 2 || filled.size(0) != El || filled.size(1) < 1 ||
+      T % filled.size(1) != 0) {
+    throw Error(fmt::format("moe::Experts: filled must be [{}, blocks] with blocks dividing {}, "
+                            "got {}", El, T, filled.defined() ? c10::str(filled.sizes()) : "none"));
+  }
+  const int64_t B = filled.size(1), Cb = T / B;
+  const auto i64 = filled.options().dtype(torch::kLong);
+  // Pack: expert e's filled rows, block by block, at [offs[e-1], offs[e]); the rest of the N rows
+  // is zero and no group's. Padding rows go to a scratch row N, cut off.
+  const auto counts = filled.to(torch::kLong).reshape({El * B});
+  const auto base = (counts.cumsum(0) - counts).view({El, B, 1});
+  const auto s = torch::arange(Cb, i64).view({1, 1, Cb});
+  const auto row_filled = s.lt(counts.view({El, B, 1}));
+  const auto packed_pos = (base + s).masked_fill(row_filled.logical_not(), N).reshape({N});
+  const auto packed = torch::zeros({N + 1, d}, x.options())
+                          .index_copy(0, packed_pos, x.reshape({N, d}))
+                          .narrow(0, 0, N);
+  const auto offs = counts.view({El, B}).sum(1).cumsum(0);
+  const auto row_valid = torch::arange(N, i64).lt(offs[El - 1]);
+  // Each packed row's expert, for the biases (rows past the last group: expert 0, masked).
+  const auto row_expert = torch::zeros({N + 1}, i64)
+                              .scatter_(0, packed_pos, torch::arange(El, i64).repeat_interleave(T))
+                              .narrow(0, 0, N);
+  const bool native = native_grouped(x);
+  const auto offs32 = offs.to(torch::kInt);
+  auto h = grouped_mm(packed, w1, offs32, native) + b1.index_select(0, row_expert);
+  h = torch::gelu(keep_rows(h, row_valid));
+  auto y = grouped_mm(h, w2, offs32, native) + b2.index_select(0, row_expert);
+  y = keep_rows(y, row_valid);
+  // Unpack to the padded layout; padding rows are 0.
+  const auto back = y.index_select(0, packed_pos.clamp_max(N - 1));
+  return keep_rows(back, row_filled.reshape({N})).view({El, T, d});
+}
+
+void ExpertsImpl::check_input(const torch::Tensor& x) const {
   const int64_t El = options_.local_experts;
   if (x.dim() != 3 || x.size(0) != El || x.size(2) != options_.hidden_size) {
     throw Error(fmt::format("moe::Experts: input {} but this rank holds {} experts of width {}; "
                             "expected [{}, tokens, {}]", c10::str(x.sizes()), El,
                             options_.hidden_size, El, options_.hidden_size));
   }
-  if (built_in()) {
-    // Padding rows (zeros) pass through too; they are never combined, so get no gradient.
-    auto h = torch::gelu(torch::baddbmm(b1.unsqueeze(1), x, w1));
-    return torch::baddbmm(b2.unsqueeze(1), h, w2);
-  }
+}
+
+torch::Tensor ExpertsImpl::run_user(const torch::Tensor& x) {
+  const int64_t El = options_.local_experts;
   std::vector<torch::Tensor> out;
   out.reserve(El);
   for (int64_t i = 0; i < El; ++i) out.push_back(user_[i].forward<torch::Tensor>(x[i]));

@@ -4,8 +4,17 @@
 // Two kinds:
 //   - built-in: DeepSpeed's Experts of an MLP (Linear(d, ffn), GELU, Linear(ffn, d)), stored as
 //     stacked tensors w1 [E_local, d, ffn], b1 [E_local, ffn], w2 [E_local, ffn, d], b2
-//     [E_local, d] and run as two batched GEMMs (torch::baddbmm): no loop over experts, no host
-//     sync. Row i of each tensor is global expert first_expert() + i.
+//     [E_local, d]. Row i of each tensor is global expert first_expert() + i. Two kernels, no
+//     loop over experts and no host sync in either:
+//       * batched: two batched GEMMs (torch::baddbmm) over every row, padding included;
+//       * grouped (forward(x, filled)): only the filled rows are computed. They are packed so
+//         that expert e's rows are contiguous, [offs[e-1], offs[e]) with offs the cumulative
+//         filled counts (a device tensor), and run as two at::_grouped_mm with those offsets, as
+//         the PyTorch peer and torchtitan do; the results are unpacked to the padded layout
+//         (padding rows 0). Used by default where _grouped_mm has its sync-free kernel: LibTorch
+//         >= 2.9, CUDA, bf16 input and weights, compute capability 9.0 or 10.0, d and ffn
+//         multiples of 8. Elsewhere the batched kernel runs (set_kernel(Grouped) forces the
+//         grouped one with a group-by-group loop in place of _grouped_mm, for tests).
 //   - user: a factory returns one module per global expert (Tensor [T, d] -> Tensor [T, d]);
 //     they are registered under their GLOBAL index ("experts.5.fc.weight") and run in a loop
 //     over the local experts (no host sync either, but one kernel per expert and layer).
@@ -26,6 +35,8 @@
 
 namespace strata::moe {
 
+enum class ExpertKernel { Auto, Batched, Grouped };
+
 // One module per global expert index; its forward maps [T, d] to [T, d].
 using ExpertFactory = std::function<torch::nn::AnyModule(int64_t global_expert)>;
 
@@ -45,6 +56,15 @@ class ExpertsImpl : public torch::nn::Module {
 
   // x: [E_local, T, d] -> [E_local, T, d].
   torch::Tensor forward(const torch::Tensor& x);
+  // The same, told which rows are filled: filled [E_local, B] int64 on x's device, B dividing T;
+  // block b of expert e (T / B rows) holds tokens in its first filled[e][b] rows, padding after.
+  // Padding rows' outputs are unspecified (0 with the grouped kernel) and must not be read.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& filled);
+
+  // Whether forward(x, filled) runs the grouped kernel for this input (the caller then computes
+  // `filled`; otherwise it may pass an undefined tensor).
+  bool grouped(const torch::Tensor& x) const;
+  void set_kernel(ExpertKernel kernel) { kernel_ = kernel; }
 
   bool built_in() const { return !options_.factory; }
   int64_t first_expert() const { return options_.first_expert; }
@@ -54,7 +74,12 @@ class ExpertsImpl : public torch::nn::Module {
   torch::Tensor w1, b1, w2, b2;
 
  private:
+  bool native_grouped(const torch::Tensor& x) const;  // _grouped_mm's sync-free kernel applies
+  void check_input(const torch::Tensor& x) const;
+  torch::Tensor run_user(const torch::Tensor& x);
+
   ExpertsOptions options_;
+  ExpertKernel kernel_ = ExpertKernel::Auto;
   std::vector<torch::nn::AnyModule> user_;  // user experts, local order
 };
 TORCH_MODULE(Experts);

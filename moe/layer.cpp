@@ -104,6 +104,13 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   experts = register_module("experts", Experts(std::move(eo)));
 }
 
+int64_t MoEStats::dropped_count() const {
+  if (!dropped.defined()) {
+    throw Error("moe::MoEStats::dropped_count: no forward has run yet; call it after forward()");
+  }
+  return dropped.item<int64_t>();
+}
+
 torch::Tensor MoEImpl::aux_loss() const {
   if (!last_.l_aux.defined()) {
     throw Error("moe::MoE::aux_loss: no forward has run yet; call it after forward()");
@@ -128,7 +135,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
   if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && o.k == 1 && is_training()) {
     auto gen = at::detail::createCPUGenerator(layer_key(o, KeyTag::Jitter, c));
     const auto u = torch::rand({S, d}, gen, torch::kFloat);
-    gate_in = gate_in * (u * (2 * kJitterEps) + (1 - kJitterEps)).to(gate_in.device());
+    gate_in = gate_in * host_to_device(u * (2 * kJitterEps) + (1 - kJitterEps), gate_in.device());
   }
   const auto logits = torch::nn::functional::linear(gate_in, gate->weight.to(torch::kFloat));
   GateOptions go = o.gate_options();
@@ -137,27 +144,34 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
   if (!o.drop_tokens && o.ep_group && ep > 1) {
     const auto group = o.ep_group;
     go.agree_capacity = [group](int64_t local) {
-      auto t = torch::full({1}, local, torch::kLong);
+      auto t = torch::full({1}, local, torch::kLong);  // on the host: no device sync
       group->all_reduce(t, comm::ReduceOp::Max);
       return t.item<int64_t>();
     };
   }
-  const GateOutput g = moe::gate(logits, go);
+  // Fixed size (all S*k routes, a kept mask): no host sync with drop_tokens (moe/gate.h).
+  const GateRoutes g = gate_routes(logits, go);
   const int64_t C = g.capacity;
 
-  // 2. Dispatch into [E * C, d] (rows expert * C + slot).
-  const auto position = g.expert * C + g.slot;
+  // 2. Dispatch into [E * C, d] (rows expert * C + slot; dropped routes to scratch row E * C).
+  const auto position = (g.expert * C + g.slot).masked_fill(g.kept.logical_not(), E * C);
   const auto sent = dispatch_tokens(x, g.token, position, E * C);
 
   // 3. To the experts' ranks and back: [ep, El, C, d] arrives, the experts see [El, ep * C, d].
   auto expert_in = all_to_all(sent, o.ep_group).view({ep, El, C, d}).transpose(0, 1)
                        .reshape({El, ep * C, d});
-  auto expert_out = experts->forward(expert_in);
+  torch::Tensor filled;  // [El, ep] rows filled per (local expert, source rank), grouped kernel
+  if (experts->grouped(expert_in)) {
+    // Block (e, p) holds its first kept_counts rows (slots are dense from 0); the counts travel
+    // like the tokens, one small equal-split exchange on the device.
+    filled = all_to_all(g.kept_counts, o.ep_group).view({ep, El}).t().contiguous();
+  }
+  auto expert_out = experts->forward(expert_in, filled);
   expert_out = expert_out.view({El, ep, C, d}).transpose(0, 1).reshape({E * C, d});
   const auto back = all_to_all(expert_out, o.ep_group);
 
-  // 4. Combine with the gate's weights.
-  const auto y = combine_tokens(back, g.token, position, g.weight, S);
+  // 4. Combine with the gate's weights (dropped routes add nothing).
+  const auto y = combine_tokens(back, g.token, position, g.weight, g.kept, S);
 
   last_.l_aux = g.l_aux;
   last_.z_loss = g.z_loss;

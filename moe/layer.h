@@ -90,10 +90,14 @@ struct MoEStats {
   torch::Tensor l_aux;       // scalar, differentiable: add l_aux * coef to the loss
   torch::Tensor z_loss;      // scalar, differentiable, coefficient applied; undefined if coef 0
   torch::Tensor exp_counts;  // [E] int64, routes per expert before capacity drops (this rank)
-  int64_t dropped = 0;       // routes dropped over capacity (this rank)
+  // Routes dropped over capacity (this rank): an int64 scalar on the layer's device, so that
+  // forward never waits for the device; dropped_count() reads it (a host sync on CUDA).
+  torch::Tensor dropped;
   int64_t capacity = 0;      // C
   std::vector<int64_t> dispatch_shape;      // [E, C, d]: the padded buffer this rank sends
   std::vector<int64_t> expert_input_shape;  // [E_local, ep_size * C, d]
+
+  int64_t dropped_count() const;
 };
 
 class MoEImpl : public torch::nn::Module {

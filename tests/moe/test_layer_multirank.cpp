@@ -73,7 +73,8 @@ Run step(MoE& m, const torch::Tensor& x_in, const torch::Tensor& probe) {
   auto x = x_in.clone().requires_grad_(true);
   auto y = m->forward(x);
   ((y * probe).sum() + 0.5 * m->aux_loss()).backward();
-  return {y.detach(), x.grad(), m->last().capacity, m->last().dropped, m->last().l_aux.detach()};
+  return {y.detach(), x.grad(), m->last().capacity, m->last().dropped_count(),
+          m->last().l_aux.detach()};
 }
 
 STRATA_SCENARIO(moe_ep2) {
