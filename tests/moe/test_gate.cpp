@@ -387,6 +387,49 @@ TEST(Gate, GradientsMatchFiniteDifferences) {
   }
 }
 
+// gate_routes(), the layer's fixed-size form: every route present, the kept ones exactly gate()'s
+// lists, kept_counts and dropped what those lists count (bincount, another way), and each
+// expert's slots dense from 0 (the grouped expert kernel relies on it).
+TEST(Gate, FixedSizeFormHoldsTheKeptRoutes) {
+  struct Cfg {
+    int64_t k;
+    bool rts, used;
+    DropPolicy drop;
+  };
+  const Cfg cfgs[] = {{1, true, false, DropPolicy::Probs}, {1, false, false, DropPolicy::Probs},
+                      {1, true, true, DropPolicy::Probs},  {2, false, false, DropPolicy::Probs},
+                      {3, false, false, DropPolicy::Probs}, {3, false, false, DropPolicy::Position}};
+  torch::manual_seed(5);
+  for (const auto& cfg : cfgs) {
+    const int64_t S = 40, E = 5;
+    const auto logits = torch::randn({S, E});
+    GateOptions o;
+    o.k = cfg.k;
+    o.use_rts = cfg.rts;
+    o.drop_policy = cfg.drop;
+    o.capacity_factor = 0.6;
+    o.min_capacity = 0;
+    o.seed = 17;
+    if (cfg.used) o.used_token = torch::randint(0, 2, {S});
+    const auto r = strata::moe::gate_routes(logits, o);
+    const auto g = gate(logits, o);
+    const std::string what = "k " + std::to_string(cfg.k);
+    ASSERT_EQ(r.token.size(0), S * cfg.k) << what;
+    const auto kept = r.kept.nonzero().squeeze(1);
+    EXPECT_TRUE(torch::equal(r.token.index_select(0, kept), g.token)) << what;
+    EXPECT_TRUE(torch::equal(r.expert.index_select(0, kept), g.expert)) << what;
+    EXPECT_TRUE(torch::equal(r.slot.index_select(0, kept), g.slot)) << what;
+    EXPECT_TRUE(torch::equal(r.kept_counts, torch::bincount(g.expert, {}, E))) << what;
+    EXPECT_EQ(r.dropped.item<int64_t>(), g.exp_counts.sum().item<int64_t>() - g.token.size(0))
+        << what;
+    EXPECT_GT(g.dropped, 0) << what << ": the case should drop routes";
+    for (int64_t e = 0; e < E; ++e) {
+      const auto slots = std::get<0>(g.slot.masked_select(g.expert.eq(e)).sort());
+      EXPECT_TRUE(torch::equal(slots, torch::arange(slots.size(0)))) << what << " expert " << e;
+    }
+  }
+}
+
 TEST(Gate, BadInputIsAnError) {
   const auto logits = torch::zeros({8, 4});
   GateOptions o;

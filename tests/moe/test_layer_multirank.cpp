@@ -6,7 +6,8 @@
 //     the experts the rank holds, since the all_to_all brings both ranks' tokens to them;
 //   - the gate weight's gradient, summed over the ranks (what data-parallel reduction does),
 //     equals the reference's sum; l_aux per rank equals the reference's for its micro-batch.
-// With drop_tokens true and false, at k = 1 (RTS, Jitter) and k = 2 (2nd-expert sampling).
+// With drop_tokens true and false, at k = 1 (RTS, Jitter) and k = 2 (2nd-expert sampling), and
+// with the grouped expert kernel (k = 2, drop_tokens).
 // Every rank computes the reference itself and checks its own share.
 #include <gtest/gtest.h>
 
@@ -93,6 +94,8 @@ STRATA_SCENARIO(moe_ep2) {
   o.ep_size = 2;
   o.ep_group = groups.expert_parallel;
   MoE m(o);
+  // The grouped expert kernel packs rows by the kept counts that came with the tokens.
+  if (env_int("MOE_GROUPED")) m->experts->set_kernel(ExpertKernel::Grouped);
   const Run got = step(m, xs[r], probes[r]);
 
   auto o1 = options();
@@ -126,11 +129,12 @@ STRATA_SCENARIO(moe_ep2) {
   check_close(gate_grad, ref->gate->weight.grad(), "d gate weight (summed over ranks)");
 }
 
-Launched run(int k, bool drop) {
+Launched run(int k, bool drop, bool grouped = false) {
   LaunchSpec spec;
   spec.scenario = "moe_ep2";
   spec.world = 2;
-  spec.env = {{"MOE_K", std::to_string(k)}, {"MOE_DROP", drop ? "1" : "0"}};
+  spec.env = {{"MOE_K", std::to_string(k)}, {"MOE_DROP", drop ? "1" : "0"},
+              {"MOE_GROUPED", grouped ? "1" : "0"}};
   spec.timeout_s = 120;
   Launched l = run_ranks(spec);
   l.print_messages();
@@ -154,6 +158,11 @@ TEST(MoeExpertParallel, Top2DropTokensEp2MatchesEp1) {
 
 TEST(MoeExpertParallel, Top2NoDropEp2MatchesEp1) {
   auto r = run(2, false);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(MoeExpertParallel, Top2GroupedExpertKernelEp2MatchesEp1) {
+  auto r = run(2, true, /*grouped=*/true);
   EXPECT_TRUE(r.all_ok()) << r.report();
 }
 
