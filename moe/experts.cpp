@@ -170,9 +170,9 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   const auto offs = counts.view({El, B}).sum(1).cumsum(0);
   const auto row_valid = torch::arange(N, i64).lt(offs[El - 1]);
   // Each packed row's expert, for the biases (rows past the last group: expert 0, masked).
-  const auto row_expert = torch::zeros({N + 1}, i64)
-                              .scatter_(0, packed_pos, torch::arange(El, i64).repeat_interleave(T))
-                              .narrow(0, 0, N);
+  const auto expert_of_row = torch::arange(El, i64).view({El, 1}).expand({El, T}).reshape({N});
+  const auto row_expert =
+      torch::zeros({N + 1}, i64).scatter_(0, packed_pos, expert_of_row).narrow(0, 0, N);
   const bool native = native_grouped(x);
   const auto offs32 = offs.to(torch::kInt);
   auto h = grouped_mm(packed, w1, offs32, native) + b1.index_select(0, row_expert);

@@ -4,24 +4,29 @@
 // One forward:
 //   1. gate: logits = x.float() @ W_g^T (W_g: Linear(d, E, no bias), computed in float32 as
 //      DeepSpeed's TopKGate; Jitter multiplies the gate's input by uniform(1 +- 0.01) noise
-//      at k = 1 while training, DeepSpeed's multiplicative_jitter); moe::gate() gives the
-//      capacity C, the kept routes, l_aux, z_loss, exp_counts (moe/gate.h).
+//      at k = 1 while training, DeepSpeed's multiplicative_jitter); moe::gate_routes() gives the
+//      capacity C, all S*k routes with a kept mask, l_aux, z_loss, exp_counts (moe/gate.h).
 //   2. dispatch: the kept routes are written into a zero-padded [E * C, d] buffer at rows
-//      expert * C + slot (moe/dispatch.h). Memory O(S * k * d + E * C * d), never [S, E, C].
+//      expert * C + slot, the dropped ones to a scratch row that is cut off (moe/dispatch.h).
+//      Memory O(S * k * d + E * C * d), never [S, E, C].
 //   3. expert parallelism (ep_size > 1): an equal-split all_to_all sends experts
 //      [p * E_local, (p + 1) * E_local) to rank p of the EP group, which receives
 //      [ep_size, E_local, C, d], runs its experts on [E_local, ep_size * C, d] as one grouped
 //      computation (moe/experts.h), and sends the results back by the reverse all_to_all
-//      (autograd flows through both).
-//   4. combine: each route's output row times its combine weight, index_add'ed into its token.
+//      (autograd flows through both). With the experts' grouped kernel (only filled rows
+//      computed) the per-expert kept counts travel the same way, as a small [E] exchange.
+//   4. combine: each kept route's output row times its combine weight, index_add'ed into its
+//      token; dropped routes add nothing.
 // drop_tokens = false: C is the largest expert load, agreed by an all-reduce MAX over the EP
 // group (DeepSpeed's semantics), then the same padded layout and equal-split exchange.
 // All ranks of an EP group must route the same number of tokens per call (as in DeepSpeed).
 //
-// Host synchronisations per forward: none in the layer's own code with drop_tokens = true; with
-// drop_tokens = false one, the capacity (the gate's max load, all-reduced on the host). The gate
-// (moe/gate.cpp) still returns variable-length route lists, which on CUDA costs syncs of its own
-// (nonzero, bincount); removing them is the GPU step's work.
+// Host synchronisations on CUDA, forward and backward together (tests/moe/test_layer_gpu.cpp
+// counts them with LibTorch's sync debug mode): none with drop_tokens = true, for every k and
+// noise policy: routes have a fixed size, counts are scatter_adds, the number dropped stays on
+// the device (MoEStats::dropped; dropped_count() reads it), and the gate's CPU-drawn noise is
+// copied through page-locked memory without a wait. With drop_tokens = false one: reading the
+// largest expert load for the capacity (its all-reduce runs on a host tensor).
 //
 // Randomness is named, never positional (moe/keys.h), so runs at different ep_size draw the same:
 //   - W_g from key(seed, GateInit, layer_id): uniform(+-1/sqrt(d)), identical on every rank;

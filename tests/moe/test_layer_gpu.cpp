@@ -1,0 +1,189 @@
+// The MoE layer on a CUDA device: how often forward + backward makes the host wait for the
+// device. LibTorch's sync debug mode reports every synchronising CUDA call (item, nonzero, a
+// blocking copy, ...) as a warning; a handler counts them. The budget (moe/layer.h): none with
+// drop_tokens = true (k = 1 with RTS, Jitter or RSample; k = 2 with 2nd-expert sampling; k = 4),
+// at most one with drop_tokens = false (the capacity). float32 and bf16 (where the built-in
+// experts take at::_grouped_mm on sm90); the grouped kernel is also checked against the batched
+// one. Skips without CUDA.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <iostream>
+#include <string>
+
+#include "moe/layer.h"
+#include "runtime/compat.h"
+
+#if STRATA_TEST_HAS_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/Exception.h>
+#endif
+
+namespace {
+
+using namespace strata::moe;
+
+#if STRATA_TEST_HAS_CUDA
+constexpr int64_t kD = 64, kFfn = 128, kE = 8, kS = 256;
+
+class SyncCounter : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("synchroniz") != std::string::npos) ++count;
+  }
+  int count = 0;
+};
+
+// Runs `work` with sync debug mode on and returns the number of host syncs it made.
+template <typename Work>
+int count_syncs(Work&& work) {
+  torch::cuda::synchronize();
+  SyncCounter counter;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&counter);
+    auto& state = c10::cuda::warning_state();
+    const auto before = state.get_sync_debug_mode();
+    state.set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+    try {
+      work();
+    } catch (...) {
+      state.set_sync_debug_mode(before);
+      throw;
+    }
+    state.set_sync_debug_mode(before);
+  }
+  torch::cuda::synchronize();
+  return counter.count;
+}
+
+struct Case {
+  const char* name;
+  int64_t k;
+  bool drop_tokens;
+  NoisyGatePolicy noise = NoisyGatePolicy::None;
+  bool use_rts = true;
+  bool second_sampling = true;
+  torch::Dtype dtype = torch::kFloat;
+};
+
+MoEOptions options(const Case& cs) {
+  MoEOptions o;
+  o.hidden_size = kD;
+  o.ffn_size = kFfn;
+  o.num_experts = kE;
+  o.k = cs.k;
+  o.capacity_factor = 1.0;  // drops with drop_tokens
+  o.min_capacity = 0;
+  o.drop_tokens = cs.drop_tokens;
+  o.use_rts = cs.use_rts;
+  o.noisy_gate_policy = cs.noise;
+  o.top2_2nd_expert_sampling = cs.second_sampling;
+  o.router_z_loss_coef = 0.01;
+  o.seed = 3;
+  return o;
+}
+
+// Host syncs of one training forward + backward (after a warm-up step).
+int syncs_per_step(const Case& cs) {
+  const torch::Device dev(torch::kCUDA, 0);
+  MoE m(options(cs));
+  m->to(dev, cs.dtype);
+  torch::manual_seed(0);
+  const auto x = torch::randn({kS, kD}, torch::TensorOptions().device(dev).dtype(cs.dtype))
+                     .requires_grad_(true);
+  const auto probe = torch::randn_like(x);
+  auto step = [&] {
+    auto y = m->forward(x);
+    ((y * probe).sum().to(torch::kFloat) + 0.1 * m->aux_loss()).backward();
+  };
+  step();  // warm: the allocators (device and page-locked host)
+  const int syncs = count_syncs(step);
+  if (cs.drop_tokens) {
+    EXPECT_GT(m->last().dropped_count(), 0) << cs.name << ": the case should drop routes";
+  }
+  EXPECT_TRUE(m->experts->w1.grad().defined()) << cs.name;
+  return syncs;
+}
+#endif
+
+TEST(MoeLayerGpu, SyncCounterSeesAnItemCall) {
+#if STRATA_TEST_HAS_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto t = torch::ones({4}, torch::Device(torch::kCUDA, 0));
+  EXPECT_EQ(count_syncs([&] { (void)t.sum().item<float>(); }), 1);
+#else
+  GTEST_SKIP() << "this build of Strata has no CUDA";
+#endif
+}
+
+TEST(MoeLayerGpu, HostSyncsWithinBudget) {
+#if STRATA_TEST_HAS_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Case cases[] = {
+      {"k1_rts", 1, true},
+      {"k1_rts_jitter", 1, true, NoisyGatePolicy::Jitter},
+      {"k1_rsample", 1, true, NoisyGatePolicy::RSample},
+      {"k2_sampling", 2, true},
+      {"k2_sampling_bf16", 2, true, NoisyGatePolicy::None, true, true, torch::kBFloat16},
+      {"k4", 4, true},
+      {"k1_no_drop", 1, false},
+      {"k2_no_drop", 2, false},
+  };
+  for (const auto& cs : cases) {
+    const int syncs = syncs_per_step(cs);
+    std::cout << "[ INFO     ] " << cs.name << ": " << syncs << " host syncs per forward+backward\n";
+    EXPECT_LE(syncs, cs.drop_tokens ? 0 : 1) << cs.name;
+  }
+#else
+  GTEST_SKIP() << "this build of Strata has no CUDA";
+#endif
+}
+
+// The grouped kernel (filled rows only; at::_grouped_mm where available) against the batched one
+// on the same layer and call, bf16: outputs and gradients agree to bf16 precision.
+TEST(MoeLayerGpu, GroupedKernelMatchesBatched) {
+#if STRATA_TEST_HAS_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device dev(torch::kCUDA, 0);
+  Case cs{"k2_bf16", 2, true, NoisyGatePolicy::None, true, true, torch::kBFloat16};
+  MoE m(options(cs));
+  m->to(dev, torch::kBFloat16);
+  const auto bf16 = torch::TensorOptions().device(dev).dtype(torch::kBFloat16);
+  const auto probe_in = torch::zeros({kE, 1, kD}, bf16);
+#if STRATA_TORCH_AT_LEAST(2, 9)
+  const int major = at::cuda::getCurrentDeviceProperties()->major;
+  if (major == 9) EXPECT_TRUE(m->experts->grouped(probe_in)) << "sm90 bf16 should take _grouped_mm";
+#endif
+  std::cout << "[ INFO     ] grouped kernel by default: " << m->experts->grouped(probe_in) << "\n";
+  torch::manual_seed(1);
+  const auto x0 = torch::randn({kS, kD}, bf16);
+  const auto probe = torch::randn_like(x0);
+  auto run = [&](ExpertKernel kernel) {
+    m->experts->set_kernel(kernel);
+    m->set_call_index(4);
+    m->zero_grad();
+    auto x = x0.clone().requires_grad_(true);
+    auto y = m->forward(x);
+    (y.to(torch::kFloat) * probe.to(torch::kFloat)).sum().backward();
+    return std::vector<torch::Tensor>{y.detach().to(torch::kFloat), x.grad().to(torch::kFloat),
+                                      m->experts->w1.grad().to(torch::kFloat),
+                                      m->experts->b1.grad().to(torch::kFloat),
+                                      m->experts->w2.grad().to(torch::kFloat),
+                                      m->experts->b2.grad().to(torch::kFloat)};
+  };
+  const auto batched = run(ExpertKernel::Batched);
+  const auto grouped = run(ExpertKernel::Grouped);
+  const char* names[] = {"output", "d input", "d w1", "d b1", "d w2", "d b2"};
+  for (size_t i = 0; i < batched.size(); ++i) {
+    const double scale = batched[i].abs().max().item<double>();
+    const double diff = (grouped[i] - batched[i]).abs().max().item<double>();
+    EXPECT_GT(scale, 0) << names[i];
+    EXPECT_LE(diff, 3e-2 * scale) << names[i];
+  }
+#else
+  GTEST_SKIP() << "this build of Strata has no CUDA";
+#endif
+}
+
+}  // namespace
