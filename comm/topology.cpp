@@ -1,5 +1,8 @@
 #include "comm/topology.h"
 
+#include <map>
+#include <mutex>
+
 #include "comm/process_group.h"
 
 #include <fmt/format.h>
@@ -49,6 +52,23 @@ ParallelGroups create_expert_groups(const GroupPtr& world, int ep_size,
   for (const auto& ranks : l.expert_data_parallel)
     if (auto pg = world->new_group(ranks)) g.expert_data_parallel = pg;
   return g;
+}
+
+const ParallelGroups& expert_groups(const GroupPtr& world, int ep_size) {
+  static std::mutex mutex;
+  static std::map<std::pair<const ProcessGroup*, int>, ParallelGroups> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(world.get(), ep_size);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  ParallelGroups g;
+  if (world) {
+    g = create_expert_groups(world, ep_size);
+  } else {
+    expert_layout(1, ep_size);  // ep_size 1, else the error naming it
+    g.ep_size = 1;
+  }
+  return cache.emplace(key, std::move(g)).first->second;
 }
 
 }  // namespace strata::comm

@@ -35,4 +35,10 @@ struct ParallelGroups {
 ParallelGroups create_expert_groups(const GroupPtr& world, int ep_size,
                                     std::optional<int> num_experts = std::nullopt);
 
+// The groups for (world, ep_size), created on the first call and kept for the process's life
+// (DeepSpeed's groups cache): the MoE layers of a model and the engine that trains them get the
+// same groups. A collective on the first call for a pair (every rank calls it in the same
+// order). world null (one process): ep_size must be 1 and every group is null.
+const ParallelGroups& expert_groups(const GroupPtr& world, int ep_size);
+
 }  // namespace strata::comm

@@ -88,75 +88,32 @@ MLPImpl::MLPImpl(int64_t d_model, int64_t ffn) {
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return proj_(F::gelu(fc_(x))); }
 
-MoEImpl::MoEImpl(int64_t d_model, int64_t ffn, int64_t experts, int64_t top_k,
-                 double capacity_factor)
-    : experts_(experts), top_k_(top_k), capacity_factor_(capacity_factor) {
-  if (top_k < 1 || top_k > experts)
-    throw std::invalid_argument(fmt::format("MoE: top_k {} must be in [1, experts = {}]", top_k, experts));
-  gate_ = register_module("gate",
-                          torch::nn::Linear(torch::nn::LinearOptions(d_model, experts).bias(false)));
-  mlps_ = register_module("experts", torch::nn::ModuleList());
-  for (int64_t e = 0; e < experts; ++e) mlps_->push_back(MLP(d_model, ffn));
-}
-
-torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
-  const auto b = input.size(0), t = input.size(1), c = input.size(2);
-  const auto x = input.reshape({-1, c});
-  const int64_t n = x.size(0);
-  const auto probs = torch::softmax(gate_(x).to(torch::kFloat), -1);
-  auto [weights, index] = probs.topk(top_k_, -1);
-  weights = (weights / weights.sum(-1, true)).to(x.scalar_type());
-  const auto capacity = static_cast<int64_t>(
-      std::ceil(double(top_k_) * double(n) / double(experts_) * capacity_factor_));
-  const auto me = probs.mean(0);
-  const auto ce = F::one_hot(index.select(1, 0), experts_).to(torch::kFloat).mean(0);
-  aux_ = (me * ce).sum() * double(experts_);
-
-  auto out = torch::zeros_like(x);
-  const auto flat_expert = index.reshape({-1});
-  const auto flat_token =
-      torch::arange(n, torch::TensorOptions().dtype(torch::kLong).device(x.device()))
-          .repeat_interleave(top_k_);
-  const auto flat_weight = weights.reshape({-1});
-  // Stable sort keeps token order inside an expert: the first `capacity` tokens win.
-  const auto order =
-      std::get<1>(flat_expert.sort(c10::optional<bool>(true), /*dim=*/0, /*descending=*/false));
-  const auto counts = torch::bincount(flat_expert, {}, experts_).cpu();
-  const auto* count = counts.data_ptr<int64_t>();
-  int64_t start = 0;
-  for (int64_t e = 0; e < experts_; ++e) {
-    const auto selected = order.narrow(0, start, std::min(count[e], capacity));
-    start += count[e];
-    if (selected.numel() == 0) continue;
-    const auto tokens = flat_token.index_select(0, selected);
-    const auto y = mlps_[e]->as<MLP>()->forward(x.index_select(0, tokens));
-    out.index_add_(0, tokens, y * flat_weight.index_select(0, selected).unsqueeze(1));
-  }
-  return out.view({b, t, c});
-}
-
-BlockImpl::BlockImpl(const GPTConfig& config) {
+BlockImpl::BlockImpl(const GPTConfig& config, torch::nn::AnyModule ffn, const std::string& ffn_name)
+    : ffn_(std::move(ffn)) {
   const auto d = config.d_model;
   norm1_ = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
   attn_ = register_module("attn", Attention(d, config.heads));
   norm2_ = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-  if (config.experts > 0)
-    moe_ = register_module(
-        "moe", MoE(d, config.ffn, config.experts, config.top_k, config.capacity_factor));
-  else
-    mlp_ = register_module("mlp", MLP(d, config.ffn));
+  register_module(ffn_name, ffn_.ptr());
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
   x = x + attn_(norm1_(x));
-  return x + (moe_ ? moe_(norm2_(x)) : mlp_(norm2_(x)));
+  return x + ffn_.forward<torch::Tensor>(norm2_(x));
 }
 
-GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
+GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
+    : config_(config), aux_loss_(std::move(ffn.aux_loss)) {
+  if (config.experts > 0 && !ffn.make)
+    throw std::invalid_argument(fmt::format(
+        "model '{}' has {} experts per block: build it with examples::make_moe_gpt "
+        "(examples/gpt_moe.h), which gives the blocks their mixture of experts",
+        config.name, config.experts));
   embed_ = register_module("embed", torch::nn::Embedding(config.vocab, config.d_model));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.layers; ++i)
-    blocks_->push_back(Block(config));
+    blocks_->push_back(Block(config, ffn.make ? ffn.make(i) : torch::nn::AnyModule(MLP(config.d_model, config.ffn)),
+                             ffn.name));
   norm_ = register_module("norm",
                           torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
   if (config.tied) {
@@ -179,8 +136,10 @@ torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) {
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
   auto out = logits(tokens).to(torch::kFloat);
   auto loss = F::cross_entropy(out.view({-1, config_.vocab}), targets.reshape({-1}));
-  if (config_.experts > 0 && config_.aux_loss_coef > 0)
-    for (auto& block : *blocks_) loss = loss + config_.aux_loss_coef * block->as<Block>()->aux_loss();
+  if (aux_loss_ && config_.aux_loss_coef > 0) {
+    const auto aux = aux_loss_();
+    if (aux.defined()) loss = loss + config_.aux_loss_coef * aux.to(torch::kFloat);
+  }
   return loss;
 }
 

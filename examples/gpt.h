@@ -4,6 +4,7 @@
 // (tied in the -tied variants).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include <torch/torch.h>
@@ -18,8 +19,8 @@ struct GPTConfig {
   int64_t heads = 4;
   int64_t ffn = 256;
   int64_t seq_len = 64;
-  // Mixture of experts in every block's FFN when experts > 0: top-k gating with a capacity
-  // limit, tokens past capacity dropped (the peer's MoE).
+  // Mixture of experts in every block's FFN when experts > 0 (examples/gpt_moe.h): top-k
+  // gating with a capacity limit, tokens past capacity dropped (the peer's MoE).
   int64_t experts = 0;
   int64_t top_k = 2;
   double capacity_factor = 1.25;
@@ -54,44 +55,33 @@ class MLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
-// A plain LibTorch mixture of experts, the peer's: softmax gate, top-k, capacity
-// ceil(k * tokens / experts * capacity_factor) per expert, tokens past it dropped, a loop over
-// experts. Strata's own MoE layer (moe/) will replace it with dispatch across ranks.
-class MoEImpl : public torch::nn::Module {
- public:
-  MoEImpl(int64_t d_model, int64_t ffn, int64_t experts, int64_t top_k, double capacity_factor);
-  torch::Tensor forward(const torch::Tensor& x);
-  // The load-balancing loss of the last forward (Switch Transformer's: E * sum(me * ce)).
-  torch::Tensor aux_loss() const { return aux_; }
-
- private:
-  int64_t experts_, top_k_;
-  double capacity_factor_;
-  torch::nn::Linear gate_{nullptr};
-  torch::nn::ModuleList mlps_{nullptr};
-  torch::Tensor aux_;
+// What a block's feed-forward is: the GPT's MLP unless a program gives another module for it
+// (examples/gpt_moe.h puts a mixture of experts there). make(layer) returns block `layer`'s
+// module, [batch, seq, d] -> [batch, seq, d], registered under `name`; aux_loss(), when given,
+// is the loss the blocks add to the model's (a load-balancing loss), weighted by the config's
+// aux_loss_coef.
+struct FeedForward {
+  std::function<torch::nn::AnyModule(int64_t layer)> make;
+  std::string name = "mlp";
+  std::function<torch::Tensor()> aux_loss;
 };
-TORCH_MODULE(MoE);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GPTConfig& config);
+  BlockImpl(const GPTConfig& config, torch::nn::AnyModule ffn, const std::string& ffn_name);
   torch::Tensor forward(torch::Tensor x);
 
  private:
   torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
   Attention attn_{nullptr};
-  MLP mlp_{nullptr};  // one of mlp_ / moe_
-  MoE moe_{nullptr};
-
- public:
-  torch::Tensor aux_loss() const { return moe_ ? moe_->aux_loss() : torch::Tensor(); }
+  torch::nn::AnyModule ffn_;
 };
 TORCH_MODULE(Block);
 
 class GPTImpl : public torch::nn::Module {
  public:
-  explicit GPTImpl(const GPTConfig& config);
+  // A config with experts needs a FeedForward that makes them (examples/gpt_moe.h).
+  explicit GPTImpl(const GPTConfig& config, FeedForward ffn = {});
   // Logits [batch, seq, vocab] for tokens [batch, seq].
   torch::Tensor logits(const torch::Tensor& tokens);
   // Mean next-token cross-entropy (computed in fp32) of tokens against targets.
@@ -104,6 +94,7 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks_{nullptr};
   torch::nn::LayerNorm norm_{nullptr};
   torch::nn::Linear head_{nullptr};  // untied
+  std::function<torch::Tensor()> aux_loss_;
 };
 TORCH_MODULE(GPT);
 

@@ -18,6 +18,7 @@
 #include "comm/env.h"
 #include "examples/data.h"
 #include "examples/gpt.h"
+#include "examples/gpt_moe.h"
 #include "runtime/log.h"
 
 namespace {
@@ -39,7 +40,8 @@ struct Args {
 };
 
 const char* kUsage =
-    "usage: train_gpt --config FILE [--model tiny|small|dense-350M] [--steps N] [--seed S]\n"
+    "usage: train_gpt --config FILE [--model tiny|small|tiny-moe|dense-350M|moe-8x] [--steps N]\n"
+    "                 [--seed S]\n"
     "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n"
     "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n";
 
@@ -102,7 +104,6 @@ int64_t default_steps(const strata::Config& config) {
 
 int run(const Args& args) {
   using namespace strata::examples;
-  const auto model_config = GPTConfig::by_name(args.model);
   const auto data = args.data.empty() ? TokenData::synthetic() : TokenData::from_file(args.data);
   torch::Device device = torch::kCPU;
   if (args.device == "cuda" || (args.device.empty() && torch::cuda::is_available())) {
@@ -120,10 +121,24 @@ int run(const Args& args) {
   std::optional<c10::DeviceGuard> on_device;
   if (device.is_cuda()) on_device.emplace(device);
 
+  // The config first: an MoE model's layers are built from its moe block and its groups.
+  strata::InitOptions init;
+  auto config = strata::load_engine_config(args.config, init);
+  auto model_config = GPTConfig::by_name(args.model);
+  std::vector<strata::moe::MoEImpl*> moe_layers;
   torch::manual_seed(args.seed);
-  GPT model(model_config);
+  GPT model{nullptr};
+  if (model_config.experts > 0) {
+    if (config.moe.num_experts > 1) model_config.aux_loss_coef = config.moe.aux_loss_coef;
+    model = make_moe_gpt(model_config,
+                         moe_options_for(model_config, config.moe, args.seed, init.group));
+    moe_layers = strata::moe::moe_layers(*model);
+  } else {
+    model = GPT(model_config);
+  }
   model->to(device);
-  auto engine = strata::initialize(model, args.config);
+  auto engine =
+      std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));
 
   const int64_t steps = args.steps.value_or(default_steps(engine->config()));
   const int64_t micro = engine->train_micro_batch_size_per_gpu();
@@ -163,18 +178,29 @@ int run(const Args& args) {
   for (int64_t step = first_step; step < steps; ++step) {
     const auto step_start = Clock::now();
     auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
+    // MoE: the layers' auxiliary loss (mean over micro-batches and ranks) and dropped routes.
+    auto moe_sums = torch::zeros({2}, torch::TensorOptions().dtype(torch::kDouble).device(device));
     for (int64_t m = 0; m < gas; ++m) {
       // Sample j of the global batch is the same whatever the world: ranks take slices.
       const int64_t first = (m * world + rank) * micro;
       auto batch = data.batch(args.seed, step, first, micro, model_config.seq_len);
+      // The gate's noise is keyed by the step, so that any world size and accumulation draws
+      // the same for the same global batch.
+      for (auto* layer : moe_layers) layer->set_call_index(step);
       auto loss = engine->forward(batch.tokens.to(device), batch.targets.to(device));
+      for (auto* layer : moe_layers) {
+        moe_sums[0] += layer->last().l_aux.detach().to(torch::kDouble);
+        moe_sums[1] += layer->last().dropped.to(torch::kDouble);
+      }
       engine->backward(loss);
       engine->step();
       loss_sum += loss.detach();
     }
     // The global batch's mean loss (ranks' means averaged): one host sync per optimizer step.
-    if (auto& group = engine->data_parallel_group())
+    if (auto& group = engine->data_parallel_group()) {
       group->all_reduce(loss_sum, strata::comm::ReduceOp::Avg);
+      if (!moe_layers.empty()) group->all_reduce(moe_sums, strata::comm::ReduceOp::Sum);
+    }
     const double loss = loss_sum.item<double>() / gas;
     const double lr = engine->get_lr().at(0);
     const auto now = Clock::now();
@@ -199,6 +225,11 @@ int run(const Args& args) {
       row["skipped"] = engine->last_step_skipped();
       row["model_state_bytes"] = engine->model_state_bytes().total();
       row["live_param_bytes_peak"] = engine->live_param_bytes_peak();
+      if (!moe_layers.empty()) {
+        const auto sums = moe_sums.cpu();
+        row["l_aux"] = sums[0].item<double>() / double(gas * world);
+        row["dropped_tokens"] = static_cast<int64_t>(sums[1].item<double>());
+      }
       metrics << row.dump() << '\n' << std::flush;
       if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: write failed",
                                             args.metrics_jsonl));

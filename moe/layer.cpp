@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/topology.h"
 #include "moe/dispatch.h"
 #include "moe/keys.h"
 #include "runtime/error.h"
@@ -77,6 +78,35 @@ GateOptions MoEOptions::gate_options() const {
   g.z_loss_coef = router_z_loss_coef;
   g.seed = seed;
   return g;
+}
+
+MoEOptions MoEOptions::from_config(const MoeConfig& c, int64_t hidden, int64_t ffn,
+                                   int64_t layer_id, uint64_t seed, const comm::GroupPtr& world) {
+  MoEOptions o;
+  o.hidden_size = hidden;
+  o.ffn_size = ffn;
+  o.num_experts = c.num_experts;
+  o.k = c.top_k;
+  o.capacity_factor = c.capacity_factor;
+  o.eval_capacity_factor = c.eval_capacity_factor;
+  o.min_capacity = c.min_capacity;
+  o.drop_tokens = c.drop_tokens;
+  o.use_rts = c.use_rts;
+  o.noisy_gate_policy = c.noisy_gate_policy == "Jitter"    ? NoisyGatePolicy::Jitter
+                        : c.noisy_gate_policy == "RSample" ? NoisyGatePolicy::RSample
+                                                           : NoisyGatePolicy::None;
+  o.top2_2nd_expert_sampling = c.top2_2nd_expert_sampling;
+  o.drop_policy = c.drop_policy == "position" ? DropPolicy::Position : DropPolicy::Probs;
+  o.router_z_loss_coef = c.router_z_loss_coef;
+  o.seed = seed;
+  o.layer_id = layer_id;
+  o.ep_size = c.ep_size;
+  const auto world_size = world ? world->size() : 1;
+  if (world_size % c.ep_size != 0)
+    throw Error(fmt::format("moe.ep_size = {} does not divide the world size {}; choose an ep_size "
+                            "that divides it", c.ep_size, world_size));
+  o.ep_group = comm::expert_groups(world, static_cast<int>(c.ep_size)).expert_parallel;
+  return o;
 }
 
 MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
@@ -181,48 +211,6 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
   last_.dispatch_shape = {E, C, d};
   last_.expert_input_shape = expert_in.sizes().vec();
   return y.view(input.sizes());
-}
-
-bool is_expert_parameter_name(const std::string& name) {
-  size_t start = 0;
-  while (start <= name.size()) {
-    const size_t end = std::min(name.find('.', start), name.size());
-    if (name.compare(start, end - start, "experts") == 0 && end - start == 7) return true;
-    start = end + 1;
-  }
-  return false;
-}
-
-namespace {
-
-void collect(const torch::nn::Module& m, const std::string& prefix,
-             std::vector<ExpertParameter>& out) {
-  if (const auto* moe = dynamic_cast<const MoEImpl*>(&m)) {
-    const auto& ex = *moe->experts;
-    const std::string base = prefix + "experts.";
-    for (const auto& kv : ex.named_parameters(/*recurse=*/true)) {
-      ExpertParameter p;
-      p.name = base + kv.key();
-      p.param = kv.value();
-      p.stacked = ex.built_in();
-      // A user expert's parameters sit under its global index: "5.fc.weight".
-      p.first_expert =
-          p.stacked ? ex.first_expert() : std::stoll(kv.key().substr(0, kv.key().find('.')));
-      p.num_experts = p.stacked ? ex.local_experts() : 1;
-      p.layer_id = moe->options().layer_id;
-      out.push_back(std::move(p));
-    }
-    return;  // an MoE's other children (the gate) hold no experts
-  }
-  for (const auto& kv : m.named_children()) collect(*kv.value(), prefix + kv.key() + ".", out);
-}
-
-}  // namespace
-
-std::vector<ExpertParameter> expert_parameters(const torch::nn::Module& model) {
-  std::vector<ExpertParameter> out;
-  collect(model, "", out);
-  return out;
 }
 
 }  // namespace strata::moe

@@ -52,7 +52,9 @@
 #include <torch/torch.h>
 
 #include "comm/process_group.h"
+#include "runtime/config/config.h"
 #include "moe/experts.h"
+#include "moe/expert_params.h"
 #include "moe/gate.h"
 
 namespace strata::moe {
@@ -88,6 +90,12 @@ struct MoEOptions {
 
   // The gate's options for one call (training flag and seed filled by the layer).
   GateOptions gate_options() const;
+
+  // Layer `layer_id`'s options from a config's `moe` block (DeepSpeed's MoE arguments, Strata's
+  // gate keys), its expert-parallel group from comm::expert_groups(world, ep_size): the groups
+  // the engine uses for the same ep_size. A collective the first time an ep_size is seen.
+  static MoEOptions from_config(const MoeConfig& config, int64_t hidden_size, int64_t ffn_size,
+                                int64_t layer_id, uint64_t seed, const comm::GroupPtr& world);
 };
 
 // What the last forward did, for losses and monitoring.
@@ -133,25 +141,5 @@ class MoEImpl : public torch::nn::Module {
   MoEStats last_;
 };
 TORCH_MODULE(MoE);
-
-// True when a parameter's full name has a component "experts" (e.g. "blocks.1.moe.experts.w1"),
-// the name the MoE layer gives its expert submodule. For names only (checkpoint keys); on a live
-// model prefer expert_parameters(), which cannot mistake a user's own module named "experts".
-bool is_expert_parameter_name(const std::string& name);
-
-struct ExpertParameter {
-  std::string name;     // full name in the model
-  torch::Tensor param;
-  int64_t first_expert;  // global index of the first expert it holds
-  // Built-in stacked tensors hold local_experts experts along dim 0; a user expert's
-  // parameter holds one.
-  int64_t num_experts;
-  bool stacked;
-  int64_t layer_id;
-};
-
-// Every expert parameter of every MoE layer inside `model` (the model itself included), in
-// module order.
-std::vector<ExpertParameter> expert_parameters(const torch::nn::Module& model);
 
 }  // namespace strata::moe

@@ -111,8 +111,18 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
   if (group_ && group_->size() == 1) group_.reset();
   if (group_) log::set_rank(group_->rank());
 
-  // Before anything is broadcast: every rank must hold the same tensors.
-  if (group_) check_same_model_on_every_rank(*module_, *group_);
+  // MoE layers: their experts differ from rank to rank (expert parallelism).
+  find_experts();
+  // Before anything is broadcast: every rank must hold the same tensors (experts: every rank
+  // of their expert-data-parallel group).
+  if (group_) {
+    if (experts_.empty())
+      check_same_model_on_every_rank(*module_, *group_);
+    else
+      check_same_model_on_every_rank(*module_, *group_, [&](const std::string& name) {
+        return !moe::is_expert_parameter_name(name);
+      });
+  }
 
   // Built inside a PartitionedInit: its tensors hold no bytes, only shards (stage 3 only).
   const auto& init = options.partitioned_init;
@@ -170,13 +180,17 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     // Every rank starts from rank 0's parameters and buffers, as DeepSpeed and DDP do.
     torch::NoGradGuard no_grad;
     for (auto& p : unique_parameters(*module_, /*trainable_only=*/false))
-      if (!partitioned(p.tensor)) group_->broadcast(p.tensor.detach(), 0);  // else done already
+      if (!partitioned(p.tensor) && !is_expert(p.tensor))  // else done already, or below
+        group_->broadcast(p.tensor.detach(), 0);
     for (auto& b : module_->buffers()) group_->broadcast(b, 0);
   }
+  check_and_broadcast_experts();
 
   const auto& zero = config_.zero_optimization;
   const auto accum = accum_dtype(config_);
-  if (uses_partitioned_optimizer(config_)) {
+  // MoE: experts and the rest are partitioned over different groups, so both go through the
+  // partitioned optimizer, whatever the precision and stage.
+  if (uses_partitioned_optimizer(config_) || !experts_.empty()) {
     zero::PartitionedOptions po;
     po.stage = zero.stage;
     po.comm_dtype = comm_dtype(config_);
@@ -208,8 +222,30 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       co.max_reuse_distance = zero.stage3_max_reuse_distance;
       coordinator_ = std::make_unique<zero::ParamCoordinator>(units_, group_, co);
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(units_, group_, po, build);
-    } else {
+    } else if (experts_.empty()) {
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(params_, group_, po, build);
+    } else {
+      std::vector<torch::Tensor> dense, expert;
+      for (const auto& p : params_) (is_expert(p) ? expert : dense).push_back(p);
+      if (dense.empty())
+        throw Error("strata::initialize: every trainable parameter is an MoE expert; the engine "
+                    "needs the others (at least the gate) trainable too");
+      partitioned_ = std::make_unique<zero::PartitionedOptimizer>(dense, group_, po, build);
+      // Experts: averaged over their expert-data-parallel group, scaled to the world's mean,
+      // their norm summed over the expert-parallel group (zero/partitioned_optimizer.h).
+      const auto& edp = expert_groups_.expert_data_parallel;
+      auto eo = po;
+      eo.gradient_factor = static_cast<double>(edp ? edp->size() : 1) / data_parallel_size();
+      eo.norm_group = expert_groups_.expert_parallel;
+      auto build_experts = [&](std::vector<torch::Tensor> master) {
+        if (!options.expert_optimizer_builder) return make_optimizer_over(master, options);
+        std::shared_ptr<torch::optim::Optimizer> built = options.expert_optimizer_builder(master);
+        if (!built) throw Error("strata::initialize: expert_optimizer_builder returned null");
+        return built;
+      };
+      expert_partitioned_ =
+          std::make_unique<zero::PartitionedOptimizer>(expert, edp, eo, build_experts);
+      expert_optimizer_ = expert_partitioned_->inner();
     }
     optimizer_ = partitioned_->inner();
     if (partitioned_->offloads())
@@ -220,12 +256,22 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
                 partitioned_->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
                 offload::cpu_adam_isa(), at::get_num_threads(), zero.sub_group_size);
     // Strata's Adam steps the flat master in one fused pass (a CUDA kernel on GPUs).
-    if (auto adam = std::dynamic_pointer_cast<optim::Adam>(optimizer_); adam && adam->can_step_flat())
-      partitioned_->use_flat_step(
+    auto use_flat_adam = [](zero::PartitionedOptimizer& partitioned,
+                            const std::shared_ptr<torch::optim::Optimizer>& inner) {
+      auto adam = std::dynamic_pointer_cast<optim::Adam>(inner);
+      if (!adam || !adam->can_step_flat()) return;
+      partitioned.use_flat_step(
           [adam](const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
                  int64_t tile_numel, const zero::PartitionedOptimizer::TileDone& after_tile) {
             adam->step_flat(grad, grad_scale, copy_out, tile_numel, after_tile);
           });
+    };
+    use_flat_adam(*partitioned_, optimizer_);
+    if (expert_partitioned_) {
+      use_flat_adam(*expert_partitioned_, expert_optimizer_);
+      const double lr = optimizer_->param_groups().at(0).options().get_lr();
+      expert_lr_ratio_ = lr > 0 ? expert_optimizer_->param_groups().at(0).options().get_lr() / lr : 1.0;
+    }
   } else {
     optimizer_ = make_optimizer_over(params_, options);
     if (group_) {
@@ -236,6 +282,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     }
   }
   configure_lr_scheduler(options);
+  follow_lr_schedule();
   monitored_ = config_.tensorboard.enabled || config_.csv_monitor.enabled;
   monitor_ = monitor::make_monitors(config_, data_parallel_rank());
   for (const auto& w : config_.warnings) log::info("[strata] warning: {}", w);
@@ -301,11 +348,16 @@ zero::ModelStateBytes Engine::model_state_bytes() const {
   zero::ModelStateBytes bytes;
   if (partitioned_) {
     bytes = partitioned_->state_bytes();
+    if (expert_partitioned_) {
+      const auto e = expert_partitioned_->state_bytes();
+      bytes.params += e.params, bytes.grads += e.grads, bytes.master += e.master;
+    }
   } else {
     for (const auto& p : params_) bytes.params += p.numel() * p.element_size();
     bytes.grads = bytes.params;  // one gradient per parameter, same dtype
   }
   bytes.optimizer = optim::optimizer_state_bytes(*optimizer_);
+  if (expert_optimizer_) bytes.optimizer += optim::optimizer_state_bytes(*expert_optimizer_);
   return bytes;
 }
 
@@ -359,6 +411,7 @@ void Engine::backward(const torch::Tensor& loss) {
   }
   if (reducer_) reducer_->begin_backward(boundary);
   if (partitioned_) partitioned_->begin_backward(boundary);
+  if (expert_partitioned_) expert_partitioned_->begin_backward(boundary);
   // fp16: the loss scale; accumulation: 1/gas, so the window's gradients sum to the mean.
   const double factor = scaler_.cur_scale() / static_cast<double>(gradient_accumulation_steps());
   std::optional<zero::ParamCoordinator::Scope> scope;
@@ -394,6 +447,7 @@ void Engine::clip_gradients() {
 void Engine::step() {
   if (coordinator_) coordinator_->rethrow_if_failed();
   if (partitioned_) partitioned_->end_micro_step();
+  if (expert_partitioned_) expert_partitioned_->end_micro_step();
   if (is_gradient_accumulation_boundary()) {
     // Before any weight changes: did every rank gather the same units?
     if (coordinator_) coordinator_->check_same_gathers();
@@ -447,7 +501,14 @@ void Engine::plain_step() {
 }
 
 void Engine::partitioned_step() {
-  const auto summary = partitioned_->prepare(scaler_.cur_scale());
+  auto summary = partitioned_->prepare(scaler_.cur_scale());
+  if (expert_partitioned_) {
+    // One global norm: the others' squares and every expert's, each counted once.
+    const auto experts = expert_partitioned_->prepare(scaler_.cur_scale());
+    summary.overflow = summary.overflow || experts.overflow;
+    summary.grad_norm = std::sqrt(summary.grad_norm * summary.grad_norm +
+                                  experts.grad_norm * experts.grad_norm);
+  }
   last_grad_norm_ = summary.grad_norm;
   last_step_skipped_ = summary.overflow && skip_on_overflow_;
   if (last_step_skipped_) {
@@ -455,6 +516,7 @@ void Engine::partitioned_step() {
     // (or the run ends with an error at the minimum scale).
     const auto update = scaler_.update_scale(true);
     partitioned_->discard();
+    if (expert_partitioned_) expert_partitioned_->discard();
     ++skipped_steps_;
     log::info("[strata] step {}: gradient overflow, step skipped; {}", global_steps_ + 1,
               describe(update));
@@ -465,7 +527,9 @@ void Engine::partitioned_step() {
   if (config_.gradient_clipping.value > 0.0)
     clip_coef = config_.gradient_clipping.value / (summary.grad_norm + 1e-6);
   partitioned_->apply(clip_coef);
+  if (expert_partitioned_) expert_partitioned_->apply(clip_coef);
   if (lr_scheduler_) lr_scheduler_->step();
+  follow_lr_schedule();
 }
 
 std::vector<double> Engine::get_lr() const {

@@ -15,11 +15,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "comm/process_group.h"
+#include "comm/topology.h"
+#include "moe/expert_params.h"
 #include "runtime/config/config.h"
 #include "runtime/monitor/monitor.h"
 #include "runtime/precision/loss_scaler.h"
@@ -29,6 +32,10 @@
 #include "zero/partitioned_optimizer.h"
 
 namespace strata {
+namespace checkpoint {
+class CheckpointWriter;
+class CheckpointReader;
+}  // namespace checkpoint
 
 using OptimizerBuilder =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor> params)>;
@@ -48,6 +55,11 @@ struct InitOptions {
   // the client optimizer) or a builder called with the engine's optimizer.
   std::shared_ptr<LRScheduler> lr_scheduler;
   SchedulerBuilder lr_scheduler_builder;
+  // MoE: builds the optimizer of the expert parameters (DeepSpeed's separate MoE parameter
+  // groups), called with this rank's fp32 master partition of them, e.g. with another lr or
+  // weight decay. Unset: the same optimizer as the other parameters. An LR schedule moves both
+  // (the experts' lr keeps its ratio to the others' first group).
+  OptimizerBuilder expert_optimizer_builder;
   AutoValues autos;
   // ZeRO-3: the module paths whose parameters are gathered and released together ("units",
   // e.g. {"embed", "blocks.0", ...}). Empty: the children of every ModuleList / Sequential and
@@ -135,7 +147,14 @@ class Engine {
   int data_parallel_size() const { return group_ ? group_->size() : 1; }
   int data_parallel_rank() const { return group_ ? group_->rank() : 0; }
   torch::nn::Module& module() { return *module_; }
+  // The optimizer of every parameter but MoE experts (of all of them without MoE).
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  // MoE: the expert parameters' optimizer (null without MoE layers), and the groups their
+  // gradients are reduced over (expert_data_parallel) and their experts split over.
+  torch::optim::Optimizer* expert_optimizer() { return expert_optimizer_.get(); }
+  const comm::ParallelGroups* expert_groups() const {
+    return expert_partitioned_ ? &expert_groups_ : nullptr;
+  }
   LRScheduler* lr_scheduler() { return lr_scheduler_.get(); }
 
  private:
@@ -145,6 +164,16 @@ class Engine {
   void plain_step();        // fp32 stage 0: the optimizer over the module's own tensors
   void partitioned_step();  // mixed precision and ZeRO 1-2
   void clip_gradients();
+  // MoE (runtime/engine_experts.cpp): finds the expert parameters, checks them, meets the
+  // expert groups; after the LR schedule moved the others' lr, the experts' follows.
+  void find_experts();
+  void check_and_broadcast_experts();
+  void follow_lr_schedule();
+  bool is_expert(const torch::Tensor& p) const;
+  std::unordered_set<std::string> expert_names() const;
+  // Expert checkpoints (per expert, so that they load at another ep_size).
+  void save_expert_states(checkpoint::CheckpointWriter& writer);
+  std::function<void()> read_expert_states(const checkpoint::CheckpointReader& reader);
 
  protected:
   // Stage 3: the model may gather parameters while the returned scope lives; end_forward()
@@ -172,6 +201,13 @@ class Engine {
   std::unique_ptr<zero::ParamCoordinator> coordinator_;      // stage 3
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<LRScheduler> lr_scheduler_;
+  // MoE: the expert parameters (trainable, module order) in their own partitioned optimizer
+  // over the expert-data-parallel group.
+  std::vector<moe::ExpertParameter> experts_;
+  comm::ParallelGroups expert_groups_;
+  std::unique_ptr<zero::PartitionedOptimizer> expert_partitioned_;
+  std::shared_ptr<torch::optim::Optimizer> expert_optimizer_;
+  double expert_lr_ratio_ = 1.0;  // experts' lr / the others' first group's, at construction
   LossScaler scaler_;
   bool skip_on_overflow_ = false;
   std::unique_ptr<monitor::MonitorMaster> monitor_;  // enabled on rank 0 only

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -30,9 +31,13 @@ using checkpoint::pieces_json;
 using checkpoint::saved_pieces;
 using checkpoint::saved_shard_map;
 
-NamedTensors model_tensors(torch::nn::Module& module) {
+using Names = std::unordered_set<std::string>;
+
+// The module's parameters and buffers but the MoE experts (`skip`), saved per expert apart.
+NamedTensors model_tensors(torch::nn::Module& module, const Names& skip) {
   NamedTensors out;
-  for (const auto& p : module.named_parameters()) out.emplace_back("param." + p.key(), p.value());
+  for (const auto& p : module.named_parameters())
+    if (!skip.count(p.key())) out.emplace_back("param." + p.key(), p.value());
   for (const auto& b : module.named_buffers()) out.emplace_back("buffer." + b.key(), b.value());
   return out;
 }
@@ -72,9 +77,17 @@ optim::ParamState get_state(const checkpoint::TensorFile& file, const std::strin
 // names and sizes a resume checks, and the further names of tied weights (strata-ckpt gives them
 // the same weights).
 // The per-parameter layout (`flat` false) records the names only, as before.
-void put_trainables(torch::nn::Module& module, json& scalars, bool flat) {
+// MoE experts (`skip`) are kept apart (runtime/engine_experts.cpp).
+std::vector<NamedTensor> trainables(torch::nn::Module& module, const Names& skip) {
+  std::vector<NamedTensor> out;
+  for (auto& p : unique_parameters(module, true))
+    if (!skip.count(p.name)) out.push_back(std::move(p));
+  return out;
+}
+
+void put_trainables(torch::nn::Module& module, const Names& skip, json& scalars, bool flat) {
   json names = json::array(), numels = json::array(), aliases = json::object();
-  for (const auto& p : unique_parameters(module, true)) {
+  for (const auto& p : trainables(module, skip)) {
     names.push_back(p.name);
     numels.push_back(p.tensor.numel());
     for (const auto& alias : p.aliases) aliases[alias] = p.name;
@@ -88,10 +101,10 @@ void put_trainables(torch::nn::Module& module, json& scalars, bool flat) {
 // The checkpoint's trainable tensors must be this model's, in the same order and sizes:
 // optimizer state is stored by position (flat ranges or indices).
 void check_same_trainables(const json& scalars, const std::string& key, torch::nn::Module& module,
-                           const std::string& folder) {
+                           const Names& skip, const std::string& folder) {
   if (!scalars.contains(key)) return;  // saved before the names were kept
   const auto saved = scalars.at(key).get<std::vector<std::string>>();
-  const auto mine = unique_parameters(module, true);
+  const auto mine = trainables(module, skip);
   std::vector<int64_t> numels;
   if (scalars.contains("flat_param_numels"))
     numels = scalars.at("flat_param_numels").get<std::vector<int64_t>>();
@@ -138,6 +151,12 @@ FlatLayout flat_layout(torch::nn::Module& module, const zero::PartitionedOptimiz
 
 }  // namespace
 
+std::unordered_set<std::string> Engine::expert_names() const {
+  std::unordered_set<std::string> names;
+  for (const auto& e : experts_) names.insert(e.name);
+  return names;
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> Engine::stage3_host_copies(bool keep) {
   std::unordered_map<const c10::TensorImpl*, torch::Tensor> copies;
   for (size_t u = 0; u < units_->size(); ++u) {
@@ -175,9 +194,14 @@ void Engine::save_16bit_model(const std::string& dir, const std::string& file) {
         "zero_optimization.stage3_gather_16bit_weights_on_model_save to true, or save a "
         "checkpoint (save_checkpoint) and consolidate it with `strata-ckpt consolidate`",
         config_.source));
+  if (expert_groups_.expert_parallel && expert_groups_.expert_parallel->size() > 1)
+    throw Error(fmt::format(
+        "{}: save_16bit_model writes rank 0's module, and with moe.ep_size {} rank 0 holds only "
+        "some of the experts; save a checkpoint (save_checkpoint), which keeps every expert",
+        config_.source, expert_groups_.expert_parallel->size()));
   NamedTensors params, buffers;
   const bool writer = data_parallel_rank() == 0;
-  const auto whole = coordinator_ ? stage3_host_copies(writer) : model_tensors(*module_);
+  const auto whole = coordinator_ ? stage3_host_copies(writer) : model_tensors(*module_, {});
   for (const auto& [key, t] : whole) {
     const bool param = key.rfind("param.", 0) == 0;
     (param ? params : buffers).emplace_back(key.substr(key.find('.') + 1), t.detach().cpu());
@@ -207,7 +231,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     const auto whole = stage3_host_copies(/*keep=*/rank == 0);
     if (rank == 0) writer.write_shared("model_states", whole, engine_state);
   } else if (rank == 0) {
-    writer.write_shared("model_states", model_tensors(*module_), engine_state);
+    writer.write_shared("model_states", model_tensors(*module_, expert_names()), engine_state);
   }
 
   NamedTensors optim;
@@ -217,7 +241,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     scalars["layout"] = "flat";
     scalars["flat_numel"] = layout.numel;
     // Which parameter each range of the flat layout is (strata-ckpt consolidates by it).
-    put_trainables(*module_, scalars, /*flat=*/true);
+    put_trainables(*module_, expert_names(), scalars, /*flat=*/true);
     // Where this partition's elements sit in the flat layout (zero/shard_map.h).
     scalars["shard_pieces"] = pieces_json(layout.shards.pieces(layout.part));
     optim.emplace_back("master", partitioned_->master());
@@ -230,7 +254,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     }
   } else {
     scalars["layout"] = "per_param";
-    put_trainables(*module_, scalars, /*flat=*/false);
+    put_trainables(*module_, expert_names(), scalars, /*flat=*/false);
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto state = optim::export_param_state(*optimizer_, params_[i]);
       if (!state) {
@@ -246,6 +270,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     writer.write_partition("optim_states", optim, scalars);
   else if (rank == 0)
     writer.write_shared("optim_states", optim, scalars);
+  save_expert_states(writer);
 
   if (group_) group_->barrier();  // every rank's files are written
   if (rank == 0) {
@@ -264,7 +289,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   // Everything is read and checked first; the engine changes only once all of it has passed, so
   // a checkpoint that does not fit leaves the model, master weights and optimizer as they were.
   checkpoint::CheckpointReader reader(dir, tag, {/*verify_checksums=*/false});
-  const auto model = model_tensors(*module_);
+  const auto model = model_tensors(*module_, expert_names());
   const auto states = reader.load_shared("model_states", checkpoint::specs_of(model));
   const json& engine_state = states.scalars;
   const auto global_steps = engine_state.at("global_steps").get<int64_t>();
@@ -296,7 +321,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     if (first.scalars.at("layout") != "flat")
       throw Error(fmt::format("{}: saved by the plain fp32 stage-0 path; resume it with the same "
                               "precision and ZeRO stage", reader.folder()));
-    check_same_trainables(first.scalars, "flat_params", *module_, reader.folder());
+    check_same_trainables(first.scalars, "flat_params", *module_, expert_names(), reader.folder());
     if (first.scalars.at("flat_numel").get<int64_t>() != layout.numel)
       throw Error(fmt::format("{}: {} trainable elements saved, this model has {}",
                               reader.folder(), first.scalars.at("flat_numel").get<int64_t>(),
@@ -345,7 +370,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     if (layout == "archive") {
       archive = tensor_bytes(file.at("archive"));
     } else {
-      check_same_trainables(file.scalars, "param_names", *module_, reader.folder());
+      check_same_trainables(file.scalars, "param_names", *module_, expert_names(), reader.folder());
       for (size_t i = 0; i < params_.size(); ++i) {
         const auto prefix = fmt::format("state.{}.", i);
         if (!file.scalars.contains(prefix + "type"))
@@ -361,6 +386,8 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     }
   }
 
+  const auto install_experts = read_expert_states(reader);
+
   // Everything fits: install it. LibTorch's own archive goes first, the one step that can still
   // fail (it is checked only by loading it).
   if (archive) optim::load_optimizer_archive(*optimizer_, *archive);
@@ -375,6 +402,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   }
   for (size_t i = 0; i < param_states.size(); ++i)
     optim::import_param_state(*optimizer_, params_[i], param_states[i]);
+  install_experts();
   global_steps_ = global_steps;
   micro_steps_ = micro_steps;
   skipped_steps_ = skipped_steps;

@@ -17,12 +17,16 @@ int64_t digest(const std::string& text) {
   return static_cast<int64_t>(h >> 1);  // non-negative: 0 marks "no entry" below
 }
 
-std::vector<std::string> describe(torch::nn::Module& module) {
+std::vector<std::string> describe(torch::nn::Module& module, const NameFilter& include,
+                                  bool buffers) {
   std::vector<std::string> out;
-  for (const auto& p : module.named_parameters())
+  for (const auto& p : module.named_parameters()) {
+    if (include && !include(p.key())) continue;
     out.push_back(fmt::format("parameter '{}' {} {}{}", p.key(), c10::str(p.value().sizes()),
                               c10::toString(p.value().scalar_type()),
                               p.value().requires_grad() ? " requires_grad" : " frozen"));
+  }
+  if (!buffers) return out;
   for (const auto& b : module.named_buffers())
     out.push_back(fmt::format("buffer '{}' {} {}", b.key(), c10::str(b.value().sizes()),
                               c10::toString(b.value().scalar_type())));
@@ -73,8 +77,9 @@ void check_one_device(const std::vector<NamedTensor>& params) {
           p.tensor.device().str()));
 }
 
-void check_same_model_on_every_rank(torch::nn::Module& module, comm::ProcessGroup& group) {
-  const auto entries = describe(module);
+void check_same_model_on_every_rank(torch::nn::Module& module, comm::ProcessGroup& group,
+                                    const NameFilter& include, bool buffers) {
+  const auto entries = describe(module, include, buffers);
   const int world = group.size();
   // Round 1: the longest list. Round 2: every rank's digests, padded with 0.
   auto count = torch::tensor({static_cast<int64_t>(entries.size())}, torch::kLong);

@@ -7,6 +7,7 @@
 // Python does); checkpoints keep every name.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ void check_one_device(const std::vector<NamedTensor>& params);
 // requires_grad) before rank 0's values are broadcast: otherwise collectives of different sizes
 // would mix unrelated tensors, or fail deep inside the backend. Collective over `group`; on a
 // difference every rank throws strata::Error naming the first tensor that differs and how.
-void check_same_model_on_every_rank(torch::nn::Module& module, comm::ProcessGroup& group);
+// `include`, when given, picks the parameters compared by name (buffers are always compared):
+// expert parameters differ across expert-parallel ranks and are compared within their
+// expert-data-parallel group instead.
+using NameFilter = std::function<bool(const std::string&)>;
+void check_same_model_on_every_rank(torch::nn::Module& module, comm::ProcessGroup& group,
+                                    const NameFilter& include = {}, bool buffers = true);
 
 }  // namespace strata

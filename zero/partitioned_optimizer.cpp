@@ -274,17 +274,18 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   // A sum of squares is finite iff every element is: one reduction gives the overflow flag
   // and the norm.
   torch::Tensor sum_squares;
+  const double f = options_.gradient_factor;  // 1 except for expert parameters (see options)
   if (flat_step_) {
     // Reduced in fp32 straight from the model's dtype; the loss scale comes out on the host.
     grad_ = gradient;
-    grad_scale_ = 1.0 / loss_scale;
+    grad_scale_ = f / loss_scale;
     if (!offloads())
       sum_squares = at::linalg_vector_norm(grad_, 2, c10::nullopt, false, torch::kFloat)
                         .to(torch::kDouble)
                         .pow(2);
   } else {
     grad_ = gradient.to(torch::kFloat, false, /*copy=*/true);
-    if (loss_scale != 1.0) grad_.mul_(1.0 / loss_scale);
+    if (f / loss_scale != 1.0) grad_.mul_(f / loss_scale);
     if (!offloads()) sum_squares = grad_.pow(2).sum().to(torch::kDouble);
   }
   // Offload: the reducer summed a one-micro-step window's squares on the device (they carry the
@@ -292,7 +293,7 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   double factor = flat_step_ ? grad_scale_ * grad_scale_ : 1.0;
   if (offloads() && device_sum_squares_.defined()) {
     sum_squares = device_sum_squares_.clone();
-    factor = 1.0 / (loss_scale * loss_scale);
+    factor = (f * f) / (loss_scale * loss_scale);
   } else if (offloads()) {
     sum_squares = torch::tensor(offload::cpu_sum_squares(grad_.data_ptr(), host_float(grad_),
                                                          grad_.numel(), at::get_num_threads()),
@@ -301,6 +302,10 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   if (group_ && shards_.parts() > 1) {
     sum_squares = sum_squares.to(device_);  // the group's collectives run on the model's device
     group_->all_reduce(sum_squares, comm::ReduceOp::Sum);
+  }
+  if (options_.norm_group && options_.norm_group->size() > 1) {
+    sum_squares = sum_squares.to(device_);
+    options_.norm_group->all_reduce(sum_squares, comm::ReduceOp::Sum);
   }
   const double total = sum_squares.item<double>() * factor;  // the step's one host sync
   if (offloads()) {

@@ -73,6 +73,14 @@ struct PartitionedOptions {
   int64_t accumulation_steps = 1;
   torch::ScalarType accum_dtype = torch::kFloat;
   OffloadOptions offload;
+  // MoE expert parameters (DeepSpeed's expert-data-parallel reduction): the group given to the
+  // constructor is the expert-data-parallel group, over which gradients are averaged, while the
+  // loss is a mean over the whole world, so the reduced gradient is multiplied by
+  // gradient_factor (expert-DP size / world size). The gradient's squares are also summed over
+  // norm_group (the expert-parallel group, whose ranks hold the other experts), so that the
+  // norm counts every expert once.
+  double gradient_factor = 1.0;
+  comm::GroupPtr norm_group;
 };
 
 struct GradientSummary {

@@ -17,6 +17,7 @@
 
 #include "strata/version.h"
 
+#include "moe/layer.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/config/config.h"
 #include "runtime/engine.h"

@@ -16,6 +16,11 @@ namespace strata::checkpoint {
 NamedTensors consolidate(const std::string& dir, const std::string& tag,
                          torch::ScalarType dtype) {
   CheckpointReader reader(dir, tag);
+  if (reader.has_partition("expert_states"))
+    throw Error(fmt::format("{}: a checkpoint of a model with MoE layers (its experts are saved per "
+                            "expert); consolidating it is not supported yet: load it into the "
+                            "model with Engine::load_checkpoint (at any ep_size)",
+                            reader.folder()));
   const auto model = reader.load_shared("model_states");
   NamedTensors out;
   const bool partitioned = reader.has_partition("optim_states");

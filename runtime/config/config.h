@@ -180,6 +180,9 @@ struct MoeConfig {
   bool use_rts = true;
   std::string noisy_gate_policy = "None";  // None | Jitter | RSample
   double aux_loss_coef = 0.01;
+  bool top2_2nd_expert_sampling = true;  // DeepSpeed's TopKGate default
+  std::string drop_policy = "probs";     // probs | position (top-k >= 3)
+  double router_z_loss_coef = 0.0;       // ST-MoE's router z-loss; 0: off
 };
 
 }  // namespace strata

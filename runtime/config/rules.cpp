@@ -23,6 +23,17 @@ void precision(const Config& cfg, Ctx& ctx) {
                           *accum, model, model));
 }
 
+// Expert parallelism splits the world into EP groups of ep_size ranks (comm/topology.h). A world
+// of 1 is also what tools that do not know the world check with (strata-config's default,
+// strata-run's first pass); the engine checks its layers' ep_size against the real one.
+void moe(const Config& cfg, Ctx& ctx) {
+  const auto& m = cfg.moe;
+  if (cfg.world_size > 1 && m.ep_size > 1 && cfg.world_size % m.ep_size != 0)
+    ctx.error("moe.ep_size", fmt::format("moe.ep_size = {} does not divide the world size {}: expert-parallel "
+                                         "groups are ep_size consecutive ranks; choose an ep_size that "
+                                         "divides {}", m.ep_size, cfg.world_size, cfg.world_size));
+}
+
 void unresolved_autos(Ctx& ctx) {
   for (const std::string& path : ctx.unresolved) {
     const std::string from = auto_source(path);
@@ -39,6 +50,7 @@ void unresolved_autos(Ctx& ctx) {
 
 void apply_rules(Config& cfg, Ctx& ctx) {
   precision(cfg, ctx);
+  moe(cfg, ctx);
   resolve_batch(cfg, ctx);
   unresolved_autos(ctx);
 }

@@ -11,8 +11,6 @@ Block make_moe() {
   BlockBuilder<MoeConfig> b("moe");
   b.add(&MoeConfig::num_experts, "num_experts")
       .min(1)
-      .when([](const json& v) { return v.get<int64_t>() > 1; })
-      .pending("mixture-of-experts layers")
       .describe("Experts in each MoE layer");
   b.add(&MoeConfig::ep_size, "ep_size")
       .min(1)
@@ -40,6 +38,16 @@ Block make_moe() {
   b.add(&MoeConfig::aux_loss_coef, "aux_loss_coef")
       .min(0)
       .describe("Weight of the gate's load-balancing auxiliary loss added to the training loss");
+  b.add(&MoeConfig::top2_2nd_expert_sampling, "top2_2nd_expert_sampling")
+      .describe("Top-2 gating: add Gumbel noise to the logits that choose each token's second expert");
+  b.add(&MoeConfig::drop_policy, "drop_policy")
+      .one_of({"probs", "position"})
+      .describe("Top-k gating (k >= 3), over capacity: keep the most probable routes (probs) or the first in "
+                "token order (position)");
+  b.add(&MoeConfig::router_z_loss_coef, "router_z_loss_coef")
+      .min(0)
+      .describe("Weight of the router z-loss (ST-MoE: mean squared logsumexp of the gate's logits) added to "
+                "the auxiliary loss; 0 turns it off");
   Block block = b.build();
   block.finish = [](void* obj, Ctx& ctx, const std::string& path) {
     const auto& m = *static_cast<MoeConfig*>(obj);
@@ -50,6 +58,15 @@ Block make_moe() {
     if (m.top_k > m.num_experts)
       ctx.error(join(path, "top_k"),
                 fmt::format("{}.top_k = {} exceeds num_experts = {}", path, m.top_k, m.num_experts));
+    if (m.top_k >= 2 && m.noisy_gate_policy != "None")
+      ctx.warn(join(path, "noisy_gate_policy"),
+               fmt::format("{}.noisy_gate_policy = \"{}\" is applied by top-1 gating only (as in DeepSpeed); "
+                           "with top_k = {} it does nothing", path, m.noisy_gate_policy, m.top_k));
+    if (m.top_k <= 2 && m.drop_policy != "probs")
+      ctx.warn(join(path, "drop_policy"),
+               fmt::format("{}.drop_policy = \"{}\" applies to top-k gating with k >= 3; with top_k = {} "
+                           "DeepSpeed's rule for k = {} decides who is dropped", path, m.drop_policy,
+                           m.top_k, m.top_k));
   };
   return block;
 }

@@ -12,39 +12,14 @@
 
 #include "examples/data.h"
 #include "examples/gpt.h"
+#include "examples/gpt_moe.h"
+#include "train_gpt_runs.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/engine.h"
 
 namespace {
 
-struct Run {
-  int exit_code;
-  std::string output;
-};
-
-// Runs a shell command, returning its exit code and its output (stdout and stderr).
-Run capture(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
-Run run(const std::string& args) {
-  // CPU: these tests check the trainer's behaviour and bit-for-bit determinism, which CUDA
-  // kernels with atomics do not promise; the GPU suite runs the trainer on GPUs.
-  return capture(std::string(STRATA_BIN_DIR) + "/train_gpt --device cpu " + args);
-}
-
-std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
+using namespace train_gpt_runs;
 
 const std::string kConfig = std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny.json";
 
@@ -121,21 +96,17 @@ void expect_two_ranks_match_one(int stage) {
   // ZeRO partitions the master weights and optimizer state (and at stage 2 the gradients).
   const auto bytes_one = a.back().at("model_state_bytes").get<int64_t>();
   const auto bytes_two = b.back().at("model_state_bytes").get<int64_t>();
-  if (stage == 0) EXPECT_EQ(bytes_two, bytes_one);
-  if (stage >= 1) EXPECT_LT(bytes_two, bytes_one);
+  if (stage == 0) {
+    EXPECT_EQ(bytes_two, bytes_one);
+  }
+  if (stage >= 1) {
+    EXPECT_LT(bytes_two, bytes_one);
+  }
 }
 
 TEST(TrainGpt, TwoRanksGiveTheLossOfOneRankWithTheSameGlobalBatch) { expect_two_ranks_match_one(0); }
 TEST(TrainGpt, TwoRanksAtZeroStage1GiveTheSameLoss) { expect_two_ranks_match_one(1); }
 TEST(TrainGpt, TwoRanksAtZeroStage2GiveTheSameLoss) { expect_two_ranks_match_one(2); }
-
-// train_gpt on `ranks` processes through strata-run: "" on success, else the output.
-std::string launch(int ranks, const std::string& args) {
-  const auto r = capture(std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus " +
-                         std::to_string(ranks) + " -- " + STRATA_BIN_DIR +
-                         "/train_gpt --device cpu " + args);
-  return r.exit_code == 0 ? std::string() : r.output;
-}
 
 // ZeRO-3 on 1, 2 and 4 ranks gives the per-step losses of stage 0 on 1 rank with the same global
 // batch (16 samples: gradient accumulation 4, 2, 1), clipping on, with the head tied to the
@@ -466,11 +437,13 @@ TEST(GPT, ShapesAndUnknownNames) {
   EXPECT_THROW(strata::examples::GPTConfig::by_name("nope"), std::exception);
 }
 
-// The MoE keeps at most `capacity` tokens per expert and routes each kept token to top_k experts.
+// The MoE model (Strata's layer in every block) trains on its own, one process.
 TEST(GPT, MoEModelTrainsEndToEnd) {
   auto config = strata::examples::GPTConfig::by_name("tiny-moe");
   torch::manual_seed(0);
-  strata::examples::GPT model(config);
+  EXPECT_THROW(strata::examples::GPT{config}, std::exception);  // the experts need make_moe_gpt
+  auto model = strata::examples::make_moe_gpt(
+      config, strata::examples::moe_options_for(config, strata::MoeConfig{}, 1, nullptr));
   auto tokens = torch::randint(0, 256, {2, config.seq_len}, torch::kLong);
   auto loss = model->forward(tokens, tokens);
   loss.backward();

@@ -1,0 +1,58 @@
+#include "examples/gpt_moe.h"
+
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace strata::examples {
+
+moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, uint64_t seed,
+                                const comm::GroupPtr& world) {
+  if (model.experts < 1)
+    throw Error(fmt::format("model '{}' has no experts (a dense model)", model.name));
+  if (moe.num_experts > 1) {
+    if (moe.num_experts != model.experts)
+      throw Error(fmt::format("the config's moe.num_experts is {} but model '{}' has {} experts per "
+                              "block; make them agree (or drop num_experts from the config)",
+                              moe.num_experts, model.name, model.experts));
+    return moe::MoEOptions::from_config(moe, model.d_model, model.ffn, 0, seed, world);
+  }
+  MoeConfig own;  // DeepSpeed's MoE defaults, the model's gate
+  own.num_experts = model.experts;
+  own.top_k = model.top_k;
+  own.capacity_factor = model.capacity_factor;
+  own.eval_capacity_factor = model.capacity_factor;
+  own.aux_loss_coef = model.aux_loss_coef;
+  return moe::MoEOptions::from_config(own, model.d_model, model.ffn, 0, seed, world);
+}
+
+GPT make_moe_gpt(const GPTConfig& config, const moe::MoEOptions& options) {
+  if (options.num_experts != config.experts || options.hidden_size != config.d_model)
+    throw Error(fmt::format("make_moe_gpt: the MoE options have {} experts of width {}, model '{}' "
+                            "{} of width {}",
+                            options.num_experts, options.hidden_size, config.name, config.experts,
+                            config.d_model));
+  auto layers = std::make_shared<std::vector<moe::MoE>>();
+  FeedForward ffn;
+  ffn.name = "moe";
+  ffn.make = [options, layers](int64_t layer) {
+    auto o = options;
+    o.layer_id = layer;
+    layers->push_back(moe::MoE(o));
+    return torch::nn::AnyModule(layers->back());
+  };
+  ffn.aux_loss = [layers] {
+    torch::Tensor total;
+    for (const auto& layer : *layers) {
+      const auto aux = layer->aux_loss();
+      total = total.defined() ? total + aux : aux;
+    }
+    return total;
+  };
+  return GPT(config, std::move(ffn));
+}
+
+}  // namespace strata::examples

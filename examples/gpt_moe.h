@@ -1,0 +1,26 @@
+// GPT-MoE: the GPT of gpt.h with Strata's mixture-of-experts layer (strata::moe::MoE) as every
+// block's feed-forward, DeepSpeed-MoE's way: a model written in plain LibTorch that uses nothing
+// of Strata but the MoE layer (gpt.h itself stays free of Strata).
+#pragma once
+
+#include <cstdint>
+
+#include "examples/gpt.h"
+#include "moe/layer.h"
+
+namespace strata::examples {
+
+// The layers' options for model `model` (experts, width) from a config's moe block, when it
+// names experts (num_experts > 1, which must then be the model's), else from the model's own
+// gate (top_k, capacity_factor; DeepSpeed's MoE defaults for the rest; ep_size 1). `world` is
+// the data-parallel group (null: one process); the expert-parallel group comes from
+// comm::expert_groups(world, ep_size), the engine's.
+moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, uint64_t seed,
+                                const comm::GroupPtr& world);
+
+// The model: block i's feed-forward is moe::MoE(options with layer_id i), registered as "moe"
+// ("blocks.i.moe.gate.weight", "blocks.i.moe.experts.w1", ...); the loss adds
+// aux_loss_coef x the layers' auxiliary losses (l_aux, plus the router z-loss when set).
+GPT make_moe_gpt(const GPTConfig& config, const moe::MoEOptions& options);
+
+}  // namespace strata::examples

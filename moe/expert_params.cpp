@@ -1,0 +1,66 @@
+#include "moe/expert_params.h"
+
+#include "moe/layer.h"
+
+namespace strata::moe {
+
+bool is_expert_parameter_name(const std::string& name) {
+  size_t start = 0;
+  while (start <= name.size()) {
+    const size_t end = std::min(name.find('.', start), name.size());
+    if (name.compare(start, end - start, "experts") == 0 && end - start == 7) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+namespace {
+
+void collect(const torch::nn::Module& m, const std::string& prefix,
+             std::vector<ExpertParameter>& out) {
+  if (const auto* moe = dynamic_cast<const MoEImpl*>(&m)) {
+    const auto& ex = *moe->experts;
+    const std::string base = prefix + "experts.";
+    for (const auto& kv : ex.named_parameters(/*recurse=*/true)) {
+      ExpertParameter p;
+      p.name = base + kv.key();
+      p.param = kv.value();
+      p.stacked = ex.built_in();
+      // A user expert's parameters sit under its global index: "5.fc.weight".
+      p.first_expert =
+          p.stacked ? ex.first_expert() : std::stoll(kv.key().substr(0, kv.key().find('.')));
+      p.num_experts = p.stacked ? ex.local_experts() : 1;
+      p.layer_id = moe->options().layer_id;
+      p.layer_experts = moe->options().num_experts;
+      p.ep_size = moe->options().ep_size;
+      p.layer_prefix = prefix;
+      out.push_back(std::move(p));
+    }
+    return;  // an MoE's other children (the gate) hold no experts
+  }
+  for (const auto& kv : m.named_children()) collect(*kv.value(), prefix + kv.key() + ".", out);
+}
+
+void collect_layers(torch::nn::Module& m, std::vector<MoEImpl*>& out) {
+  if (auto* moe = dynamic_cast<MoEImpl*>(&m)) {
+    out.push_back(moe);
+    return;
+  }
+  for (const auto& child : m.children()) collect_layers(*child, out);
+}
+
+}  // namespace
+
+std::vector<ExpertParameter> expert_parameters(const torch::nn::Module& model) {
+  std::vector<ExpertParameter> out;
+  collect(model, "", out);
+  return out;
+}
+
+std::vector<MoEImpl*> moe_layers(torch::nn::Module& model) {
+  std::vector<MoEImpl*> out;
+  collect_layers(model, out);
+  return out;
+}
+
+}  // namespace strata::moe

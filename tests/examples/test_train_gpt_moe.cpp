@@ -1,0 +1,168 @@
+// train_gpt --model tiny-moe (Strata's MoE layer in every block: 4 experts, top-2) on real
+// processes: expert parallelism gives the losses of one rank, whatever the ep_size, world size
+// and ZeRO stage, and its checkpoints move between ep_sizes.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+
+#include "train_gpt_runs.h"
+
+namespace {
+
+using namespace train_gpt_runs;
+
+constexpr int kSteps = 8;
+
+// 8 samples per step, 2 per gate call on every run: 1 rank accumulates 4 micro-batches, 2 ranks
+// 2, 4 ranks 1, so each gate call routes the same 2 x 64 tokens in every run (capacity is
+// per call). Top-2 with the second expert sampled (noise keyed by the step), capacity factor 1:
+// tokens are dropped.
+nlohmann::json moe_config(int ep_size, bool drop_tokens, int stage, double clipping = 0.0) {
+  return {{"train_batch_size", 8},
+          {"train_micro_batch_size_per_gpu", 2},
+          {"steps_per_print", 1000},
+          {"gradient_clipping", clipping},
+          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}},
+          {"zero_optimization", {{"stage", stage}}},
+          {"moe",
+           {{"num_experts", 4},
+            {"ep_size", ep_size},
+            {"top_k", 2},
+            {"capacity_factor", 1.0},
+            {"min_capacity", 4},
+            {"drop_tokens", drop_tokens},
+            {"aux_loss_coef", 0.01}}}};
+}
+
+std::string write_config(const nlohmann::json& config, const std::string& name) {
+  const std::string path =
+      testing::TempDir() + "/moe_" + name + "_" + std::to_string(getpid()) + ".json";
+  std::ofstream(path) << config.dump();
+  return path;
+}
+
+std::string jsonl(const std::string& name) {
+  return testing::TempDir() + "/moe_" + name + "_" + std::to_string(getpid()) + ".jsonl";
+}
+
+// Runs on `ranks` processes (1: without the launcher); the metrics rows.
+std::vector<nlohmann::json> train(int ranks, const nlohmann::json& config, const std::string& name,
+                                  const std::string& extra = "") {
+  const std::string args = "--model tiny-moe --config " + write_config(config, name) +
+                           " --steps " + std::to_string(kSteps) + " --metrics-jsonl " +
+                           jsonl(name) + " " + extra;
+  if (ranks == 1) {
+    const auto r = run(args);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  } else {
+    EXPECT_EQ(launch(ranks, args), "");
+  }
+  return read_jsonl(jsonl(name));
+}
+
+void expect_same_losses(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
+                        const std::string& what, size_t from = 0) {
+  ASSERT_EQ(a.size(), static_cast<size_t>(kSteps)) << what;
+  ASSERT_EQ(b.size(), static_cast<size_t>(kSteps - from)) << what;
+  for (size_t i = from; i < a.size(); ++i) {
+    const double la = a[i].at("loss").get<double>(), lb = b[i - from].at("loss").get<double>();
+    EXPECT_LE(std::abs(la - lb) / std::abs(la), 1e-5)
+        << what << ", step " << i + 1 << ": " << la << " vs " << lb;
+    EXPECT_NEAR(a[i].at("l_aux").get<double>(), b[i - from].at("l_aux").get<double>(), 1e-5)
+        << what << ", step " << i + 1;
+    EXPECT_EQ(a[i].at("dropped_tokens").get<int64_t>(), b[i - from].at("dropped_tokens").get<int64_t>())
+        << what << ", step " << i + 1;
+    // The gradient norm too (Adam alone would hide a wrongly scaled expert gradient).
+    if (a[i].contains("grad_norm") && b[i - from].contains("grad_norm")) {
+      const double ga = a[i].at("grad_norm").get<double>(), gb = b[i - from].at("grad_norm").get<double>();
+      EXPECT_LE(std::abs(ga - gb) / ga, 1e-5) << what << ", step " << i + 1 << ": grad norm";
+    }
+  }
+}
+
+// ep_size 1 on 1 rank, 2 on 2 ranks, 4 on 4 ranks: the same losses (fp32, 1e-5), aux losses,
+// dropped routes and gradient norms, at ZeRO stages 0 and 2, with and without token drops.
+// Clipping acts at every step (norms are about 1.3-1.5), so that a wrongly scaled expert gradient
+// shows in the losses.
+void expect_ep_sizes_agree(bool drop_tokens) {
+  constexpr double kClip = 0.5;
+  for (int stage : {0, 2}) {
+    const std::string tag = std::string(drop_tokens ? "drop" : "nodrop") + std::to_string(stage);
+    const auto one = train(1, moe_config(1, drop_tokens, stage, kClip), tag + "_ep1");
+    ASSERT_EQ(one.size(), static_cast<size_t>(kSteps));
+    int64_t dropped = 0;
+    for (const auto& row : one) dropped += row.at("dropped_tokens").get<int64_t>();
+    if (drop_tokens) EXPECT_GT(dropped, 0) << "the case must drop tokens to test drops";
+    if (!drop_tokens) EXPECT_EQ(dropped, 0);
+    for (int ep : {2, 4}) {
+      const auto many =
+          train(ep, moe_config(ep, drop_tokens, stage, kClip), tag + "_ep" + std::to_string(ep));
+      expect_same_losses(one, many, "ep_size " + std::to_string(ep) + ", stage " + std::to_string(stage));
+    }
+  }
+}
+
+TEST(TrainGptMoE, EpSizesOneTwoFourGiveTheSameLossesWithDrops) { expect_ep_sizes_agree(true); }
+TEST(TrainGptMoE, EpSizesOneTwoFourGiveTheSameLossesWithoutDrops) { expect_ep_sizes_agree(false); }
+
+// ep_size 2 on 4 ranks (two expert-data-parallel replicas of each expert), clipping on: the
+// expert gradients are averaged over their replicas and the norm counts each expert once, so
+// the losses and the gradient norm are one rank's.
+TEST(TrainGptMoE, ExpertDataParallelismWithClippingGivesOneRanksLosses) {
+  const auto one = train(1, moe_config(1, true, 2, 0.05), "edp_ep1");
+  const auto four = train(4, moe_config(2, true, 2, 0.05), "edp_ep2x2");
+  expect_same_losses(one, four, "ep_size 2 on 4 ranks");
+  ASSERT_EQ(four.size(), static_cast<size_t>(kSteps));
+  for (size_t i = 0; i < one.size(); ++i) {
+    const double a = one[i].at("grad_norm").get<double>(), b = four[i].at("grad_norm").get<double>();
+    EXPECT_LE(std::abs(a - b) / a, 1e-5) << "step " << i + 1;
+    EXPECT_GT(a, 0.05) << "clipping must act";
+  }
+}
+
+// A checkpoint saved at ep_size 2 (2 ranks, stage 2) resumes at ep_size 4 (4 ranks, stage 1) and
+// at ep_size 1 (1 rank, stage 0): the losses after it are those of the run that never stopped.
+TEST(TrainGptMoE, CheckpointAtOneEpSizeResumesAtAnother) {
+  const std::string dir = testing::TempDir() + "/moe_ckpt_" + std::to_string(getpid());
+  const auto straight = train(2, moe_config(2, true, 2), "ckpt_straight");
+  ASSERT_EQ(straight.size(), static_cast<size_t>(kSteps));
+  // The first half, saved.
+  auto half = moe_config(2, true, 2);
+  {
+    const std::string args = "--model tiny-moe --config " + write_config(half, "ckpt_half") +
+                             " --steps " + std::to_string(kSteps / 2) + " --save-dir " + dir;
+    ASSERT_EQ(launch(2, args), "");
+  }
+  const std::string resume = "--resume " + dir;
+  const auto at4 = train(4, moe_config(4, true, 1), "ckpt_ep4", resume);
+  expect_same_losses(straight, at4, "resumed at ep_size 4", kSteps / 2);
+  const auto at1 = train(1, moe_config(1, true, 0), "ckpt_ep1", resume);
+  expect_same_losses(straight, at1, "resumed at ep_size 1", kSteps / 2);
+}
+
+// Bad MoE set-ups are refused before training, by name.
+TEST(TrainGptMoE, MismatchedSetUpsAreClearErrors) {
+  // ep_size that does not divide the world.
+  const auto r = capture(std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus 3 -- " +
+                         STRATA_BIN_DIR + "/train_gpt --device cpu --model tiny-moe --steps 1 --config " +
+                         write_config(moe_config(2, true, 0), "bad_world"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("ep_size"), std::string::npos) << r.output;
+  // MoE with ZeRO stage 3.
+  const auto s3 = run("--model tiny-moe --steps 1 --config " + write_config(moe_config(1, true, 3), "bad_s3"));
+  EXPECT_NE(s3.exit_code, 0);
+  EXPECT_NE(s3.output.find("stage 3"), std::string::npos) << s3.output;
+  // A config naming another number of experts than the model has.
+  auto other = moe_config(1, true, 0);
+  other["moe"]["num_experts"] = 8;
+  const auto e8 = run("--model tiny-moe --steps 1 --config " + write_config(other, "bad_e8"));
+  EXPECT_NE(e8.exit_code, 0);
+  EXPECT_NE(e8.output.find("num_experts"), std::string::npos) << e8.output;
+}
+
+}  // namespace
