@@ -13,7 +13,11 @@
 //   strata-bench cpu-adam [--numel N] [--runs R]                    (bench/cpu_adam_bench.cpp)
 //   strata-bench nvme --dir PATH [--size-gib 4] [--block-size 1M] [--queue-depth 32] [--pairs 7]
 //                                                                   (bench/nvme_bench.cpp)
+//   strata-bench moe-dispatch [--experts 64] [--tokens 16384] ...   (bench/moe_bench.cpp)
+//   strata-bench a2a [--sizes-mib 16,64,256,1024] (under strata-run) (bench/moe_bench.cpp)
 //   strata-bench --version
+// MoE models (moe-8x, tiny-moe) get Strata's MoE layer (examples/gpt_moe.h) from the config's
+// moe block; their line adds the fraction of routes dropped over capacity.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +34,7 @@
 #include "bench/adam_bench.h"
 #include "bench/bench_device.h"
 #include "examples/gpt.h"
+#include "examples/gpt_moe.h"
 #include "runtime/engine.h"
 #include "runtime/optim/adam.h"
 #include "strata/version.h"
@@ -37,6 +42,8 @@
 
 namespace strata::bench {
 int run_nvme(int argc, char** argv);  // bench/nvme_bench.cpp: the io_uring store against fio
+int run_moe_dispatch(int argc, char** argv);  // bench/moe_bench.cpp: MoE dispatch memory
+int run_a2a(int argc, char** argv);           // bench/moe_bench.cpp: all_to_all bandwidth
 }  // namespace strata::bench
 
 namespace {
@@ -201,10 +208,18 @@ int run(const Args& args) {
   const torch::Device device = strata::bench::bench_device(args.device);
   const double peak = matmul_peak(device);
 
+  strata::InitOptions init;
+  auto config = strata::load_engine_config(args.config, init);
   torch::manual_seed(0);
-  GPT model(cfg);
+  GPT model{nullptr};
+  if (cfg.experts > 0)
+    model = make_moe_gpt(cfg, moe_options_for(cfg, config.moe, 0, init.group));
+  else
+    model = GPT(cfg);
   model->to(device);
-  auto engine = strata::initialize(model, args.config);
+  auto engine =
+      std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));
+  const auto moe_layers = strata::moe::moe_layers(*model);
   const int64_t batch = engine->train_micro_batch_size_per_gpu(), seq = cfg.seq_len;
   const auto tokens = torch::randint(0, cfg.vocab, {batch, seq},
                                      torch::TensorOptions().dtype(torch::kLong).device(device));
@@ -245,6 +260,13 @@ int run(const Args& args) {
                       {"tok_s", tok / dt}, {"tflops", tflops}, {"mfu", tflops / peak},
                       {"peak_tflops", peak}, {"mem_GiB", peak_memory_gib(device)},
                       {"warm_s", warm}, {"loss", loss.item<double>()}};
+  if (!moe_layers.empty()) {
+    int64_t dropped = 0;
+    for (auto* layer : moe_layers) dropped += layer->last().dropped_count();
+    r["moe_dropped_route_fraction"] =
+        double(dropped) / double(moe_layers.size() * batch * seq * cfg.top_k);
+    r["ep_size"] = moe_layers.front()->options().ep_size;
+  }
   if (const auto* t = engine->last_offload_times())
     r["offload_ms"] = {{"wait", t->wait_ms}, {"norm", t->norm_ms}, {"cpu_step", t->step_ms}};
   if (engine->data_parallel_rank() == 0) std::printf("%s\n", r.dump().c_str());
@@ -290,6 +312,9 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::string(argv[1]) == "adam") return strata::bench::run_adam(argc, argv);
     if (argc >= 2 && std::string(argv[1]) == "cpu-adam") return strata::bench::run_cpu_adam(argc, argv);
     if (argc >= 2 && std::string(argv[1]) == "nvme") return strata::bench::run_nvme(argc, argv);
+    if (argc >= 2 && std::string(argv[1]) == "moe-dispatch")
+      return strata::bench::run_moe_dispatch(argc, argv);
+    if (argc >= 2 && std::string(argv[1]) == "a2a") return strata::bench::run_a2a(argc, argv);
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata-bench: error: %s\n", e.what());
