@@ -37,7 +37,33 @@ struct AllToAll : torch::autograd::Function<AllToAll> {
   }
 };
 
+struct GatherUniqueRows : torch::autograd::Function<GatherUniqueRows> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& src,
+                               const torch::Tensor& index) {
+    const int64_t n = src.size(0);
+    ctx->save_for_backward({index});
+    ctx->saved_data["n"] = n;
+    const auto rows = src.index_select(0, index.clamp_max(n - 1));
+    return torch::where(index.lt(n).unsqueeze(1), rows, torch::zeros({}, rows.options()));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto index = ctx->get_saved_variables()[0];
+    const int64_t n = ctx->saved_data["n"].toInt();
+    const auto& g = grads[0];
+    // Row n is the scratch the zero rows' gradients go to (several may: it is cut off).
+    auto out = torch::zeros({n + 1, g.size(1)}, g.options()).index_copy_(0, index, g);
+    return {out.narrow(0, 0, n), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor gather_unique_rows(const torch::Tensor& src, const torch::Tensor& index) {
+  if (src.dim() != 2 || index.dim() != 1)
+    throw Error(fmt::format("moe::gather_unique_rows: src {} must be 2-d and index {} 1-d",
+                            c10::str(src.sizes()), c10::str(index.sizes())));
+  return GatherUniqueRows::apply(src, index);
+}
 
 torch::Tensor dispatch_tokens(const torch::Tensor& x, const torch::Tensor& token,
                               const torch::Tensor& position, int64_t rows) {
@@ -51,11 +77,10 @@ torch::Tensor dispatch_tokens(const torch::Tensor& x, const torch::Tensor& token
 torch::Tensor combine_tokens(const torch::Tensor& expert_out, const torch::Tensor& token,
                              const torch::Tensor& position, const torch::Tensor& weight,
                              const torch::Tensor& kept, int64_t num_tokens) {
-  auto routed = expert_out.index_select(0, position.clamp_max(expert_out.size(0) - 1));
-  if (kept.defined()) {
-    // Selected, not multiplied: the row a dropped route reads may hold anything.
-    routed = torch::where(kept.unsqueeze(1), routed, torch::zeros({}, routed.options()));
-  }
+  // A dropped route reads the zero row past the end (its weight's gradient is then 0).
+  const int64_t n = expert_out.size(0);
+  const auto where = kept.defined() ? position.masked_fill(kept.logical_not(), n) : position;
+  auto routed = gather_unique_rows(expert_out, where);
   routed = routed * weight.to(expert_out.scalar_type()).unsqueeze(1);
   return torch::zeros({num_tokens, expert_out.size(1)}, expert_out.options())
       .index_add(0, token, routed);

@@ -33,6 +33,12 @@ torch::Tensor combine_tokens(const torch::Tensor& expert_out, const torch::Tenso
                              const torch::Tensor& position, const torch::Tensor& weight,
                              const torch::Tensor& kept, int64_t num_tokens);
 
+// src.index_select(0, index), where the entries of `index` below n = src.size(0) are unique and an
+// entry n reads a zero row: its backward writes each row's gradient back in place (index_copy),
+// where index_select's adds them (index_add with atomics, which crawl when many entries share
+// a row, as dropped routes and padding rows would).
+torch::Tensor gather_unique_rows(const torch::Tensor& src, const torch::Tensor& index);
+
 // Equal-split all_to_all_single along dim 0 over `group` (dim 0 divisible by its size),
 // differentiable. Every member must call it, in the same order, forward and backward.
 torch::Tensor all_to_all(const torch::Tensor& x, const comm::GroupPtr& group);

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "moe/dispatch.h"
 #include "moe/keys.h"
 #include "runtime/compat.h"
 #include "runtime/error.h"
@@ -169,19 +170,25 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
                           .narrow(0, 0, N);
   const auto offs = counts.view({El, B}).sum(1).cumsum(0);
   const auto row_valid = torch::arange(N, i64).lt(offs[El - 1]);
-  // Each packed row's expert, for the biases (rows past the last group: expert 0, masked).
+  // Each packed row's expert as a one-hot row (zero past the last group): the biases are added
+  // as a product with it, so their gradients are products too (an index_select of the biases
+  // would reduce N rows into El by atomics in backward, thousands to one address).
   const auto expert_of_row = torch::arange(El, i64).view({El, 1}).expand({El, T}).reshape({N});
   const auto row_expert =
       torch::zeros({N + 1}, i64).scatter_(0, packed_pos, expert_of_row).narrow(0, 0, N);
+  const auto one_hot = row_expert.unsqueeze(1).eq(torch::arange(El, i64).unsqueeze(0))
+                           .logical_and(row_valid.unsqueeze(1))
+                           .to(x.scalar_type());
   const bool native = native_grouped(x);
   const auto offs32 = offs.to(torch::kInt);
-  auto h = grouped_mm(packed, w1, offs32, native) + b1.index_select(0, row_expert);
+  // Rows past the last group are left undefined by the grouped product: masked before GELU so
+  // that neither they nor their gradients (which reach the biases' product) hold garbage.
+  auto h = grouped_mm(packed, w1, offs32, native) + one_hot.mm(b1);
   h = torch::gelu(keep_rows(h, row_valid));
-  auto y = grouped_mm(h, w2, offs32, native) + b2.index_select(0, row_expert);
-  y = keep_rows(y, row_valid);
-  // Unpack to the padded layout; padding rows are 0.
-  const auto back = y.index_select(0, packed_pos.clamp_max(N - 1));
-  return keep_rows(back, row_filled.reshape({N})).view({El, T, d});
+  const auto y = grouped_mm(h, w2, offs32, native) + one_hot.mm(b2);
+  // Unpack to the padded layout: only filled rows are read (padding rows read zeros), so rows
+  // past the last group never reach the output, and the gradient comes back in place.
+  return gather_unique_rows(y, packed_pos).view({El, T, d});
 }
 
 void ExpertsImpl::check_input(const torch::Tensor& x) const {
