@@ -8,7 +8,7 @@
 // in the same process (rounds alternating) and prints stage 3's ratio to it and the mechanism's
 // cost per dispatched op (the op callback, gathers and releases).
 //   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3]
-//                    [--device cuda|cpu]
+//                    [--device cuda|cpu] [--profile STEPS]   (bench/op_profile.h)
 //   strata-bench adam [--numel N] [--steps N] [--device cuda|cpu]   (bench/adam_bench.h)
 //   strata-bench cpu-adam [--numel N] [--runs R]                    (bench/cpu_adam_bench.cpp)
 //   strata-bench nvme --dir PATH [--size-gib 4] [--block-size 1M] [--queue-depth 32] [--pairs 7]
@@ -33,6 +33,7 @@
 
 #include "bench/adam_bench.h"
 #include "bench/bench_device.h"
+#include "bench/op_profile.h"
 #include "examples/gpt.h"
 #include "examples/gpt_moe.h"
 #include "runtime/engine.h"
@@ -54,6 +55,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::string config, model = "dense-350M", device;
   int64_t steps = 20, warmup = 3;
+  int64_t profile = 0;  // > 0: after timing, that many steps under the op profile
 };
 
 Args parse(int argc, char** argv) {
@@ -69,6 +71,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--steps") a.steps = std::stoll(value);
     else if (flag == "--warmup") a.warmup = std::stoll(value);
     else if (flag == "--device") a.device = value;
+    else if (flag == "--profile") a.profile = std::stoll(value);
     else throw strata::Error("strata-bench: unknown option " + flag);
   }
   if (a.config.empty()) throw strata::Error("strata-bench: --config FILE is required");
@@ -260,6 +263,14 @@ int run(const Args& args) {
                       {"tok_s", tok / dt}, {"tflops", tflops}, {"mfu", tflops / peak},
                       {"peak_tflops", peak}, {"mem_GiB", peak_memory_gib(device)},
                       {"warm_s", warm}, {"loss", loss.item<double>()}};
+  if (args.profile > 0 && engine->data_parallel_rank() == 0) {
+    strata::bench::OpProfile profile;
+    for (int64_t i = 0; i < args.profile; ++i) step();
+    synchronize(device);
+    profile.print(40, static_cast<int>(args.profile));
+  } else if (args.profile > 0) {
+    for (int64_t i = 0; i < args.profile; ++i) step();
+  }
   if (!moe_layers.empty()) {
     int64_t dropped = 0;
     for (auto* layer : moe_layers) dropped += layer->last().dropped_count();

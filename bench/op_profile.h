@@ -1,0 +1,25 @@
+// strata-bench --profile: where a step's GPU time goes, op by op, without a profiler library:
+// a RecordFunction callback records a CUDA event pair around every dispatched op and autograd
+// node (forward ops, scope FUNCTION; backward nodes, BACKWARD_FUNCTION) on the op's stream, and
+// print() sums the elapsed times by name. Times are inclusive (aten::linear holds its
+// aten::addmm) and ops on other streams (NCCL) are not seen. GPU builds only; elsewhere it does
+// nothing.
+#pragma once
+
+#include <memory>
+
+namespace strata::bench {
+
+class OpProfile {
+ public:
+  OpProfile();  // starts recording
+  ~OpProfile();
+  // Stops recording, waits for the device, prints the `top` names by total time (ms) per step.
+  void print(int top, int steps);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace strata::bench
