@@ -74,7 +74,9 @@ AttentionImpl::AttentionImpl(int64_t d_model, int64_t heads) : heads_(heads) {
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const auto b = x.size(0), t = x.size(1), c = x.size(2);
   // [b, t, 3, h, d] -> [3, b, h, t, d]
-  auto qkv = qkv_(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4});
+  // unbind, as the peer's `q, k, v = ...`: one gradient for the three (indexing each would
+  // give three full-size zero-filled gradients).
+  const auto qkv = qkv_(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
   auto y = causal_attention(qkv[0], qkv[1], qkv[2]);
   return out_(y.transpose(1, 2).reshape({b, t, c}));
 }

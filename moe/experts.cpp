@@ -53,10 +53,9 @@ torch::Tensor grouped_mm(const torch::Tensor& a, const torch::Tensor& b, const t
   return torch::cat(pieces);
 }
 
-// Rows at or past `valid` rows become 0 (selected, not multiplied: they may hold anything).
-torch::Tensor keep_rows(const torch::Tensor& x, const torch::Tensor& row_valid) {
-  return torch::where(row_valid.unsqueeze(1), x, torch::zeros({}, x.options()));
-}
+// Zero columns after the bias's column of ones: d + kBiasPad keeps bf16 rows 16-byte aligned.
+constexpr int64_t kBiasPad = 8;
+
 
 }  // namespace
 
@@ -165,30 +164,64 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   const auto s = torch::arange(Cb, i64).view({1, 1, Cb});
   const auto row_filled = s.lt(counts.view({El, B, 1}));
   const auto packed_pos = (base + s).masked_fill(row_filled.logical_not(), N).reshape({N});
-  const auto packed = torch::zeros({N + 1, d}, x.options())
-                          .index_copy(0, packed_pos, x.reshape({N, d}))
+  const auto packed = torch::zeros({N + 1, d + kBiasPad}, x.options())
+                          .index_copy(0, packed_pos, with_bias_column(x.reshape({N, d})))
                           .narrow(0, 0, N);
-  const auto offs = counts.view({El, B}).sum(1).cumsum(0);
-  const auto row_valid = torch::arange(N, i64).lt(offs[El - 1]);
-  // Each packed row's expert as a one-hot row (zero past the last group): the biases are added
-  // as a product with it, so their gradients are products too (an index_select of the biases
-  // would reduce N rows into El by atomics in backward, thousands to one address).
-  const auto expert_of_row = torch::arange(El, i64).view({El, 1}).expand({El, T}).reshape({N});
-  const auto row_expert =
-      torch::zeros({N + 1}, i64).scatter_(0, packed_pos, expert_of_row).narrow(0, 0, N);
-  const auto one_hot = row_expert.unsqueeze(1).eq(torch::arange(El, i64).unsqueeze(0))
-                           .logical_and(row_valid.unsqueeze(1))
-                           .to(x.scalar_type());
-  const bool native = native_grouped(x);
-  const auto offs32 = offs.to(torch::kInt);
-  // Rows past the last group are left undefined by the grouped product: masked before GELU so
-  // that neither they nor their gradients (which reach the biases' product) hold garbage.
-  auto h = grouped_mm(packed, w1, offs32, native) + one_hot.mm(b1);
-  h = torch::gelu(keep_rows(h, row_valid));
-  const auto y = grouped_mm(h, w2, offs32, native) + one_hot.mm(b2);
-  // Unpack to the padded layout: only filled rows are read (padding rows read zeros), so rows
-  // past the last group never reach the output, and the gradient comes back in place.
+  const auto y = run_packed(packed, counts.view({El, B}).sum(1));
+  // Unpack to the padded layout: only filled rows are read (padding rows read zeros), and the
+  // gradient comes back in place.
   return gather_unique_rows(y, packed_pos).view({El, T, d});
+}
+
+PackedRoutes ExpertsImpl::forward_routes(const torch::Tensor& x, const torch::Tensor& token,
+                                         const torch::Tensor& expert, const torch::Tensor& slot,
+                                         const torch::Tensor& kept,
+                                         const torch::Tensor& kept_counts) {
+  const int64_t El = options_.local_experts, d = options_.hidden_size, N = token.size(0);
+  if (x.dim() != 2 || x.size(1) != d || kept_counts.numel() != El)
+    throw Error(fmt::format("moe::Experts::forward_routes: x {} and kept_counts {} for {} experts "
+                            "of width {}", c10::str(x.sizes()), c10::str(kept_counts.sizes()), El,
+                            d));
+  // Expert e's kept routes at rows [base[e], base[e] + kept_counts[e]) of N = all routes (the
+  // kept ones always fit); a dropped route's row is the scratch row N, cut off.
+  const auto counts = kept_counts.to(torch::kLong);
+  const auto base = counts.cumsum(0) - counts;
+  const auto position = (base.index_select(0, expert) + slot).masked_fill(kept.logical_not(), N);
+  const auto packed = torch::zeros({N + 1, d + kBiasPad}, x.options())
+                          .index_copy(0, position, with_bias_column(x).index_select(0, token))
+                          .narrow(0, 0, N);
+  return {run_packed(packed, counts), position};
+}
+
+torch::Tensor ExpertsImpl::with_bias_column(const torch::Tensor& rows) const {
+  const int64_t n = rows.size(0);
+  return torch::cat({rows, torch::ones({n, 1}, rows.options()),
+                     torch::zeros({n, kBiasPad - 1}, rows.options())}, 1);
+}
+
+torch::Tensor ExpertsImpl::run_packed(const torch::Tensor& packed, const torch::Tensor& counts) {
+  const int64_t El = options_.local_experts, N = packed.size(0);
+  const auto i64 = counts.options().dtype(torch::kLong);
+  // The first bias rides in the first product: the packed rows carry a column of ones after the
+  // d inputs (with_bias_column; 7 zero columns keep rows 16-byte aligned) and the bias is row d
+  // of the weight, so its gradient is the grouped product's own, over each group's rows only.
+  // Rows past the last group are left undefined by the grouped product (garbage, possibly NaN):
+  // nothing reads them, forward or backward, so they need no mask.
+  const auto w1_aug = torch::cat(
+      {w1, b1.unsqueeze(1), torch::zeros({El, kBiasPad - 1, w1.size(2)}, w1.options())}, 1);
+  const auto offs = counts.to(torch::kLong).cumsum(0);
+  // The second bias: a product with each packed row's one-hot expert (no expert past the last
+  // group), whose gradient is a product too (an index_select of the biases would reduce N rows
+  // into El by atomics in backward, thousands to one address). Only filled rows receive a
+  // gradient, so it is clean.
+  const auto row_expert = torch::searchsorted(offs, torch::arange(N, i64), /*out_int32=*/false,
+                                              /*right=*/true);
+  const auto one_hot =
+      row_expert.unsqueeze(1).eq(torch::arange(El, i64).unsqueeze(0)).to(packed.scalar_type());
+  const bool native = native_grouped(packed);
+  const auto offs32 = offs.to(torch::kInt);
+  const auto h = torch::gelu(grouped_mm(packed, w1_aug, offs32, native));
+  return grouped_mm(h, w2, offs32, native) + one_hot.mm(b2);
 }
 
 void ExpertsImpl::check_input(const torch::Tensor& x) const {

@@ -37,6 +37,12 @@ namespace strata::moe {
 
 enum class ExpertKernel { Auto, Batched, Grouped };
 
+// The experts' outputs for the routes in the packed layout (forward_routes).
+struct PackedRoutes {
+  torch::Tensor rows;      // [R, d]
+  torch::Tensor position;  // [R]: each route's row, R for a dropped route
+};
+
 // One module per global expert index; its forward maps [T, d] to [T, d].
 using ExpertFactory = std::function<torch::nn::AnyModule(int64_t global_expert)>;
 
@@ -61,6 +67,14 @@ class ExpertsImpl : public torch::nn::Module {
   // Padding rows' outputs are unspecified (0 with the grouped kernel) and must not be read.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& filled);
 
+  // Expert parallelism off (all experts here) with the grouped kernel: the gate's routes go
+  // straight into the packed layout, without the capacity-padded buffer. x [S, d]; token,
+  // expert, slot, kept [R] (the gate's routes; a kept route's slot is below its expert's
+  // kept_counts); kept_counts [E]. Returns the packed outputs [R, d] and each route's row in
+  // them (R for a dropped route), for combine_tokens.
+  PackedRoutes forward_routes(const torch::Tensor& x, const torch::Tensor& token,
+                              const torch::Tensor& expert, const torch::Tensor& slot,
+                              const torch::Tensor& kept, const torch::Tensor& kept_counts);
   // Whether forward(x, filled) runs the grouped kernel for this input (the caller then computes
   // `filled`; otherwise it may pass an undefined tensor).
   bool grouped(const torch::Tensor& x) const;
@@ -75,6 +89,11 @@ class ExpertsImpl : public torch::nn::Module {
 
  private:
   bool native_grouped(const torch::Tensor& x) const;  // _grouped_mm's sync-free kernel applies
+  // rows [n, d] -> [n, d + 8]: a column of ones (the first bias's input) and zero padding.
+  torch::Tensor with_bias_column(const torch::Tensor& rows) const;
+  // The grouped MLP over packed rows [N, d + 8], group e's rows at [offs[e-1], offs[e]) with
+  // offs = cumsum(counts); rows past the last group are left unspecified.
+  torch::Tensor run_packed(const torch::Tensor& packed, const torch::Tensor& counts);
   void check_input(const torch::Tensor& x) const;
   torch::Tensor run_user(const torch::Tensor& x);
 

@@ -183,6 +183,15 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
   const GateRoutes g = gate_routes(logits, go);
   const int64_t C = g.capacity;
 
+  if (ep == 1 && experts->grouped(x)) {
+    // All experts here and the grouped kernel: the routes go straight into its packed rows (no
+    // capacity-padded buffer, which exists for the equal-split exchange).
+    const auto out = experts->forward_routes(x, g.token, g.expert, g.slot, g.kept, g.kept_counts);
+    const auto y = combine_tokens(out.rows, g.token, out.position, g.weight, g.kept, S);
+    record(g, C, {});
+    return y.view(input.sizes());
+  }
+
   // 2. Dispatch into [E * C, d] (rows expert * C + slot; dropped routes to scratch row E * C).
   const auto position = (g.expert * C + g.slot).masked_fill(g.kept.logical_not(), E * C);
   const auto sent = dispatch_tokens(x, g.token, position, E * C);
@@ -203,14 +212,18 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
   // 4. Combine with the gate's weights (dropped routes add nothing).
   const auto y = combine_tokens(back, g.token, position, g.weight, g.kept, S);
 
+  record(g, C, expert_in.sizes().vec());
+  return y.view(input.sizes());
+}
+
+void MoEImpl::record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape) {
   last_.l_aux = g.l_aux;
   last_.z_loss = g.z_loss;
   last_.exp_counts = g.exp_counts;
   last_.dropped = g.dropped;
-  last_.capacity = C;
-  last_.dispatch_shape = {E, C, d};
-  last_.expert_input_shape = expert_in.sizes().vec();
-  return y.view(input.sizes());
+  last_.capacity = capacity;
+  last_.dispatch_shape = {options_.num_experts, capacity, options_.hidden_size};
+  last_.expert_input_shape = std::move(expert_input_shape);
 }
 
 }  // namespace strata::moe

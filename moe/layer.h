@@ -135,6 +135,9 @@ class MoEImpl : public torch::nn::Module {
   Experts experts{nullptr};         // "experts.*"
 
  private:
+  // Keeps what the last forward did (expert_input_shape empty: no padded buffer was built).
+  void record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape);
+
   MoEOptions options_;
   int64_t ep_rank_ = 0;
   int64_t call_ = 0;
