@@ -65,25 +65,32 @@ torch::Tensor gather_unique_rows(const torch::Tensor& src, const torch::Tensor& 
   return GatherUniqueRows::apply(src, index);
 }
 
-torch::Tensor dispatch_tokens(const torch::Tensor& x, const torch::Tensor& token,
-                              const torch::Tensor& position, int64_t rows) {
+torch::Tensor route_inputs(const torch::Tensor& x, int64_t k) {
+  return x.unsqueeze(0).expand({k, x.size(0), x.size(1)}).reshape({k * x.size(0), x.size(1)});
+}
+
+torch::Tensor sum_routes(const torch::Tensor& routed, int64_t k) {
+  return routed.view({k, routed.size(0) / k, routed.size(1)}).sum(0);
+}
+
+torch::Tensor dispatch_tokens(const torch::Tensor& x, int64_t k, const torch::Tensor& position,
+                              int64_t rows) {
   // Row `rows` is the dropped routes' scratch (several may write it): cut off, so its gradient,
   // the dropped routes', is zero.
   return torch::zeros({rows + 1, x.size(1)}, x.options())
-      .index_copy(0, position, x.index_select(0, token))
+      .index_copy(0, position, route_inputs(x, k))
       .narrow(0, 0, rows);
 }
 
-torch::Tensor combine_tokens(const torch::Tensor& expert_out, const torch::Tensor& token,
+torch::Tensor combine_tokens(const torch::Tensor& expert_out, int64_t k,
                              const torch::Tensor& position, const torch::Tensor& weight,
-                             const torch::Tensor& kept, int64_t num_tokens) {
+                             const torch::Tensor& kept) {
   // A dropped route reads the zero row past the end (its weight's gradient is then 0).
   const int64_t n = expert_out.size(0);
   const auto where = kept.defined() ? position.masked_fill(kept.logical_not(), n) : position;
   auto routed = gather_unique_rows(expert_out, where);
   routed = routed * weight.to(expert_out.scalar_type()).unsqueeze(1);
-  return torch::zeros({num_tokens, expert_out.size(1)}, expert_out.options())
-      .index_add(0, token, routed);
+  return sum_routes(routed, k);
 }
 
 torch::Tensor all_to_all(const torch::Tensor& x, const comm::GroupPtr& group) {

@@ -21,17 +21,25 @@
 
 namespace strata::moe {
 
-// x [S, d]; token, position [R] int64 (position = expert * C + slot, unique, or `rows` for a
-// dropped route). Returns the [rows, d] buffer, differentiable w.r.t. x.
-torch::Tensor dispatch_tokens(const torch::Tensor& x, const torch::Tensor& token,
-                              const torch::Tensor& position, int64_t rows);
+// Routes are the gate's fixed-size order, route r = choice * S + token (moe/gate.h), so a
+// token's rows are found by arithmetic, not by index: route_inputs() repeats x [S, d] into
+// [k * S, d] and sum_routes() adds [k * S, d] back into [S, d], each the other's backward (a
+// reduction over k, no atomics, where index_select / index_add by token would scatter-add).
+torch::Tensor route_inputs(const torch::Tensor& x, int64_t k);
+torch::Tensor sum_routes(const torch::Tensor& routed, int64_t k);
 
-// expert_out [rows, d]; weight [R] (cast to expert_out's dtype); kept [R] bool (undefined: all).
-// Returns [S, d]: for each token the sum over its kept routes of weight * expert_out[position].
-// Differentiable w.r.t. expert_out and weight (a dropped route's weight gets gradient 0).
-torch::Tensor combine_tokens(const torch::Tensor& expert_out, const torch::Tensor& token,
+// x [S, d]; position [k * S] int64 (position = expert * C + slot, unique, or `rows` for a
+// dropped route). Returns the [rows, d] buffer, differentiable w.r.t. x.
+torch::Tensor dispatch_tokens(const torch::Tensor& x, int64_t k, const torch::Tensor& position,
+                              int64_t rows);
+
+// expert_out [rows, d]; position [k * S] (rows past the end: dropped); weight [k * S] (cast to
+// expert_out's dtype); kept [k * S] bool (undefined: all). Returns [S, d]: for each token the
+// sum over its kept routes of weight * expert_out[position]. Differentiable w.r.t. expert_out
+// and weight (a dropped route's weight gets gradient 0).
+torch::Tensor combine_tokens(const torch::Tensor& expert_out, int64_t k,
                              const torch::Tensor& position, const torch::Tensor& weight,
-                             const torch::Tensor& kept, int64_t num_tokens);
+                             const torch::Tensor& kept);
 
 // src.index_select(0, index), where the entries of `index` below n = src.size(0) are unique and an
 // entry n reads a zero row: its backward writes each row's gradient back in place (index_copy),

@@ -173,11 +173,11 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   return gather_unique_rows(y, packed_pos).view({El, T, d});
 }
 
-PackedRoutes ExpertsImpl::forward_routes(const torch::Tensor& x, const torch::Tensor& token,
+PackedRoutes ExpertsImpl::forward_routes(const torch::Tensor& x, int64_t k,
                                          const torch::Tensor& expert, const torch::Tensor& slot,
                                          const torch::Tensor& kept,
                                          const torch::Tensor& kept_counts) {
-  const int64_t El = options_.local_experts, d = options_.hidden_size, N = token.size(0);
+  const int64_t El = options_.local_experts, d = options_.hidden_size, N = expert.size(0);
   if (x.dim() != 2 || x.size(1) != d || kept_counts.numel() != El)
     throw Error(fmt::format("moe::Experts::forward_routes: x {} and kept_counts {} for {} experts "
                             "of width {}", c10::str(x.sizes()), c10::str(kept_counts.sizes()), El,
@@ -188,7 +188,7 @@ PackedRoutes ExpertsImpl::forward_routes(const torch::Tensor& x, const torch::Te
   const auto base = counts.cumsum(0) - counts;
   const auto position = (base.index_select(0, expert) + slot).masked_fill(kept.logical_not(), N);
   const auto packed = torch::zeros({N + 1, d + kBiasPad}, x.options())
-                          .index_copy(0, position, with_bias_column(x).index_select(0, token))
+                          .index_copy(0, position, route_inputs(with_bias_column(x), k))
                           .narrow(0, 0, N);
   return {run_packed(packed, counts), position};
 }

@@ -68,11 +68,11 @@ class ExpertsImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& filled);
 
   // Expert parallelism off (all experts here) with the grouped kernel: the gate's routes go
-  // straight into the packed layout, without the capacity-padded buffer. x [S, d]; token,
-  // expert, slot, kept [R] (the gate's routes; a kept route's slot is below its expert's
-  // kept_counts); kept_counts [E]. Returns the packed outputs [R, d] and each route's row in
-  // them (R for a dropped route), for combine_tokens.
-  PackedRoutes forward_routes(const torch::Tensor& x, const torch::Tensor& token,
+  // straight into the packed layout, without the capacity-padded buffer. x [S, d]; expert,
+  // slot, kept [R = k * S] (the gate's routes, in its order r = choice * S + token; a kept
+  // route's slot is below its expert's kept_counts); kept_counts [E]. Returns the packed
+  // outputs [R, d] and each route's row in them (R for a dropped route), for combine_tokens.
+  PackedRoutes forward_routes(const torch::Tensor& x, int64_t k,
                               const torch::Tensor& expert, const torch::Tensor& slot,
                               const torch::Tensor& kept, const torch::Tensor& kept_counts);
   // Whether forward(x, filled) runs the grouped kernel for this input (the caller then computes

@@ -186,15 +186,15 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
   if (ep == 1 && experts->grouped(x)) {
     // All experts here and the grouped kernel: the routes go straight into its packed rows (no
     // capacity-padded buffer, which exists for the equal-split exchange).
-    const auto out = experts->forward_routes(x, g.token, g.expert, g.slot, g.kept, g.kept_counts);
-    const auto y = combine_tokens(out.rows, g.token, out.position, g.weight, g.kept, S);
+    const auto out = experts->forward_routes(x, o.k, g.expert, g.slot, g.kept, g.kept_counts);
+    const auto y = combine_tokens(out.rows, o.k, out.position, g.weight, g.kept);
     record(g, C, {});
     return y.view(input.sizes());
   }
 
   // 2. Dispatch into [E * C, d] (rows expert * C + slot; dropped routes to scratch row E * C).
   const auto position = (g.expert * C + g.slot).masked_fill(g.kept.logical_not(), E * C);
-  const auto sent = dispatch_tokens(x, g.token, position, E * C);
+  const auto sent = dispatch_tokens(x, o.k, position, E * C);
 
   // 3. To the experts' ranks and back: [ep, El, C, d] arrives, the experts see [El, ep * C, d].
   auto expert_in = all_to_all(sent, o.ep_group).view({ep, El, C, d}).transpose(0, 1)
@@ -210,7 +210,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
   const auto back = all_to_all(expert_out, o.ep_group);
 
   // 4. Combine with the gate's weights (dropped routes add nothing).
-  const auto y = combine_tokens(back, g.token, position, g.weight, g.kept, S);
+  const auto y = combine_tokens(back, o.k, position, g.weight, g.kept);
 
   record(g, C, expert_in.sizes().vec());
   return y.view(input.sizes());
