@@ -75,6 +75,12 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
       throw Error("GradientReducer: partition mode needs the bucket plan, every parameter's flat "
                   "offset and a bucketed ShardMap of those buckets for this group");
   }
+  if (partition && !group_ && !options_.copy_to_partition) {
+    accumulates_in_place_ = true;
+    for (const auto& p : params_)
+      accumulates_in_place_ = accumulates_in_place_ && (options_.comm_dtype == p.scalar_type() ||
+                                                        options_.comm_dtype == torch::kFloat);
+  }
   where_.resize(params_.size());
   staged_.assign(params_.size(), false);
   for (size_t b = 0; b < plan.size(); ++b) {
@@ -128,6 +134,19 @@ void GradientReducer::begin_backward(bool boundary) {
 void GradientReducer::stage(size_t k) {
   const auto [b, i] = where_[k];
   auto& bucket = buckets_[b];
+  if (accumulates_in_place_) {
+    // One process: nothing to reduce, so the gradient goes straight into its place in the
+    // partition's accumulator (the bucket's layout is the accumulator's), without a bucket.
+    const auto& grad = params_[k].grad();
+    if (grad.defined()) {
+      auto place = bucket.accumulator.narrow(0, bucket.slots[i], params_[k].numel());
+      place.add_(grad.is_sparse() ? grad.to_dense().reshape({-1}) : grad.reshape({-1}));
+    }
+    params_[k].mutable_grad() = torch::Tensor();
+    staged_[k] = true;
+    ++bucket.ready;
+    return;
+  }
   if (!bucket.flat.defined()) {
     // Allocated when its first gradient arrives and freed once delivered: only the buckets in
     // flight hold memory, not a second full-size gradient.
@@ -181,6 +200,7 @@ void GradientReducer::launch_ready_buckets() {
 }
 
 void GradientReducer::deliver(Bucket& bucket) {
+  if (accumulates_in_place_) return;  // stage() did it
   if (bucket.work) bucket.work->wait();
   const auto out = bucket.flat.narrow(0, bucket.out_offset, bucket.out_numel);
   if (options_.mode == Mode::kPartition && options_.copy_to_partition) {

@@ -104,6 +104,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   size_t next_launch_ = 0, next_deliver_ = 0;
   int64_t live_numel_ = 0, peak_numel_ = 0;
   bool active_ = false;
+  // kPartition in one process (no group, no host copy): stage() adds each gradient into the
+  // accumulator itself, as the bucket's delivery would, without the bucket's copy. Only where
+  // that is the same arithmetic: the communication dtype is the gradient's or fp32.
+  bool accumulates_in_place_ = false;
 };
 
 }  // namespace strata::zero

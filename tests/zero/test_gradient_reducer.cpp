@@ -36,29 +36,40 @@ TEST(GradientReducer, PartitionModeAccumulatesAutogradsGradientsWithFewBucketsAl
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for (const auto& bucket : plan) ranges.push_back(flat.range_of(bucket));
   const auto shards = ShardMap::bucketed(ranges, 1);
-  GradientReducer::Options o;
-  o.mode = GradientReducer::Mode::kPartition;
-  o.plan = plan;
-  for (size_t k = 0; k < flat.params().size(); ++k) o.flat_offsets.push_back(flat.offset(k));
-  o.shards = shards;
-  o.partition_grad = torch::zeros({shards.partition_numel()});
-  auto reducer = GradientReducer::create(flat.params(), nullptr, o);
+  // In one process a gradient goes straight into the accumulator (no bucket at all), unless the
+  // communication dtype would round it (then through buckets, as with a group: float64 here,
+  // exact, to watch the buckets' lifetime).
+  for (const auto comm_dtype : {torch::kFloat, torch::kDouble}) {
+    SCOPED_TRACE(c10::toString(comm_dtype));
+    GradientReducer::Options o;
+    o.mode = GradientReducer::Mode::kPartition;
+    o.plan = plan;
+    o.comm_dtype = comm_dtype;
+    for (size_t k = 0; k < flat.params().size(); ++k) o.flat_offsets.push_back(flat.offset(k));
+    o.shards = shards;
+    o.partition_grad = torch::zeros({shards.partition_numel()});
+    auto reducer = GradientReducer::create(flat.params(), nullptr, o);
 
-  for (int micro = 0; micro < 2; ++micro) {  // two micro-steps accumulate
-    reducer->begin_backward(micro == 1);
-    net->forward(x).pow(2).sum().backward();
-    reducer->finish();
-    EXPECT_EQ(reducer->live_bucket_numel(), 0) << "a bucket outlived its backward";
-  }
-  // At most the undelivered launched buckets plus the one filling: not all eight.
-  EXPECT_LE(reducer->peak_bucket_numel(), 3 * width * width);
-  EXPECT_GE(reducer->peak_bucket_numel(), width * width);
+    for (int micro = 0; micro < 2; ++micro) {  // two micro-steps accumulate
+      reducer->begin_backward(micro == 1);
+      net->forward(x).pow(2).sum().backward();
+      reducer->finish();
+      EXPECT_EQ(reducer->live_bucket_numel(), 0) << "a bucket outlived its backward";
+    }
+    if (comm_dtype == torch::kFloat) {
+      EXPECT_EQ(reducer->peak_bucket_numel(), 0);
+    } else {
+      // At most the undelivered launched buckets plus the one filling: not all eight.
+      EXPECT_LE(reducer->peak_bucket_numel(), 3 * width * width);
+      EXPECT_GE(reducer->peak_bucket_numel(), width * width);
+    }
 
-  auto got = torch::zeros({flat.padded_numel()});
-  shards.scatter(o.partition_grad, 0, got);
-  for (size_t k = 0; k < expected.size(); ++k) {
-    EXPECT_TRUE(torch::allclose(flat.view(got, k), 2 * expected[k], 1e-6, 1e-6)) << "param " << k;
-    EXPECT_FALSE(flat.params()[k].grad().defined()) << "param " << k << " kept its .grad";
+    auto got = torch::zeros({flat.padded_numel()});
+    shards.scatter(o.partition_grad, 0, got);
+    for (size_t k = 0; k < expected.size(); ++k) {
+      EXPECT_TRUE(torch::allclose(flat.view(got, k), 2 * expected[k], 1e-6, 1e-6)) << "param " << k;
+      EXPECT_FALSE(flat.params()[k].grad().defined()) << "param " << k << " kept its .grad";
+    }
   }
 }
 
