@@ -77,10 +77,14 @@ void check(const torch::Tensor& logits, const GateOptions& o) {
 
 // Gumbel(0, 1) noise as torch.distributions.Gumbel samples it: -log(-log(u)), u uniform in
 // [tiny, 1 - eps]. Drawn in float32 on the CPU so it is the same on every device.
+// The uniform draws come from the CPU generator (the same stream on every device); the transform
+// runs where the logits are, so a GPU step does not wait for the host's logarithms (the device's
+// log may differ from the host's in the last bit).
 torch::Tensor gumbel(at::Generator& gen, int64_t S, int64_t E, const torch::Tensor& like) {
   using lim = std::numeric_limits<float>;
-  auto u = torch::rand({S, E}, gen, torch::kFloat).clamp(lim::min(), 1.0 - lim::epsilon());
-  return host_to_device(-torch::log(-torch::log(u)), like.device()).to(like.scalar_type());
+  const auto u = host_to_device(torch::rand({S, E}, gen, torch::kFloat), like.device())
+                     .clamp(lim::min(), 1.0 - lim::epsilon());
+  return (-torch::log(-torch::log(u))).to(like.scalar_type());
 }
 
 // Routes per expert: bincount without its host sync on CUDA (it reads the maximum to size its

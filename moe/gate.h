@@ -38,10 +38,11 @@
 //   - between experts: the lowest expert index wins (argmax; a stable sort for k >= 3);
 //   - between tokens competing for capacity at equal priority: the lowest token index survives.
 //
-// Randomness: all noise (RSample Gumbel, RTS priorities, 2nd-expert Gumbel) is drawn on the CPU
-// from a generator created from `seed` alone, in that order, then moved to the logits' device
-// through page-locked memory by a copy queued on the stream (no host wait), so a route does not
-// depend on the device or on how experts are spread over ranks. The layer
+// Randomness: all noise (RSample Gumbel, RTS priorities, 2nd-expert Gumbel) is drawn as uniform
+// numbers on the CPU from a generator created from `seed` alone, in that order, then moved to
+// the logits' device through page-locked memory by a copy queued on the stream (no host wait),
+// where the Gumbel transform -log(-log(u)) runs; so the noise does not depend on how experts are
+// spread over ranks, and across devices only in the last bit of a logarithm. The layer
 // derives the seed from (seed, step, micro-batch, layer). DeepSpeed draws from the global RNG.
 //
 // What differs from DeepSpeed, on purpose:
