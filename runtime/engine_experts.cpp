@@ -15,6 +15,7 @@
 
 #include "moe/layer.h"
 #include "runtime/checkpoint/layout.h"
+#include "runtime/checkpoint/saved_experts.h"
 #include "runtime/checkpoint/shard_pieces.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
@@ -228,63 +229,36 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
 }
 
 std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointReader& reader) {
-  const bool saved = reader.has_partition("expert_states");
+  const bool has_experts = reader.has_partition("expert_states");
   if (!expert_partitioned_) {
-    if (saved)
+    if (has_experts)
       throw Error(fmt::format("{}: the checkpoint holds MoE experts and this model has no MoE "
                               "layer", reader.folder()));
     return [] {};
   }
-  if (!saved)
+  if (!has_experts)
     throw Error(fmt::format("{}: the checkpoint holds no MoE experts and this model has MoE layers",
                             reader.folder()));
   const auto& ep = *expert_partitioned_;
   const auto layout = expert_layout(experts_, ep.flat());
   // Every rank's file: the partitions that cover the global layout, each expert once.
-  std::vector<checkpoint::TensorFile> files;
-  std::vector<std::vector<zero::ShardPiece>> pieces;
-  const checkpoint::TensorFile* full = nullptr;  // a file that holds tensors
-  for (int r = 0; r < reader.world_size(); ++r) {
-    files.push_back(reader.load_partition("expert_states", r));
-    const auto& f = files.back();
-    if (f.scalars.at("expert_layout") != layout.describe)
-      throw Error(fmt::format(
-          "{}: the checkpoint's MoE experts are not this model's: saved {}, this model {}",
-          reader.folder(), f.scalars.at("expert_layout").dump(), layout.describe.dump()));
-    pieces.push_back({});
-    for (const auto& p : f.scalars.at("expert_pieces"))
-      pieces.back().push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>(), p.at(2).get<int64_t>()});
-  }
-  for (const auto& f : files)
-    if (f.scalars.contains("state.type")) full = &f;
-  if (!full) throw Error(fmt::format("{}: no rank saved the MoE experts", reader.folder()));
-  const int64_t saved_partition = full->at("master").numel();
-  const auto saved_map = zero::ShardMap::from_pieces(pieces, saved_partition);
-  // Covered exactly once?
-  int64_t covered = 0;
-  for (const auto& ps : pieces)
-    for (const auto& p : ps) covered += p.length;
-  if (covered != layout.numel)
-    throw Error(fmt::format("{}: the saved expert partitions cover {} elements of {}",
-                            reader.folder(), covered, layout.numel));
-  auto assemble = [&](const std::string& name) {
-    std::vector<torch::Tensor> parts;
-    for (const auto& f : files)
-      parts.push_back(f.scalars.contains("state.type") ? f.at(name) : torch::empty({0}, full->at(name).options()));
-    return saved_map.assemble(parts, layout.numel);
-  };
+  const checkpoint::SavedExperts saved(reader);
+  if (saved.layout() != layout.describe)
+    throw Error(fmt::format("{}: the checkpoint's MoE experts are not this model's: saved {}, this "
+                            "model {}",
+                            reader.folder(), saved.layout().dump(), layout.describe.dump()));
   const int64_t flat_numel = ep.flat().padded_numel();
   const int64_t part = ep.partition_index();
   auto mine = [&](const std::string& name) {
-    return ep.shards().gather(to_local(assemble(name), layout, flat_numel), part);
+    return ep.shards().gather(to_local(saved.assemble(name), layout, flat_numel), part);
   };
   const auto master = mine("master");
-  const auto weights = to_local(assemble("weights"), layout, flat_numel);
+  const auto weights = to_local(saved.assemble("weights"), layout, flat_numel);
   optim::ParamState state;
-  state.type = full->scalars.at("state.type").get<std::string>();
-  if (full->scalars.contains("state.step")) state.scalars["step"] = full->scalars.at("state.step");
-  for (const auto& [name, t] : full->tensors)
-    if (name.rfind("state.", 0) == 0) state.tensors.emplace_back(name.substr(6), mine(name));
+  state.type = saved.scalars().at("state.type").get<std::string>();
+  if (saved.scalars().contains("state.step")) state.scalars["step"] = saved.scalars().at("state.step");
+  for (const auto& name : saved.state_tensors())
+    state.tensors.emplace_back(name.substr(6), mine(name));
   if (master.sizes() != ep.master().sizes())
     throw Error(fmt::format("{}: the experts' master partition has shape {}, this rank's {}",
                             reader.folder(), c10::str(master.sizes()), c10::str(ep.master().sizes())));

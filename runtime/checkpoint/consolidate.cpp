@@ -8,6 +8,7 @@
 
 #include "runtime/checkpoint/atomic_file.h"
 #include "runtime/checkpoint/layout.h"
+#include "runtime/checkpoint/saved_experts.h"
 #include "runtime/checkpoint/shard_pieces.h"
 #include "runtime/error.h"
 
@@ -16,11 +17,6 @@ namespace strata::checkpoint {
 NamedTensors consolidate(const std::string& dir, const std::string& tag,
                          torch::ScalarType dtype) {
   CheckpointReader reader(dir, tag);
-  if (reader.has_partition("expert_states"))
-    throw Error(fmt::format("{}: a checkpoint of a model with MoE layers (its experts are saved per "
-                            "expert); consolidating it is not supported yet: load it into the "
-                            "model with Engine::load_checkpoint (at any ep_size)",
-                            reader.folder()));
   const auto model = reader.load_shared("model_states");
   NamedTensors out;
   const bool partitioned = reader.has_partition("optim_states");
@@ -53,6 +49,13 @@ NamedTensors consolidate(const std::string& dir, const std::string& tag,
     const auto it = master.find(name);
     const auto& value = param && it != master.end() ? it->second : tensor;
     out.emplace_back(key, value.is_floating_point() ? value.to(dtype) : value);
+  }
+  // MoE experts, saved per expert: whole, as the ep_size 1 model names them, from their fp32
+  // master weights.
+  if (reader.has_partition("expert_states")) {
+    const SavedExperts experts(reader);
+    for (auto& [name, t] : experts.parameters(experts.assemble("master")))
+      out.emplace_back("param." + name, t.to(dtype));
   }
   return out;
 }
