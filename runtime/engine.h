@@ -58,7 +58,8 @@ struct InitOptions {
   // MoE: builds the optimizer of the expert parameters (DeepSpeed's separate MoE parameter
   // groups), called with this rank's fp32 master partition of them, e.g. with another lr or
   // weight decay. Unset: the same optimizer as the other parameters. An LR schedule moves both
-  // (the experts' lr keeps its ratio to the others' first group).
+  // (the experts' lr keeps the ratio it had to the others' first group at construction; where
+  // the others' lr was 0 then, the experts' follows it 1:1).
   OptimizerBuilder expert_optimizer_builder;
   AutoValues autos;
   // ZeRO-3: the module paths whose parameters are gathered and released together ("units",
