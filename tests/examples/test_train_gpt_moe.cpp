@@ -125,6 +125,16 @@ TEST(TrainGptMoE, ExpertDataParallelismWithClippingGivesOneRanksLosses) {
   }
 }
 
+// ZeRO-Offload with experts: both partitioned optimizers (the experts' over their expert-data-
+// parallel group) step on the CPU in tiles; the losses and norms are those without offload.
+TEST(TrainGptMoE, OptimizerOffloadWithExpertsGivesTheLossesWithout) {
+  const auto plain = train(2, moe_config(2, true, 2, 0.5), "offload_without");
+  auto offloaded = moe_config(2, true, 2, 0.5);
+  offloaded["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  offloaded["zero_optimization"]["sub_group_size"] = 5000;
+  expect_same_losses(plain, train(2, offloaded, "offload_with"), "offloaded optimizer");
+}
+
 // A checkpoint saved at ep_size 2 (2 ranks, stage 2) resumes at ep_size 4 (4 ranks, stage 1) and
 // at ep_size 1 (1 rank, stage 0): the losses after it are those of the run that never stopped.
 TEST(TrainGptMoE, CheckpointAtOneEpSizeResumesAtAnother) {
