@@ -40,21 +40,12 @@ if [[ $gpus -ge 2 ]]; then
   fi
 fi
 
-python3 - "$out" <<'PY'
-import json, os, re, sys
+PYTHONPATH=bench python3 - "$out" <<'PY'
+import os, re, sys
+import bench_rows
 out = sys.argv[1]
-def rows(name):
-    p = os.path.join(out, name)
-    if not os.path.exists(p): return []
-    found = []
-    for line in open(p):
-        m = re.search(r"\{.*\}", line)
-        if m:
-            try: found.append(json.loads(m.group(0)))
-            except ValueError: pass
-    return found
-def pick(name, key):
-    return next((r for r in rows(name) if key in r.get("name", "")), None)
+def rows(name): return bench_rows.rows(out, name)
+def pick(name, key): return bench_rows.pick(out, name, key)
 eager = pick("peer1.jsonl", "dense-350M eager")
 compiled = pick("peer1.jsonl", "dense-350M compile")
 s1 = pick("strata1.jsonl", "dense-350M")

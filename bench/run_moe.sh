@@ -35,21 +35,12 @@ if [[ $gpus -ge 2 ]]; then
   if [[ -n "${NCCL_BW:-}" ]]; then torchrun --nproc-per-node 2 "$NCCL_BW" | tee "$out/nccl_bw.txt"; fi
 fi
 
-python3 - "$out" <<'PY'
-import json, os, re, sys
+PYTHONPATH=bench python3 - "$out" <<'PY'
+import os, re, sys
+import bench_rows
 out = sys.argv[1]
-def rows(name):
-    p = os.path.join(out, name)
-    if not os.path.exists(p): return []
-    found = []
-    for line in open(p):
-        m = re.search(r"\{.*\}", line)
-        if m:
-            try: found.append(json.loads(m.group(0)))
-            except ValueError: pass
-    return found
-def pick(name, key):
-    return next((r for r in rows(name) if key in r.get("name", "")), None)
+def rows(name): return bench_rows.rows(out, name)
+def pick(name, key): return bench_rows.pick(out, name, key)
 def ratio(a, b):
     return f"{a['tok_s'] / b['tok_s']:.3f}" if a and b else "n/a"
 s1, s2 = pick("strata1.jsonl", "moe-8x"), pick("strata2.jsonl", "moe-8x")

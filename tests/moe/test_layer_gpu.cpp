@@ -13,6 +13,7 @@
 
 #include "moe/layer.h"
 #include "runtime/compat.h"
+#include "tests/cuda_sync_counter.h"
 
 #if STRATA_TEST_HAS_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -27,35 +28,7 @@ using namespace strata::moe;
 #if STRATA_TEST_HAS_CUDA
 constexpr int64_t kD = 64, kFfn = 128, kE = 8, kS = 256;
 
-class SyncCounter : public c10::WarningHandler {
- public:
-  void process(const c10::Warning& warning) override {
-    if (warning.msg().find("synchroniz") != std::string::npos) ++count;
-  }
-  int count = 0;
-};
-
-// Runs `work` with sync debug mode on and returns the number of host syncs it made.
-template <typename Work>
-int count_syncs(Work&& work) {
-  torch::cuda::synchronize();
-  SyncCounter counter;
-  {
-    c10::WarningUtils::WarningHandlerGuard guard(&counter);
-    auto& state = c10::cuda::warning_state();
-    const auto before = state.get_sync_debug_mode();
-    state.set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
-    try {
-      work();
-    } catch (...) {
-      state.set_sync_debug_mode(before);
-      throw;
-    }
-    state.set_sync_debug_mode(before);
-  }
-  torch::cuda::synchronize();
-  return counter.count;
-}
+using strata::test_support::count_syncs;
 
 struct Case {
   const char* name;

@@ -9,6 +9,7 @@
 
 #include "examples/gpt.h"
 #include "runtime/engine.h"
+#include "tests/cuda_sync_counter.h"
 
 #if STRATA_TEST_HAS_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -18,13 +19,7 @@
 namespace {
 
 #if STRATA_TEST_HAS_CUDA
-class SyncCounter : public c10::WarningHandler {
- public:
-  void process(const c10::Warning& warning) override {
-    if (warning.msg().find("synchroniz") != std::string::npos) ++count;
-  }
-  int count = 0;
-};
+using strata::test_support::SyncCounter;
 
 // Host syncs per optimizer step of the tiny GPT in bf16 at `stage` with `gas` micro-steps.
 double syncs_per_step(int64_t stage, int64_t gas) {
