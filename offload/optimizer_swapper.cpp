@@ -1,0 +1,141 @@
+#include "offload/optimizer_swapper.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace strata::offload {
+namespace {
+
+constexpr int64_t kTileGrain = kIoAlign / sizeof(float);  // 1024 floats: one page
+const char* const kSuffix[OptimizerSwapper::kArrays] = {".master", ".exp_avg", ".exp_avg_sq"};
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+OptimizerSwapper::OptimizerSwapper(NvmeStore& store, const std::string& prefix, int64_t numel,
+                                   SwapperOptions options)
+    : store_(store), numel_(numel), options_(options) {
+  if (numel < 1) throw Error(fmt::format("optimizer swapper '{}': {} elements", prefix, numel));
+  if (options.tile_numel < 1)
+    throw Error(fmt::format("optimizer swapper '{}': tile of {} elements (sub_group_size must be "
+                            "at least 1)", prefix, options.tile_numel));
+  tile_ = std::min((options.tile_numel + kTileGrain - 1) / kTileGrain * kTileGrain,
+                   (numel + kTileGrain - 1) / kTileGrain * kTileGrain);
+  for (int a = 0; a < kArrays; ++a)
+    files_[a] = store_.create(prefix + kSuffix[a], static_cast<uint64_t>(numel) * sizeof(float));
+  for (auto& s : sets_)
+    for (auto& buffer : s.array) buffer = AlignedBuffer(static_cast<size_t>(tile_) * sizeof(float));
+}
+
+int64_t OptimizerSwapper::tile_length(int64_t tile) const {
+  return std::min(tile_, numel_ - tile * tile_);
+}
+
+void OptimizerSwapper::start_read(Set& s, int64_t tile) {
+  const uint64_t offset = static_cast<uint64_t>(tile * tile_) * sizeof(float);
+  const uint64_t bytes = static_cast<uint64_t>(tile_length(tile)) * sizeof(float);
+  for (int a = 0; a < kArrays; ++a) s.read[a] = store_.read(files_[a], offset, data(s, a), bytes);
+  s.reading = true;
+}
+
+void OptimizerSwapper::finish_read(Set& s) {
+  if (!s.reading) return;
+  s.reading = false;
+  for (auto& t : s.read) store_.wait(t);
+}
+
+void OptimizerSwapper::start_write(Set& s, int64_t tile, int arrays_mask) {
+  const uint64_t offset = static_cast<uint64_t>(tile * tile_) * sizeof(float);
+  const uint64_t bytes = static_cast<uint64_t>(tile_length(tile)) * sizeof(float);
+  for (int a = 0; a < kArrays; ++a)
+    if (arrays_mask & (1 << a)) s.write[a] = store_.write(files_[a], offset, data(s, a), bytes);
+    else s.write[a] = NvmeTicket();
+  s.writing = true;
+}
+
+void OptimizerSwapper::finish_write(Set& s) {
+  if (!s.writing) return;
+  s.writing = false;
+  for (auto& t : s.write) store_.wait(t);
+}
+
+void OptimizerSwapper::for_each_tile(const TileFn& fn) {
+  times_ = {};
+  const int64_t n = tiles();
+  try {
+    start_read(sets_[0], 0);
+    for (int64_t t = 0; t < n; ++t) {
+      Set& cur = sets_[t % 2];
+      Set& next = sets_[(t + 1) % 2];
+      auto t0 = std::chrono::steady_clock::now();
+      finish_read(cur);
+      times_.read_wait_ms += ms_since(t0);
+      if (t + 1 < n && options_.pipeline_read) {
+        t0 = std::chrono::steady_clock::now();
+        finish_write(next);  // tile t - 1 leaves the other set before tile t + 1 comes in
+        times_.write_wait_ms += ms_since(t0);
+        start_read(next, t + 1);
+      }
+      t0 = std::chrono::steady_clock::now();
+      fn(t * tile_, tile_length(t), data(cur, kMaster), data(cur, kExpAvg), data(cur, kExpAvgSq));
+      times_.compute_ms += ms_since(t0);
+      start_write(cur, t, 0b111);
+      t0 = std::chrono::steady_clock::now();
+      if (!options_.pipeline_write) finish_write(cur);
+      if (t + 1 < n && !options_.pipeline_read) {
+        finish_write(next);
+        start_read(next, t + 1);
+      }
+      times_.write_wait_ms += ms_since(t0);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& s : sets_) finish_write(s);
+    times_.write_wait_ms += ms_since(t0);
+  } catch (...) {
+    // Nothing may still point into the buffers when this returns.
+    for (auto& s : sets_) s.reading = s.writing = false;
+    try {
+      store_.wait_all();
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
+void OptimizerSwapper::write_array(Array a, const float* src) {
+  Set& s = sets_[0];
+  for (int64_t t = 0; t < tiles(); ++t) {
+    std::memcpy(data(s, a), src + t * tile_, static_cast<size_t>(tile_length(t)) * sizeof(float));
+    start_write(s, t, 1 << a);
+    finish_write(s);
+  }
+}
+
+void OptimizerSwapper::fill_array(Array a, float value) {
+  Set& s = sets_[0];
+  std::fill(data(s, a), data(s, a) + tile_, value);
+  for (int64_t t = 0; t < tiles(); ++t) {
+    start_write(s, t, 1 << a);
+    finish_write(s);
+  }
+}
+
+void OptimizerSwapper::read_array(Array a, float* dst) {
+  Set& s = sets_[0];
+  for (int64_t t = 0; t < tiles(); ++t) {
+    const uint64_t offset = static_cast<uint64_t>(t * tile_) * sizeof(float);
+    const uint64_t bytes = static_cast<uint64_t>(tile_length(t)) * sizeof(float);
+    store_.wait(store_.read(files_[a], offset, data(s, a), bytes));
+    std::memcpy(dst + t * tile_, data(s, a), bytes);
+  }
+}
+
+}  // namespace strata::offload
