@@ -62,7 +62,13 @@ const ParallelGroups& expert_groups(const GroupPtr& world, int ep_size) {
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   ParallelGroups g;
-  if (world) {
+  if (world && ep_size == 1) {
+    // No expert parallelism: the experts' data-parallel group is the world itself (no groups of
+    // one to create).
+    expert_layout(world->size(), 1);
+    g.data_parallel = g.expert_data_parallel = world;
+    g.ep_size = 1;
+  } else if (world) {
     g = create_expert_groups(world, ep_size);
   } else {
     expert_layout(1, ep_size);  // ep_size 1, else the error naming it

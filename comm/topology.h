@@ -38,7 +38,8 @@ ParallelGroups create_expert_groups(const GroupPtr& world, int ep_size,
 // The groups for (world, ep_size), created on the first call and kept for the process's life
 // (DeepSpeed's groups cache): the MoE layers of a model and the engine that trains them get the
 // same groups. A collective on the first call for a pair (every rank calls it in the same
-// order). world null (one process): ep_size must be 1 and every group is null.
+// order). world null (one process): ep_size must be 1 and every group is null. ep_size 1: no
+// expert-parallel group (null), the expert-data-parallel group is `world`.
 const ParallelGroups& expert_groups(const GroupPtr& world, int ep_size);
 
 }  // namespace strata::comm
