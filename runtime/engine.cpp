@@ -40,8 +40,13 @@ void connect(InitOptions& options) {
 
 // Mixed precision and ZeRO 1-2 run through the partitioned optimizer (fp32 master weights over
 // a flat buffer); plain fp32 stage 0 optimizes the module's own tensors.
+// torch_autocast in fp16 scales the loss (DeepSpeed's GradScaler), which the partitioned
+// optimizer unscales, at stage 0 too.
 bool uses_partitioned_optimizer(const Config& config) {
-  return config.zero_optimization.stage >= 1 || config.fp16.enabled || config.bf16.enabled;
+  const bool fp16_autocast = config.torch_autocast.enabled && !config.bf16.enabled &&
+                             torch_autocast_dtype(config.torch_autocast) == torch::kHalf;
+  return config.zero_optimization.stage >= 1 || config.fp16.enabled || config.bf16.enabled ||
+         fp16_autocast;
 }
 
 // The dtype gradients travel in: communication_data_type, else fp16 under fp16 and fp32
@@ -166,6 +171,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     throw Error("strata::initialize: the model has no parameter that requires a gradient");
   check_one_device(trainable);
   for (const auto& p : trainable) params_.push_back(p.tensor);
+  configure_autocast();
   if (params_.front().is_cpu()) {
     static std::once_flag logged;  // once per process, however many engines
     std::call_once(logged, [] {
@@ -193,7 +199,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
   if (uses_partitioned_optimizer(config_) || !experts_.empty()) {
     zero::PartitionedOptions po;
     po.stage = zero.stage;
-    po.comm_dtype = comm_dtype(config_);
+    po.comm_dtype = gradient_comm_dtype();
     po.reduce_bucket_numel = zero.reduce_bucket_size.value;
     po.accumulation_steps = gradient_accumulation_steps();
     po.accum_dtype = accum;
@@ -277,7 +283,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     if (group_) {
       zero::GradientReducer::Options ro;
       ro.bucket_numel = zero.reduce_bucket_size.value;
-      ro.comm_dtype = comm_dtype(config_);
+      ro.comm_dtype = gradient_comm_dtype();
       reducer_ = zero::GradientReducer::create(params_, group_, ro);
     }
   }
@@ -289,6 +295,66 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
 }
 
 Engine::~Engine() = default;
+
+void Engine::configure_autocast() {
+  const auto& fp16 = config_.fp16;
+  if (fp16.auto_cast) {
+    // DeepSpeed casts to fp16 whatever the model's dtype; Strata casts to the model's own 16-bit
+    // dtype, so that a bf16 run of the same config gets inputs it can use.
+    if (fp16.enabled)
+      input_cast_dtype_ = torch::kHalf;
+    else if (config_.bf16.enabled)
+      input_cast_dtype_ = torch::kBFloat16;
+    else
+      log::info("[strata] warning: {}: fp16.auto_cast is set but the model trains in fp32 "
+                "parameters; the forward's inputs are passed as they are",
+                config_.source);
+  }
+  autocast_plan_ = plan_autocast(config_, params_.front().device(), config_.zero_optimization.stage == 3);
+  if (!autocast_plan_.enabled) return;
+  std::vector<std::string> unmatched;
+  std::unordered_set<const void*> safe;
+  for (const auto& p : lower_precision_safe_parameters(*module_, config_.torch_autocast, &unmatched))
+    safe.insert(p.unsafeGetTensorImpl());
+  // Over 16-bit parameters (fp16/bf16 on as well, as DeepSpeed allows) that block's loss scale
+  // and communication dtype apply; what follows is for fp32 parameters.
+  model_cast_ = config_.fp16.enabled || config_.bf16.enabled;
+  autocast_safe_params_only_ = true;
+  for (const auto& p : params_) autocast_safe_params_only_ &= safe.count(p.unsafeGetTensorImpl()) > 0;
+  if (config_.torch_autocast.lower_precision_safe_modules)
+    for (const auto& name : unmatched)
+      log::info("[strata] warning: {}: torch_autocast.lower_precision_safe_modules names '{}', "
+                "which is the type of no module of this model",
+                config_.source, name);
+  if (autocast_plan_.dtype == torch::kHalf && !model_cast_) {
+    // torch.amp.GradScaler's defaults, as DeepSpeed uses it with fp16 autocast: 2^16, doubled
+    // after 2000 good steps, halved (and the step skipped) on every overflow.
+    DynamicLossScaleOptions scale;
+    scale.init_scale = 65536.0;
+    scale.scale_window = 2000;
+    scale.delayed_shift = 1;
+    scale.min_scale = std::numeric_limits<float>::min();
+    scale.raise_error_at_min_scale = false;
+    scale.growth = GrowthRule::kLegacyModulo;
+    scaler_ = LossScaler::make_dynamic(scale);
+    skip_on_overflow_ = true;
+  }
+  log::info("[strata] torch_autocast: forward under {} autocast in {} over {} parameters; "
+            "gradients reduced in {}",
+            autocast_plan_.device == c10::DeviceType::CUDA ? "CUDA" : "CPU",
+            c10::toString(autocast_plan_.dtype), c10::toString(params_.front().scalar_type()),
+            c10::toString(gradient_comm_dtype()));
+}
+
+// torch_autocast, as DeepSpeed: the gradients of lower_precision_safe_modules' parameters travel
+// in the autocast dtype, the others in fp32. Strata's reducer sends one dtype, so the autocast
+// dtype only when every trainable parameter is in such a module (else fp32: never coarser than
+// DeepSpeed). communication_data_type, when set, decides for all.
+torch::ScalarType Engine::gradient_comm_dtype() const {
+  if (autocast_plan_.enabled && !model_cast_ && config_.communication_data_type.empty())
+    return autocast_safe_params_only_ ? autocast_plan_.dtype : torch::kFloat;
+  return comm_dtype(config_);
+}
 
 std::shared_ptr<torch::optim::Optimizer> Engine::make_optimizer_over(
     std::vector<torch::Tensor> params, InitOptions& options) {

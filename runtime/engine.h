@@ -18,12 +18,15 @@
 #include <unordered_set>
 #include <vector>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "comm/process_group.h"
 #include "comm/topology.h"
 #include "moe/expert_params.h"
+#include "runtime/autocast.h"
 #include "runtime/config/config.h"
+#include "runtime/error.h"
 #include "runtime/monitor/monitor.h"
 #include "runtime/precision/loss_scaler.h"
 #include "runtime/sched/lr_scheduler.h"
@@ -181,6 +184,11 @@ class Engine {
   // raises what went wrong inside (a failed gather).
   std::optional<zero::ParamCoordinator::Scope> begin_forward();
   void end_forward();
+  // fp16.auto_cast: the dtype the forward's floating-point inputs are cast to (the model's 16-bit
+  // dtype), or none.
+  std::optional<torch::ScalarType> input_cast_dtype() const { return input_cast_dtype_; }
+  // torch_autocast for the model's device (disabled: autocast off inside the forward).
+  const AutocastPlan& autocast_plan() const { return autocast_plan_; }
 
  private:
   void log_step() const;
@@ -191,6 +199,10 @@ class Engine {
   template <class TensorFile>
   void install_stage3_weights(const TensorFile& states);
   void write_step_events();
+  // fp16.auto_cast and torch_autocast: what the forward does, and (torch_autocast) the loss scale
+  // of fp16 and the dtype gradients are reduced in.
+  void configure_autocast();
+  torch::ScalarType gradient_comm_dtype() const;
 
   std::shared_ptr<torch::nn::Module> module_;
   Config config_;
@@ -220,6 +232,10 @@ class Engine {
   bool last_step_skipped_ = false;
   int64_t last_live_peak_ = 0;  // stage 3: live_param_bytes_peak() of the last window
   double last_grad_norm_;
+  std::optional<torch::ScalarType> input_cast_dtype_;
+  AutocastPlan autocast_plan_;
+  bool autocast_safe_params_only_ = false;  // every trainable parameter in a safe module
+  bool model_cast_ = false;                 // torch_autocast over fp16/bf16 parameters
 };
 
 // The engine typed by the user's module, so that forward() calls the module's own forward with
@@ -234,13 +250,28 @@ class ModelEngine : public Engine {
   template <class... Args>
   auto forward(Args&&... args) {
     auto scope = begin_forward();
-    auto out = model_->forward(std::forward<Args>(args)...);
+    AutocastScope autocast(autocast_plan());
+    auto out = call_model(std::forward<Args>(args)...);
     end_forward();
     return out;
   }
   ModuleHolder& model() { return model_; }
 
  private:
+  template <class... Args>
+  auto call_model(Args&&... args) -> decltype(std::declval<ModuleHolder&>()->forward(std::forward<Args>(args)...)) {
+    if (const auto dtype = input_cast_dtype()) {
+      if constexpr (AcceptsCastInputs<ModuleHolder, void, Args...>::value)
+        return model_->forward(cast_floating_inputs(std::forward<Args>(args), *dtype)...);
+      else
+        throw Error(fmt::format("{}: fp16.auto_cast: the model's forward takes a non-const tensor "
+                                "reference, which cannot receive a cast copy; take the tensors by "
+                                "value or const reference, or set auto_cast false",
+                                config().source));
+    }
+    return model_->forward(std::forward<Args>(args)...);
+  }
+
   ModuleHolder model_;
 };
 

@@ -13,8 +13,8 @@ Block make_fp16() {
       .autoable()
       .describe("Train in fp16 mixed precision");
   b.add(&Fp16Config::auto_cast, "auto_cast")
-      .pending("casting the model's inputs to fp16")
-      .describe("Cast the model's floating-point inputs to fp16 automatically");
+      .describe("Cast the floating-point tensors passed to the model's forward (also inside vectors and "
+                "tuples) to the model's 16-bit dtype");
   b.add(&Fp16Config::loss_scale, "loss_scale")
       .min(0)
       .describe("Static loss scale; 0 selects dynamic loss scaling");
@@ -87,15 +87,16 @@ Block make_amp() {
 Block make_torch_autocast() {
   BlockBuilder<TorchAutocastConfig> b("torch_autocast");
   b.add(&TorchAutocastConfig::enabled, "enabled")
-      .not_implemented("torch.autocast runs the model's ops in lower precision")
-      .describe("Run the forward pass under torch.autocast without a call in the model code");
+      .describe("Run the forward pass under autocast (torch.autocast) without a call in the model code; "
+                "parameters stay fp32 unless fp16/bf16 cast them");
+  // DeepSpeed's DtypeEnum names of the two lower-precision dtypes; fp32 would leave autocast off.
   b.add(&TorchAutocastConfig::dtype, "dtype")
-      .one_of({"bfloat16", "float16", "bf16", "fp16", "half", "torch.bfloat16", "torch.float16",
-               "fp32", "float32", "float", "torch.float32"})
-      .describe("Lower-precision dtype of autocast, also used to communicate lower_precision_safe_modules' "
-                "gradients");
+      .one_of({"bfloat16", "bf16", "bfloat", "torch.bfloat16", "float16", "fp16", "half", "torch.float16"})
+      .describe("Dtype autocast runs ops in (CPU: bfloat16, float16 from LibTorch 2.4; CUDA: both); "
+                "lower_precision_safe_modules' gradients are reduced in it");
   b.add(&TorchAutocastConfig::lower_precision_safe_modules, "lower_precision_safe_modules")
-      .describe("Module types whose parameters and gradients are communicated in the lower precision");
+      .describe("Module types (torch.nn.Linear, or a module's name()) whose gradients may be reduced in "
+                "the autocast dtype; unset: Linear, Conv1d/2d/3d");
   return b.build();
 }
 

@@ -348,6 +348,25 @@ TEST(ConfigReads, PendingFeaturesNameTheirKeys) {
   EXPECT_CONTAINS(all, "this build's engine does not run it yet");
 }
 
+// fp16.auto_cast and torch_autocast run (runtime/autocast.h): DeepSpeed's names and defaults.
+TEST(ConfigReads, AutoCastAndTorchAutocastAreNotPending) {
+  const Config a = load(with(R"("fp16": {"enabled": true, "auto_cast": true})"));
+  EXPECT_TRUE(a.fp16.auto_cast);
+  EXPECT_TRUE(pending_features(a).empty());
+  const Config t = load(with(R"("torch_autocast": {"enabled": true})"));
+  EXPECT_TRUE(t.torch_autocast.enabled);
+  EXPECT_EQ(t.torch_autocast.dtype, "bfloat16");  // DeepSpeed's documented default
+  EXPECT_FALSE(t.torch_autocast.lower_precision_safe_modules.has_value());
+  EXPECT_TRUE(pending_features(t).empty());
+  const Config f = load(with(R"("torch_autocast": {"enabled": true, "dtype": "torch.float16",
+                                  "lower_precision_safe_modules": ["torch.nn.Linear", "torch.nn.Conv2d"]})"));
+  EXPECT_EQ(f.torch_autocast.dtype, "torch.float16");
+  ASSERT_TRUE(f.torch_autocast.lower_precision_safe_modules.has_value());
+  EXPECT_EQ(f.torch_autocast.lower_precision_safe_modules->size(), 2u);
+  // DeepSpeed's own bf16 example runs autocast over bf16 parameters.
+  EXPECT_TRUE(load(with(R"("torch_autocast": {"enabled": true}, "bf16": {"enabled": true})")).torch_autocast.enabled);
+}
+
 // Keys as DeepSpeed's code spells them (nebula/constants.py, compile/config.py).
 TEST(ConfigReads, NebulaAndCompileKeysAsDeepSpeedSpellsThem) {
   const Config c = load(with(R"("nebula": {"enabled": false, "nebula_load_path": "/ckpt"},

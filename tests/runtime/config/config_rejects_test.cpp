@@ -130,6 +130,13 @@ TEST(ConfigRejects, Fp16AndBf16BothEnabled) {
                   "fp16.enabled and bf16.enabled are both true");
 }
 
+TEST(ConfigRejects, TorchAutocastWithoutALowerPrecision) {
+  EXPECT_CONTAINS(load_error(with(R"("torch_autocast": {"enabled": true, "dtype": "float32"})")),
+                  "torch_autocast.dtype = \"float32\": expected one of");
+  EXPECT_CONTAINS(load_error(with(R"("torch_autocast": {"lower_precision_safe_modules": "torch.nn.Linear"})")),
+                  "torch_autocast.lower_precision_safe_modules");
+}
+
 TEST(ConfigRejects, GradAccumDtypeIsFp32OrTheModels) {
   const std::string m = load_error(
       with(R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp16"})"));
@@ -198,7 +205,6 @@ TEST(ConfigRejects, UnimplementedMathChangingFeatures) {
       {R"("fp16": {"enabled": true, "fp16_master_weights_and_grads": true})", "fp16.fp16_master_weights_and_grads"},
       {R"("gradient_allreduce_op": "sum")", "gradient_allreduce_op"},
       {R"("sequence_parallel_size": 2)", "sequence_parallel_size"},
-      {R"("torch_autocast": {"enabled": true})", "torch_autocast.enabled"},
       {R"("tensor_parallel": {"autotp_size": 4})", "tensor_parallel.autotp_size"},
   };
   for (const MathCase& c : cases) {

@@ -126,6 +126,32 @@ TEST(DsConfigs, EachLoadsOrIsRejectedNamingAKeyAndAFix) {
   EXPECT_GE(loaded, kExpectedLoaded) << "fewer real DeepSpeed configs load than before";
 }
 
+// The real configs that set fp16.auto_cast (InternVL's ZeRO 1-3 configs) load with fp16 on, as a
+// Trainer run with --fp16 resolves them, and nothing in them is pending: the engine runs them
+// (tests/runtime/engine/test_engine_autocast.cpp trains under each).
+TEST(DsConfigs, TheConfigsWithFp16AutoCastLoadWithNothingPending) {
+  const std::vector<fs::path> files = corpus();
+  if (files.empty()) GTEST_SKIP() << "no corpus at " << corpus_dir();
+  std::vector<std::string> auto_cast;
+  for (const fs::path& f : files) {
+    const json doc = json::parse(slurp(f.string()), nullptr, false);
+    if (!doc.is_object() || !doc.contains("fp16") || !doc["fp16"].is_object()) continue;
+    const json& fp16 = doc["fp16"];
+    if (fp16.contains("auto_cast") && fp16["auto_cast"] == true) auto_cast.push_back(f.filename().string());
+  }
+  EXPECT_EQ(auto_cast.size(), 5u);
+  for (const std::string& name : auto_cast) {
+    LoadOptions options = program_options(1);
+    options.autos.fp16 = true;
+    const Config c = parse_config_text(slurp(corpus_dir() + "/" + name), name, options);
+    EXPECT_TRUE(c.fp16.enabled) << name;
+    EXPECT_TRUE(c.fp16.auto_cast) << name;
+    std::string pending;
+    for (const std::string& p : pending_features(c)) pending += p + "\n";
+    EXPECT_TRUE(pending.empty()) << name << ":\n" << pending;
+  }
+}
+
 // ---- mutations: the schema-reachable keys of the configs that load -------------------------
 
 struct Site {
