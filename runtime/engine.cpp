@@ -258,7 +258,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       log::info("[strata] optimizer offload: fp32 master and optimizer state of {} elements in "
                 "host memory{}, stepped on the CPU ({}, {} thread(s)) in tiles of up to {} "
                 "elements",
-                partitioned_->master().numel(),
+                partitioned_->master().numel() +
+                    (expert_partitioned_ ? expert_partitioned_->master().numel() : 0),
                 partitioned_->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
                 offload::cpu_adam_isa(), at::get_num_threads(), zero.sub_group_size);
     // Strata's Adam steps the flat master in one fused pass (a CUDA kernel on GPUs).
