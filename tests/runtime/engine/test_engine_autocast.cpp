@@ -206,7 +206,7 @@ TEST(TorchAutocast, Bf16FollowsFp32WithFp32Parameters) {
   std::printf("torch_autocast bf16 vs fp32, 30 steps: worst relative loss difference %.4f; last "
               "loss %.5f vs %.5f\n",
               worst, bf16.back(), fp32.back());
-  EXPECT_LT(worst, 0.05);  // bf16 has 8 bits of mantissa; measured ~0.01
+  EXPECT_LT(worst, 0.03);  // bf16 has 8 bits of mantissa; measured 0.0095
   auto mean3 = [](const std::vector<double>& l, size_t from) { return (l[from] + l[from + 1] + l[from + 2]) / 3; };
   EXPECT_LT(mean3(bf16, bf16.size() - 3), 0.5 * mean3(bf16, 0));  // it learns
 }
