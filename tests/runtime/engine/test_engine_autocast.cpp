@@ -225,6 +225,22 @@ TEST(TorchAutocast, StagesOneToThreeFollowStageZero) {
   }
 }
 
+// DeepSpeed's lower_precision_safe_modules: by default Linear and Conv (here fc1, fc2), named
+// as DeepSpeed names them or by LibTorch's name().
+TEST(TorchAutocast, LowerPrecisionSafeModulesFindTheirParameters) {
+  Mlp mlp;
+  strata::TorchAutocastConfig config;
+  const auto by_default = strata::lower_precision_safe_parameters(*mlp, config);
+  ASSERT_EQ(by_default.size(), 4u);
+  EXPECT_TRUE(by_default[0].is_same(mlp->fc1->weight));
+  config.lower_precision_safe_modules = std::vector<std::string>{"torch.nn.LayerNorm", "torch::nn::Conv2dImpl"};
+  std::vector<std::string> unmatched;
+  const auto norms = strata::lower_precision_safe_parameters(*mlp, config, &unmatched);
+  ASSERT_EQ(norms.size(), 2u);
+  EXPECT_TRUE(norms[0].is_same(mlp->norm->weight));
+  EXPECT_EQ(unmatched, std::vector<std::string>{"torch::nn::Conv2dImpl"});
+}
+
 TEST(TorchAutocast, AutocastTheProgramTurnedOnIsOffUnlessTheConfigAsks) {
   auto engine = strata::initialize(Mlp(), autocast_config(0, false));
   strata::compat::set_autocast_dtype(c10::DeviceType::CPU, torch::kBFloat16);
