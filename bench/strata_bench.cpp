@@ -280,13 +280,17 @@ int run(const Args& args) {
   }
   if (const auto* t = engine->last_offload_times())
     r["offload_ms"] = {{"wait", t->wait_ms}, {"norm", t->norm_ms}, {"cpu_step", t->step_ms}};
-  if (engine->data_parallel_rank() == 0) std::printf("%s\n", r.dump().c_str());
+  if (engine->data_parallel_rank() == 0) {
+    std::printf("%s\n", r.dump().c_str());
+    std::fflush(stdout);  // a later run cut short by a time limit must not take this line with it
+  }
 
   // The baseline: fp32 on one rank with Strata's AdamW, where a plain loop computes the same.
   const auto& c = engine->config();
   const auto* adam = dynamic_cast<const strata::optim::AdamOptions*>(
       &engine->optimizer().param_groups().at(0).options());
-  if (engine->data_parallel_size() == 1 && !c.bf16.enabled && !c.fp16.enabled && adam &&
+  if (engine->data_parallel_size() == 1 && !c.bf16.enabled && !c.fp16.enabled &&
+      !c.torch_autocast.enabled && adam &&
       adam->adam_w_mode() && c.zero_optimization.stage == 0) {
     // Rounds that alternate the two loops, so that drift of the machine hits both alike; the
     // ratio is the median of the rounds' ratios.
