@@ -8,15 +8,18 @@
 //      capacity C, all S*k routes with a kept mask, l_aux, z_loss, exp_counts (moe/gate.h).
 //   2. dispatch: the kept routes are written into a zero-padded [E * C, d] buffer at rows
 //      expert * C + slot, the dropped ones to a scratch row that is cut off (moe/dispatch.h).
-//      Memory O(S * k * d + E * C * d), never [S, E, C].
+//      Memory O(S * k * d + E * C * d), never [S, E, C]. With ep_size 1 and the experts'
+//      grouped kernel there is no padded buffer: the routes go straight into the kernel's packed
+//      rows (Experts::forward_routes), and steps 3 and the padding are skipped.
 //   3. expert parallelism (ep_size > 1): an equal-split all_to_all sends experts
 //      [p * E_local, (p + 1) * E_local) to rank p of the EP group, which receives
 //      [ep_size, E_local, C, d], runs its experts on [E_local, ep_size * C, d] as one grouped
 //      computation (moe/experts.h), and sends the results back by the reverse all_to_all
 //      (autograd flows through both). With the experts' grouped kernel (only filled rows
 //      computed) the per-expert kept counts travel the same way, as a small [E] exchange.
-//   4. combine: each kept route's output row times its combine weight, index_add'ed into its
-//      token; dropped routes add nothing.
+//   4. combine: each kept route's output row times its combine weight, summed into its token
+//      over the k choices (route r = choice * S + token: a reduction, no index_add); dropped
+//      routes add nothing.
 // drop_tokens = false: C is the largest expert load, agreed by an all-reduce MAX over the EP
 // group (DeepSpeed's semantics), then the same padded layout and equal-split exchange.
 // All ranks of an EP group must route the same number of tokens per call (as in DeepSpeed).
