@@ -124,9 +124,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     if (experts_.empty())
       check_same_model_on_every_rank(*module_, *group_);
     else
-      check_same_model_on_every_rank(*module_, *group_, [&](const std::string& name) {
-        return !moe::is_expert_parameter_name(name);
-      });
+      check_same_model_on_every_rank(
+          *module_, *group_, [names = expert_names()](const std::string& name) {
+            return names.count(name) == 0;
+          });
   }
 
   // Built inside a PartitionedInit: its tensors hold no bytes, only shards (stage 3 only).

@@ -48,9 +48,9 @@ ExpertLayout expert_layout(const std::vector<moe::ExpertParameter>& experts,
                            const zero::FlatParams& flat) {
   struct Layer {
     int64_t experts = 0, expert_numel = 0, base = 0;
-    std::vector<std::pair<std::string, int64_t>> params;  // per-expert name, numel
-    json described = json::array();  // per parameter: name, per-expert shape, stacked
-    std::map<std::string, int64_t> offset;                // within one expert
+    json described = json::array();         // per parameter: name, per-expert shape, stacked
+    std::map<std::string, int64_t> offset;  // per-expert name -> offset within one expert
+    std::map<std::string, int64_t> numel;   // per-expert name -> elements per expert
   };
   std::vector<std::string> order;
   std::map<std::string, Layer> layers;
@@ -63,15 +63,12 @@ ExpertLayout expert_layout(const std::vector<moe::ExpertParameter>& experts,
     const int64_t numel = e.param.numel() / e.num_experts;
     if (!l.offset.count(name)) {
       l.offset[name] = l.expert_numel;
-      l.params.emplace_back(name, numel);
+      l.numel[name] = numel;
       l.expert_numel += numel;
       auto shape = e.param.sizes().vec();
       if (e.stacked) shape.erase(shape.begin());
       l.described.push_back({{"name", name}, {"shape", shape}, {"stacked", e.stacked}});
-    } else if (l.params[std::distance(l.params.begin(),
-                                      std::find_if(l.params.begin(), l.params.end(),
-                                                   [&](const auto& p) { return p.first == name; }))]
-                   .second != numel) {
+    } else if (l.numel.at(name) != numel) {
       throw Error(fmt::format("MoE checkpoint: expert parameter '{}' has {} elements per expert "
                               "but another expert's '{}' has a different size; the experts of one "
                               "layer must have the same shapes",
@@ -165,10 +162,7 @@ void Engine::find_experts() {
                             "ep_size {}; build them from the same config "
                             "(moe::MoEOptions::from_config)",
                             config_.source, config_.moe.ep_size, ep));
-  if (data_parallel_size() % ep != 0)
-    throw Error(fmt::format("strata::initialize: the MoE layers' ep_size {} does not divide the "
-                            "world size {}",
-                            ep, data_parallel_size()));
+  // An ep_size that does not divide the world is refused here, by comm's expert layout.
   expert_groups_ = comm::expert_groups(group_, static_cast<int>(ep));
   for (auto* layer : moe::moe_layers(*module_)) {
     const auto& g = layer->options().ep_group;
@@ -186,8 +180,9 @@ void Engine::find_experts() {
 void Engine::check_and_broadcast_experts() {
   const auto& edp = expert_groups_.expert_data_parallel;
   if (experts_.empty() || !edp || edp->size() == 1) return;
+  const auto names = expert_names();
   check_same_model_on_every_rank(
-      *module_, *edp, [](const std::string& name) { return moe::is_expert_parameter_name(name); },
+      *module_, *edp, [&](const std::string& name) { return names.count(name) > 0; },
       /*buffers=*/false);
   torch::NoGradGuard no_grad;
   for (const auto& e : experts_) edp->broadcast(e.param.detach(), 0);
