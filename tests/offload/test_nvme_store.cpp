@@ -20,6 +20,7 @@
 #include "offload/aligned_buffer.h"
 #include "offload/nvme_store.h"
 #include "runtime/error.h"
+#include "tests/offload/build_fs_dir.h"
 
 namespace {
 
@@ -30,18 +31,9 @@ using strata::offload::NvmeStore;
 using strata::offload::NvmeTicket;
 
 // A folder on the build's file system (ext4 or the like: O_DIRECT works there; /tmp may be tmpfs).
-class NvmeStoreTest : public ::testing::Test {
+class NvmeStoreTest : public strata::test_support::BuildFsDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(STRATA_BIN_DIR) / ".." /
-           ("nvme-test-" + std::to_string(getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    dir_ = fs::canonical(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  NvmeStoreTest() : BuildFsDirTest("nvme-test") {}
 };
 
 void fill_random(std::byte* p, size_t n, uint32_t seed) {

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,26 +15,17 @@
 #include "offload/cpu_adam.h"
 #include "offload/optimizer_swapper.h"
 #include "runtime/error.h"
+#include "tests/offload/build_fs_dir.h"
 
 namespace {
 
-namespace fs = std::filesystem;
 using strata::offload::NvmeStore;
 using strata::offload::OptimizerSwapper;
 using strata::offload::SwapperOptions;
 
-class OptimizerSwapperTest : public ::testing::Test {
+class OptimizerSwapperTest : public strata::test_support::BuildFsDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(STRATA_BIN_DIR) / ".." /
-           ("swap-test-" + std::to_string(getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    dir_ = fs::canonical(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  OptimizerSwapperTest() : BuildFsDirTest("swap-test") {}
 };
 
 std::vector<float> random_floats(int64_t n, uint32_t seed, float scale = 1.0f) {

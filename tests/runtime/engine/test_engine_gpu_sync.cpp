@@ -11,15 +11,10 @@
 #include "runtime/engine.h"
 #include "tests/cuda_sync_counter.h"
 
-#if STRATA_TEST_HAS_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#include <c10/util/Exception.h>
-#endif
-
 namespace {
 
 #if STRATA_TEST_HAS_CUDA
-using strata::test_support::SyncCounter;
+using strata::test_support::count_syncs;
 
 // Host syncs per optimizer step of the tiny GPT in bf16 at `stage` with `gas` micro-steps.
 double syncs_per_step(int64_t stage, int64_t gas) {
@@ -47,17 +42,11 @@ double syncs_per_step(int64_t stage, int64_t gas) {
   };
   step();
   step();  // warm: lazily created state, allocator
-  torch::cuda::synchronize();
-  SyncCounter counter;
-  c10::WarningUtils::WarningHandlerGuard guard(&counter);
-  auto& state = c10::cuda::warning_state();
-  const auto before = state.get_sync_debug_mode();
-  state.set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
   const int steps = 5;
-  for (int i = 0; i < steps; ++i) step();
-  state.set_sync_debug_mode(before);
-  torch::cuda::synchronize();
-  return double(counter.count) / steps;
+  const int syncs = count_syncs([&] {
+    for (int i = 0; i < steps; ++i) step();
+  });
+  return double(syncs) / steps;
 }
 #endif
 

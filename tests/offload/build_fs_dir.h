@@ -1,0 +1,33 @@
+// A fresh folder per test on the build's file system (ext4 or the like, where O_DIRECT works;
+// /tmp may be tmpfs), removed after the test: the offload tests' swap and store files go there.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+namespace strata::test_support {
+
+class BuildFsDirTest : public ::testing::Test {
+ protected:
+  // `tag` keeps the test binaries' folders apart.
+  explicit BuildFsDirTest(std::string tag) : tag_(std::move(tag)) {}
+  void SetUp() override {
+    namespace fs = std::filesystem;
+    dir_ = fs::path(STRATA_BIN_DIR) / ".." /
+           (tag_ + "-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    dir_ = fs::canonical(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+
+ private:
+  std::string tag_;
+};
+
+}  // namespace strata::test_support
