@@ -214,11 +214,7 @@ int run(const Args& args) {
   strata::InitOptions init;
   auto config = strata::load_engine_config(args.config, init);
   torch::manual_seed(0);
-  GPT model{nullptr};
-  if (cfg.experts > 0)
-    model = make_moe_gpt(cfg, moe_options_for(cfg, config.moe, 0, init.group));
-  else
-    model = GPT(cfg);
+  GPT model = make_gpt(cfg, config.moe, 0, init.group);
   model->to(device);
   auto engine =
       std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));

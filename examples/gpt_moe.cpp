@@ -55,4 +55,10 @@ GPT make_moe_gpt(const GPTConfig& config, const moe::MoEOptions& options) {
   return GPT(config, std::move(ffn));
 }
 
+GPT make_gpt(GPTConfig config, const MoeConfig& moe, uint64_t seed, const comm::GroupPtr& world) {
+  if (config.experts == 0) return GPT(config);
+  if (moe.num_experts > 1) config.aux_loss_coef = moe.aux_loss_coef;
+  return make_moe_gpt(config, moe_options_for(config, moe, seed, world));
+}
+
 }  // namespace strata::examples

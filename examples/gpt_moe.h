@@ -23,4 +23,9 @@ moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, ui
 // aux_loss_coef x the layers' auxiliary losses (l_aux, plus the router z-loss when set).
 GPT make_moe_gpt(const GPTConfig& config, const moe::MoEOptions& options);
 
+// The model a program builds for a config file: with experts, make_moe_gpt with
+// moe_options_for's options (and the moe block's aux_loss_coef when the block names experts);
+// else the plain GPT of gpt.h.
+GPT make_gpt(GPTConfig config, const MoeConfig& moe, uint64_t seed, const comm::GroupPtr& world);
+
 }  // namespace strata::examples

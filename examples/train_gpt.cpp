@@ -124,18 +124,10 @@ int run(const Args& args) {
   // The config first: an MoE model's layers are built from its moe block and its groups.
   strata::InitOptions init;
   auto config = strata::load_engine_config(args.config, init);
-  auto model_config = GPTConfig::by_name(args.model);
-  std::vector<strata::moe::MoEImpl*> moe_layers;
+  const auto model_config = GPTConfig::by_name(args.model);
   torch::manual_seed(args.seed);
-  GPT model{nullptr};
-  if (model_config.experts > 0) {
-    if (config.moe.num_experts > 1) model_config.aux_loss_coef = config.moe.aux_loss_coef;
-    model = make_moe_gpt(model_config,
-                         moe_options_for(model_config, config.moe, args.seed, init.group));
-    moe_layers = strata::moe::moe_layers(*model);
-  } else {
-    model = GPT(model_config);
-  }
+  GPT model = make_gpt(model_config, config.moe, args.seed, init.group);
+  const auto moe_layers = strata::moe::moe_layers(*model);
   model->to(device);
   auto engine =
       std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));
