@@ -110,32 +110,39 @@ void OptimizerSwapper::for_each_tile(const TileFn& fn) {
   }
 }
 
-void OptimizerSwapper::write_array(Array a, const float* src) {
+void OptimizerSwapper::write_tiles(Array a, const TileOut& produce) {
   Set& s = sets_[0];
   for (int64_t t = 0; t < tiles(); ++t) {
-    std::memcpy(data(s, a), src + t * tile_, static_cast<size_t>(tile_length(t)) * sizeof(float));
+    produce(t * tile_, tile_length(t), data(s, a));
     start_write(s, t, 1 << a);
     finish_write(s);
   }
 }
 
-void OptimizerSwapper::fill_array(Array a, float value) {
-  Set& s = sets_[0];
-  std::fill(data(s, a), data(s, a) + tile_, value);
-  for (int64_t t = 0; t < tiles(); ++t) {
-    start_write(s, t, 1 << a);
-    finish_write(s);
-  }
-}
-
-void OptimizerSwapper::read_array(Array a, float* dst) {
+void OptimizerSwapper::read_tiles(Array a, const TileIn& consume) const {
   Set& s = sets_[0];
   for (int64_t t = 0; t < tiles(); ++t) {
     const uint64_t offset = static_cast<uint64_t>(t * tile_) * sizeof(float);
     const uint64_t bytes = static_cast<uint64_t>(tile_length(t)) * sizeof(float);
     store_.wait(store_.read(files_[a], offset, data(s, a), bytes));
-    std::memcpy(dst + t * tile_, data(s, a), bytes);
+    consume(t * tile_, tile_length(t), data(s, a));
   }
+}
+
+void OptimizerSwapper::write_array(Array a, const float* src) {
+  write_tiles(a, [src](int64_t offset, int64_t n, float* dst) {
+    std::memcpy(dst, src + offset, static_cast<size_t>(n) * sizeof(float));
+  });
+}
+
+void OptimizerSwapper::fill_array(Array a, float value) {
+  write_tiles(a, [value](int64_t, int64_t n, float* dst) { std::fill(dst, dst + n, value); });
+}
+
+void OptimizerSwapper::read_array(Array a, float* dst) const {
+  read_tiles(a, [dst](int64_t offset, int64_t n, const float* src) {
+    std::memcpy(dst + offset, src, static_cast<size_t>(n) * sizeof(float));
+  });
 }
 
 }  // namespace strata::offload

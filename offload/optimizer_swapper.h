@@ -50,9 +50,16 @@ class OptimizerSwapper {
   // A whole array from memory to its file, or back (initialisation, checkpoints), through the
   // tile buffers; `src`/`dst` hold numel floats and need no alignment.
   void write_array(Array a, const float* src);
-  void read_array(Array a, float* dst);
+  void read_array(Array a, float* dst) const;
   // The same with a constant (zeroed moments).
   void fill_array(Array a, float value);
+  // The same a tile at a time, for arrays that do not exist whole in memory (a partition
+  // converted from 16 bits, a checkpoint's tensor): produce(offset, n, dst) fills n floats of
+  // the array from `offset`; consume(offset, n, src) takes them.
+  using TileOut = std::function<void(int64_t offset, int64_t n, float* dst)>;
+  using TileIn = std::function<void(int64_t offset, int64_t n, const float* src)>;
+  void write_tiles(Array a, const TileOut& produce);
+  void read_tiles(Array a, const TileIn& consume) const;
 
   // One pass over every tile in order: fn(offset, n, master, exp_avg, exp_avg_sq) reads and may
   // change the tile's three arrays (n floats each), which are then written back. Every read
@@ -68,7 +75,7 @@ class OptimizerSwapper {
     NvmeTicket read[kArrays], write[kArrays];
     bool reading = false, writing = false;
   };
-  float* data(Set& s, int a) { return reinterpret_cast<float*>(s.array[a].data()); }
+  static float* data(Set& s, int a) { return reinterpret_cast<float*>(s.array[a].data()); }
   void start_read(Set& s, int64_t tile);
   void finish_read(Set& s);
   void start_write(Set& s, int64_t tile, int arrays_mask);
@@ -79,7 +86,7 @@ class OptimizerSwapper {
   int64_t numel_, tile_;
   SwapperOptions options_;
   NvmeStore::FileId files_[kArrays];
-  Set sets_[2];
+  mutable Set sets_[2];  // read_tiles (const) borrows a buffer
   SwapTimes times_;
 };
 

@@ -7,7 +7,6 @@
 #include <limits>
 #include <mutex>
 
-#include "offload/cpu_adam.h"
 #include "runtime/cpu_threads.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -204,10 +203,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     po.reduce_bucket_numel = zero.reduce_bucket_size.value;
     po.accumulation_steps = gradient_accumulation_steps();
     po.accum_dtype = accum;
-    const auto& oo = zero.offload_optimizer;
-    po.offload.enabled = oo.device == "cpu";
-    po.offload.pin_memory = oo.pin_memory;
-    po.offload.tile_numel = zero.sub_group_size;
+    po.offload = optimizer_offload_options();
     auto build = [&](std::vector<torch::Tensor> master) {
       return make_optimizer_over(master, options);
     };
@@ -255,14 +251,6 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       expert_optimizer_ = expert_partitioned_->inner();
     }
     optimizer_ = partitioned_->inner();
-    if (partitioned_->offloads())
-      log::info("[strata] optimizer offload: fp32 master and optimizer state of {} elements in "
-                "host memory{}, stepped on the CPU ({}, {} thread(s)) in tiles of up to {} "
-                "elements",
-                partitioned_->master().numel() +
-                    (expert_partitioned_ ? expert_partitioned_->master().numel() : 0),
-                partitioned_->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
-                offload::cpu_adam_isa(), at::get_num_threads(), zero.sub_group_size);
     // Strata's Adam steps the flat master in one fused pass (a CUDA kernel on GPUs).
     auto use_flat_adam = [](zero::PartitionedOptimizer& partitioned,
                             const std::shared_ptr<torch::optim::Optimizer>& inner) {
@@ -275,6 +263,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
           });
     };
     use_flat_adam(*partitioned_, optimizer_);
+    finish_optimizer_offload();
     if (expert_partitioned_) {
       use_flat_adam(*expert_partitioned_, expert_optimizer_);
       const double lr = optimizer_->param_groups().at(0).options().get_lr();

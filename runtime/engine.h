@@ -203,6 +203,11 @@ class Engine {
   // of fp16 and the dtype gradients are reduced in.
   void configure_autocast();
   torch::ScalarType gradient_comm_dtype() const;
+  // offload_optimizer (engine_offload.cpp): the partitioned optimizer's offload options (with
+  // NVMe, the store its swap files live in), then, once it is built, the swapped Adam and a
+  // line saying where the state lives.
+  zero::OffloadOptions optimizer_offload_options();
+  void finish_optimizer_offload();
 
   std::shared_ptr<torch::nn::Module> module_;
   Config config_;
@@ -213,6 +218,7 @@ class Engine {
   std::shared_ptr<zero::ParamUnits> units_;                  // stage 3
   std::unique_ptr<zero::ParamCoordinator> coordinator_;      // stage 3
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<offload::NvmeStore> nvme_store_;  // offload_optimizer.device "nvme"
   std::shared_ptr<LRScheduler> lr_scheduler_;
   // MoE: the expert parameters (trainable, module order) in their own partitioned optimizer
   // over the expert-data-parallel group.

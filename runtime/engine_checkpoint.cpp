@@ -20,6 +20,7 @@
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/master_state.h"
 #include "runtime/model_check.h"
 #include "runtime/optim/state_io.h"
 
@@ -244,8 +245,8 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     put_trainables(*module_, expert_names(), scalars, /*flat=*/true);
     // Where this partition's elements sit in the flat layout (zero/shard_map.h).
     scalars["shard_pieces"] = pieces_json(layout.shards.pieces(layout.part));
-    optim.emplace_back("master", partitioned_->master());
-    const auto state = optim::export_param_state(*optimizer_, partitioned_->master());
+    auto [master, state] = export_master_state(*partitioned_, *optimizer_);
+    optim.emplace_back("master", master);
     if (state) {
       put_state(*state, "state.", optim, scalars);
     } else {
@@ -395,11 +396,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     install_stage3_weights(states);
   else
     states.copy_to(model);
-  if (partitioned_) {
-    partitioned_->master().copy_(master);
-    if (master_state)
-      optim::import_param_state(*optimizer_, partitioned_->master(), *master_state);
-  }
+  if (partitioned_) install_master_state(*partitioned_, *optimizer_, master, master_state);
   for (size_t i = 0; i < param_states.size(); ++i)
     optim::import_param_state(*optimizer_, params_[i], param_states[i]);
   install_experts();

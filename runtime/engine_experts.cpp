@@ -20,6 +20,7 @@
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/master_state.h"
 #include "runtime/model_check.h"
 #include "runtime/optim/state_io.h"
 
@@ -209,9 +210,9 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   std::vector<zero::ShardPiece> pieces;
   if (writes) {
     pieces = to_global(shards.pieces(part), layout);
-    tensors.emplace_back("master", ep.master());
+    auto [master, state] = export_master_state(ep, *expert_optimizer_);
+    tensors.emplace_back("master", master);
     tensors.emplace_back("weights", shards.gather(ep.flat().data(), part));
-    const auto state = optim::export_param_state(*expert_optimizer_, ep.master());
     if (!state)
       throw Error("save_checkpoint: the experts' optimizer state cannot be saved per expert (only "
                   "Strata's Adam and SGD state can); use one of them for MoE models");
@@ -260,8 +261,7 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
   optim::check_param_state(*expert_optimizer_, ep.master(), state);
   return [this, master, weights, state, layout] {
     auto& ep = *expert_partitioned_;
-    ep.master().copy_(master);
-    optim::import_param_state(*expert_optimizer_, ep.master(), state);
+    install_master_state(ep, *expert_optimizer_, master, state);
     const auto& data = ep.flat().data();
     for (const auto& s : layout.segments)
       data.narrow(0, s.local, s.length).copy_(weights.narrow(0, s.local, s.length));

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include <fmt/format.h>
 
 #include "offload/cpu_adam.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "zero/storage.h"
 
 namespace strata::zero {
 namespace {
@@ -113,8 +115,28 @@ PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
 
 void PartitionedOptimizer::init_master(const torch::Tensor& partition,
                                        const InnerBuilder& make_inner) {
-  {
-    torch::NoGradGuard no_grad;
+  torch::NoGradGuard no_grad;
+  if (options_.offload.nvme) {
+    if (!options_.offload.enabled) throw Error("optimizer offload to NVMe: offload is not enabled");
+    // The master goes to its swap file a tile at a time (the partition is 16-bit, and the fp32
+    // copy may not fit in host memory); the moments start at zero there. master_ keeps only
+    // the shape: the inner optimizer's parameter, and what checkpoints check shapes against.
+    const int64_t n = partition.numel();
+    offload::SwapperOptions so;
+    so.tile_numel = options_.offload.tile_numel > 0 ? options_.offload.tile_numel : n;
+    so.pipeline_read = options_.offload.pipeline_read;
+    so.pipeline_write = options_.offload.pipeline_write;
+    swapper_ = std::make_unique<offload::OptimizerSwapper>(*options_.offload.nvme,
+                                                           options_.offload.swap_name, n, so);
+    swapper_->write_tiles(offload::OptimizerSwapper::kMaster, [&](int64_t lo, int64_t len, float* dst) {
+      const auto tile = partition.narrow(0, lo, len).to(torch::kCPU, torch::kFloat).contiguous();
+      std::memcpy(dst, tile.data_ptr<float>(), static_cast<size_t>(len) * sizeof(float));
+    });
+    swapper_->fill_array(offload::OptimizerSwapper::kExpAvg, 0.f);
+    swapper_->fill_array(offload::OptimizerSwapper::kExpAvgSq, 0.f);
+    master_ = torch::empty({n}, torch::kFloat);  // never touched: no resident pages
+    release_bytes(master_);
+  } else {
     // Offload: in host memory, where the CPU steps it (it never crosses to the device).
     master_ = partition.to(options_.offload.enabled ? torch::Device(torch::kCPU) : partition.device(),
                            torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
@@ -275,7 +297,7 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   // and the norm.
   torch::Tensor sum_squares;
   const double f = options_.gradient_factor;  // 1 except for expert parameters (see options)
-  if (flat_step_) {
+  if (steps_flat()) {
     // Reduced in fp32 straight from the model's dtype; the loss scale comes out on the host.
     grad_ = gradient;
     grad_scale_ = f / loss_scale;
@@ -290,7 +312,7 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   }
   // Offload: the reducer summed a one-micro-step window's squares on the device (they carry the
   // loss scale); else the host tier's threaded pass over the host copy.
-  double factor = flat_step_ ? grad_scale_ * grad_scale_ : 1.0;
+  double factor = steps_flat() ? grad_scale_ * grad_scale_ : 1.0;
   if (offloads() && device_sum_squares_.defined()) {
     sum_squares = device_sum_squares_.clone();
     factor = (f * f) / (loss_scale * loss_scale);
@@ -367,7 +389,9 @@ void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor
   auto send = [&](int64_t lo, int64_t n) {
     mine.narrow(0, lo, n).copy_(host_out_.narrow(0, lo, n), /*non_blocking=*/host_out_.is_pinned());
   };
-  if (flat_step_) {
+  if (swapper_) {
+    step_swapped(grad_scale_ * std::min(clip_coef, 1.0), send);
+  } else if (flat_step_) {
     flat_step_(grad_, grad_scale_ * std::min(clip_coef, 1.0), host_out_,
                options_.offload.tile_numel, send);
   } else {
@@ -379,6 +403,43 @@ void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor
   }
   offload_times_.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void PartitionedOptimizer::step_swapped(double grad_scale,
+                                        const std::function<void(int64_t, int64_t)>& send) {
+  if (!swapped_scalars_)
+    throw Error("optimizer offload to NVMe: no swapped step was given (use_swapped_step); only "
+                "Strata's Adam/AdamW step swapped state");
+  const auto scalars = swapped_scalars_(grad_scale);
+  const auto* g = static_cast<const char*>(grad_.data_ptr());
+  auto* out = static_cast<char*>(host_out_.data_ptr());
+  const auto g_type = host_float(grad_), out_type = host_float(host_out_);
+  const int64_t g_size = grad_.element_size(), out_size = host_out_.element_size();
+  const int threads = at::get_num_threads();
+  // Each tile's new 16-bit weights go back to the device while the swapper writes its fp32
+  // arrays to disk and reads the next tile's.
+  swapper_->for_each_tile([&](int64_t lo, int64_t n, float* p, float* m, float* v) {
+    offload::cpu_adam_step(p, m, v, g + lo * g_size, g_type, out + lo * out_size, out_type, n,
+                           scalars, threads);
+    send(lo, n);
+  });
+}
+
+torch::Tensor PartitionedOptimizer::read_swapped(offload::OptimizerSwapper::Array a) const {
+  if (!swapper_) throw Error("PartitionedOptimizer::read_swapped: the state is not on NVMe");
+  auto t = torch::empty({swapper_->numel()}, torch::kFloat);
+  swapper_->read_array(a, t.data_ptr<float>());
+  return t;
+}
+
+void PartitionedOptimizer::write_swapped(offload::OptimizerSwapper::Array a,
+                                         const torch::Tensor& values) {
+  if (!swapper_) throw Error("PartitionedOptimizer::write_swapped: the state is not on NVMe");
+  if (values.numel() != swapper_->numel())
+    throw Error(fmt::format("optimizer offload to NVMe: {} elements given for a swapped array of {}",
+                            values.numel(), swapper_->numel()));
+  const auto v = values.to(torch::kCPU, torch::kFloat).contiguous();
+  swapper_->write_array(a, v.data_ptr<float>());
 }
 
 void PartitionedOptimizer::discard() {

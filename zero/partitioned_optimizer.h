@@ -36,6 +36,9 @@
 #include <torch/torch.h>
 
 #include "comm/process_group.h"
+#include "offload/adam_math.h"
+#include "offload/nvme_store.h"
+#include "offload/optimizer_swapper.h"
 #include "zero/flat_params.h"
 #include "zero/gradient_reducer.h"
 #include "zero/param_units.h"
@@ -50,10 +53,21 @@ namespace strata::zero {
 // tile (tile_numel, DeepSpeed's sub_group_size): the copy of one tile overlaps the CPU step of
 // the next. Host buffers that cross to a GPU are page-locked when pin_memory is set, within the
 // process's RLIMIT_MEMLOCK; past it (or when pinning fails) they are pageable, said once.
+//
+// NVMe (ZeRO-Infinity's offload_optimizer.device "nvme", stage 3): `nvme` is set and the master
+// weights and Adam's two moments live in three swap files of that store instead of host memory
+// (offload/optimizer_swapper.h). A step streams them through host buffers of tile_numel
+// elements, reading the next tile and writing the last while the CPU steps this one
+// (pipeline_read / pipeline_write), so host memory holds the gradient partition, the 16-bit
+// weights on their way back and 2 x 3 tiles, not 12 bytes per parameter. It steps Adam only,
+// through use_swapped_step().
 struct OffloadOptions {
   bool enabled = false;
   bool pin_memory = true;
   int64_t tile_numel = 0;  // 0: the whole partition in one step
+  std::shared_ptr<offload::NvmeStore> nvme;
+  std::string swap_name = "optimizer";  // the swap files' names in the store
+  bool pipeline_read = false, pipeline_write = false;
 };
 
 // Where the last offloaded step's host time went (ms): waiting for the device's gradient copies,
@@ -120,6 +134,10 @@ class PartitionedOptimizer {
   void end_micro_step();
   // Use the inner optimizer's fused flat step from now on (set before the first step).
   void use_flat_step(FlatStep step) { flat_step_ = std::move(step); }
+  // NVMe offload: the inner Adam's scalars for the next step (its step count advanced,
+  // optim::Adam::next_flat_scalars) given the gradient's factor; the swapper streams the arrays.
+  using SwappedScalars = std::function<optim::AdamScalars(double grad_scale)>;
+  void use_swapped_step(SwappedScalars scalars) { swapped_scalars_ = std::move(scalars); }
   bool uses_flat_step() const { return static_cast<bool>(flat_step_); }
   // At the accumulation boundary: the gradients carry `loss_scale`.
   GradientSummary prepare(double loss_scale);
@@ -136,8 +154,15 @@ class PartitionedOptimizer {
   int64_t pinned_host_bytes() const { return pinned_bytes_; }
   const OffloadTimes& last_offload_times() const { return offload_times_; }
   // The fp32 master weights of partition partition_index() of flat(), laid out as shards()
-  // says (the inner optimizer's one parameter); a checkpoint restores them in place.
+  // says (the inner optimizer's one parameter); a checkpoint restores them in place. Under NVMe
+  // offload it has the partition's shape and no bytes: the arrays are in the swap files.
   const torch::Tensor& master() const { return master_; }
+  bool swaps() const { return swapper_ != nullptr; }
+  // NVMe offload: one array (master, exp_avg, exp_avg_sq) of the swap files as a new fp32 host
+  // tensor, or overwritten from one (checkpoints), a tile at a time.
+  torch::Tensor read_swapped(offload::OptimizerSwapper::Array a) const;
+  void write_swapped(offload::OptimizerSwapper::Array a, const torch::Tensor& values);
+  const offload::OptimizerSwapper* swapper() const { return swapper_.get(); }
   const ShardMap& shards() const { return shards_; }
   int64_t partition_index() const { return shards_.parts() > 1 ? rank_ : 0; }
   // Parameters, gradients and master weights (the inner optimizer's state is counted by the
@@ -148,6 +173,9 @@ class PartitionedOptimizer {
   void init_master(const torch::Tensor& partition, const InnerBuilder& make_inner);
   void own_local_gradients();  // stage 0, 1: every .grad is its view of grad_flat_ again
   bool accumulates_wide() const { return grad_accum_.defined(); }
+  // The step reads the gradient in its own dtype with the factor applied on the fly.
+  bool steps_flat() const { return flat_step_ || swapper_; }
+  void step_swapped(double grad_scale, const std::function<void(int64_t, int64_t)>& send);
   torch::Tensor partition_gradient() const;  // in the accumulation dtype, no copy
   void zero_gradients();
   // Optimizer offload: a host buffer, page-locked when it will cross to a GPU and allowed.
@@ -175,6 +203,8 @@ class PartitionedOptimizer {
   std::shared_ptr<torch::optim::Optimizer> inner_;
   std::shared_ptr<GradientReducer> reducer_;
   FlatStep flat_step_;
+  std::unique_ptr<offload::OptimizerSwapper> swapper_;  // NVMe offload
+  SwappedScalars swapped_scalars_;
   torch::Tensor grad_;       // the prepared gradient of the partition (fp32 unless flat_step_)
   double grad_scale_ = 1.0;  // flat step: the factor still to apply to grad_ (1 / loss scale)
   // Optimizer offload (the master above is then in host memory too).

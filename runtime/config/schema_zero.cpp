@@ -39,13 +39,13 @@ Block make_offload_optimizer() {
   BlockBuilder<OffloadOptimizerConfig> b("offload_optimizer");
   b.add(&OffloadOptimizerConfig::device, "device")
       .one_of({"none", "cpu", "nvme"}, true)
-      .when([](const json& v) { return v == "nvme"; })
-      .pending("optimizer-state offload to NVMe")
       .describe("Where optimizer states are offloaded (none, cpu or nvme); the optimizer step then runs on the CPU");
   b.add(&OffloadOptimizerConfig::nvme_path, "nvme_path")
       .describe("File-system path of the NVMe device optimizer states are offloaded to");
   b.add(&OffloadOptimizerConfig::buffer_count, "buffer_count")
       .min(0)
+      .ignored("Strata's NVMe swapper always keeps two sets of three tile buffers (master and "
+               "both moments), sized by sub_group_size")
       .describe("Buffers in the pool used to offload optimizer states to NVMe (at least the states per parameter)");
   b.add(&OffloadOptimizerConfig::pin_memory, "pin_memory")
       .describe("Offload to page-locked (pinned) CPU memory, for asynchronous full-bandwidth transfers");
@@ -54,6 +54,7 @@ Block make_offload_optimizer() {
   b.add(&OffloadOptimizerConfig::pipeline_write, "pipeline_write")
       .describe("In the tiled NVMe optimizer step, write the previous tile while the current one is computed");
   b.add(&OffloadOptimizerConfig::fast_init, "fast_init")
+      .ignored("Strata writes the initial NVMe state tile by tile in one pass either way")
       .describe("Initialize the optimizer faster when its states are offloaded to NVMe");
   b.add(&OffloadOptimizerConfig::ratio, "ratio")
       .range(0, 1).ignored("Strata offloads all optimizer states")

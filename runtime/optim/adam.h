@@ -24,6 +24,8 @@
 #include <tuple>
 #include <vector>
 
+#include "offload/adam_math.h"
+
 namespace strata::optim {
 
 // Member defaults are FusedAdam's constructor defaults, for C++ callers; configs never reach
@@ -75,11 +77,21 @@ class Adam : public torch::optim::Optimizer {
   using TileDone = std::function<void(int64_t offset, int64_t numel)>;
   void step_flat(const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
                  int64_t tile_numel = 0, const TileDone& after_tile = {});
+  // For a caller that keeps the flat tensor's weights and moments elsewhere (NVMe offload streams
+  // them through swap files, zero/partitioned_optimizer.h): the scalars of the next step, its
+  // step count advanced, without touching the tensor. The state then holds the count only (no
+  // moment tensors); flat_steps() / set_flat_steps() read and restore it (checkpoints).
+  AdamScalars next_flat_scalars(double grad_scale);
+  int64_t flat_steps() const;
+  void set_flat_steps(int64_t steps);
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
  private:
   AdamParamState& state_of(const torch::Tensor& p);  // created (zero moments) on first use
+  AdamParamState& count_of(const torch::Tensor& p);  // created without moments on first use
+  const torch::Tensor& flat_param() const;           // after can_step_flat() was checked
+  AdamScalars scalars_for(int64_t step, double grad_scale) const;
 };
 
 }  // namespace strata::optim

@@ -150,15 +150,19 @@ Adam::Adam(std::vector<torch::Tensor> params, AdamOptions defaults)
                std::move(params))},
            std::move(defaults)) {}
 
-AdamParamState& Adam::state_of(const torch::Tensor& p) {
+AdamParamState& Adam::count_of(const torch::Tensor& p) {
   const auto key = detail::state_key<decltype(state_)>(p);
-  if (state_.find(key) == state_.end()) {
-    auto fresh = std::make_unique<AdamParamState>();
-    fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-    fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-    state_[key] = std::move(fresh);
-  }
+  if (state_.find(key) == state_.end()) state_[key] = std::make_unique<AdamParamState>();
   return static_cast<AdamParamState&>(*state_[key]);
+}
+
+AdamParamState& Adam::state_of(const torch::Tensor& p) {
+  auto& state = count_of(p);
+  if (!state.exp_avg().defined()) {  // new, or kept as a count only (next_flat_scalars)
+    state.exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    state.exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  }
+  return state;
 }
 
 bool Adam::can_step_flat() const {
@@ -167,17 +171,15 @@ bool Adam::can_step_flat() const {
   return p.scalar_type() == torch::kFloat && p.is_contiguous();
 }
 
-void Adam::step_flat(const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
-                     int64_t tile_numel, const TileDone& after_tile) {
+const torch::Tensor& Adam::flat_param() const {
   if (!can_step_flat())
-    throw Error("strata::optim::Adam::step_flat needs one param group holding one contiguous "
+    throw Error("strata::optim::Adam: a flat step needs one param group holding one contiguous "
                 "fp32 tensor");
-  torch::NoGradGuard no_grad;
-  auto& group = param_groups_[0];
-  const auto& o = group_options<AdamOptions>(group, 0, "Adam");
-  auto& p = group.params()[0];
-  auto& state = state_of(p);
-  state.step(state.step() + 1);
+  return param_groups_[0].params()[0];
+}
+
+AdamScalars Adam::scalars_for(int64_t step, double grad_scale) const {
+  const auto& o = group_options<AdamOptions>(param_groups_[0], 0, "Adam");
   const auto [beta1, beta2] = o.betas();
   AdamScalars s;
   s.grad_scale = static_cast<float>(grad_scale);
@@ -192,11 +194,35 @@ void Adam::step_flat(const torch::Tensor& grad, double grad_scale, const torch::
   s.decay_factor = static_cast<float>(1 - o.lr() * o.weight_decay());
   double correction1 = 1.0, correction2 = 1.0;
   if (o.bias_correction()) {
-    correction1 = 1 - std::pow(beta1, static_cast<double>(state.step()));
-    correction2 = 1 - std::pow(beta2, static_cast<double>(state.step()));
+    correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+    correction2 = 1 - std::pow(beta2, static_cast<double>(step));
   }
   s.step_size = static_cast<float>(o.lr() / correction1);
   s.sqrt_c2 = static_cast<float>(std::sqrt(correction2));
+  return s;
+}
+
+AdamScalars Adam::next_flat_scalars(double grad_scale) {
+  auto& state = count_of(flat_param());
+  state.step(state.step() + 1);
+  return scalars_for(state.step(), grad_scale);
+}
+
+int64_t Adam::flat_steps() const {
+  const auto it = state_.find(detail::state_key<decltype(state_)>(flat_param()));
+  return it == state_.end() ? 0 : static_cast<const AdamParamState&>(*it->second).step();
+}
+
+void Adam::set_flat_steps(int64_t steps) { count_of(flat_param()).step(steps); }
+
+void Adam::step_flat(const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
+                     int64_t tile_numel, const TileDone& after_tile) {
+  torch::NoGradGuard no_grad;
+  auto& p = param_groups_[0].params()[0];
+  flat_param();  // checks the shape of the groups
+  auto& state = state_of(p);
+  state.step(state.step() + 1);
+  const AdamScalars s = scalars_for(state.step(), grad_scale);
   const int64_t n = p.numel();
   if (tile_numel <= 0 || tile_numel >= n) {
     fused_adam_step(p, state.exp_avg(), state.exp_avg_sq(), grad, copy_out, s);

@@ -63,7 +63,7 @@ TEST_F(ConfigCli, WarningsAndPendingFeaturesGoToStderr) {
   const Result r = run("check " + repo_path("configs/zero3_offload_nvme.json"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_CONTAINS(r.err, "warning:");
-  EXPECT_CONTAINS(r.err, "zero_optimization.offload_optimizer.device = \"nvme\"");
+  EXPECT_CONTAINS(r.err, "zero_optimization.offload_param.device = \"nvme\"");
   EXPECT_CONTAINS(r.err, "not run it yet");
 }
 

@@ -1,0 +1,136 @@
+// The engine's optimizer offload (offload_optimizer): CPU memory (ZeRO-Offload) or NVMe swap files
+// through io_uring (ZeRO-Infinity), set up from the config; and the master state that
+// checkpoints read and write, wherever it lives.
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "offload/cpu_adam.h"
+#include "runtime/engine.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+#include "runtime/master_state.h"
+#include "runtime/optim/adam.h"
+
+namespace strata {
+namespace {
+
+using Swap = offload::OptimizerSwapper;
+
+offload::NvmeOptions nvme_options(const AioConfig& aio) {
+  offload::NvmeOptions o;
+  o.block_size = aio.block_size;
+  o.queue_depth = static_cast<int>(aio.queue_depth);
+  o.intra_op_parallelism = static_cast<int>(aio.intra_op_parallelism);
+  o.single_submit = aio.single_submit;
+  o.overlap_events = aio.overlap_events;
+  return o;
+}
+
+// Names this job's swap folders (strata-<id>-rank<r>) apart from other jobs' under a shared
+// nvme_path: STRATA_JOB_ID when the program or its scheduler sets it, else rank 0's process id,
+// which every rank of the job receives.
+std::string swap_job_id(const comm::GroupPtr& group, const torch::Device& device) {
+  if (const char* id = std::getenv("STRATA_JOB_ID"); id && *id) return id;
+  auto pid = torch::tensor({static_cast<int64_t>(getpid())}, torch::kLong).to(device);
+  if (group) group->broadcast(pid, 0);
+  return fmt::format("pid{}", pid.cpu().item<int64_t>());
+}
+
+}  // namespace
+
+zero::OffloadOptions Engine::optimizer_offload_options() {
+  const auto& zero = config_.zero_optimization;
+  const auto& oo = zero.offload_optimizer;
+  zero::OffloadOptions o;
+  o.enabled = oo.device == "cpu" || oo.device == "nvme";
+  o.pin_memory = oo.pin_memory;
+  o.tile_numel = zero.sub_group_size;
+  if (oo.device != "nvme") return o;
+  // The schema allows NVMe at stage 3 only (as DeepSpeed), where MoE is refused: one optimizer.
+  const int rank = data_parallel_rank();
+  nvme_store_ = std::make_shared<offload::NvmeStore>(
+      oo.nvme_path, swap_job_id(group_, params_.front().device()), rank, nvme_options(config_.aio));
+  o.nvme = nvme_store_;
+  o.pipeline_read = oo.pipeline_read;
+  o.pipeline_write = oo.pipeline_write;
+  return o;
+}
+
+void Engine::finish_optimizer_offload() {
+  if (!partitioned_ || !partitioned_->offloads()) return;
+  const auto& zero = config_.zero_optimization;
+  const int64_t numel = partitioned_->master().numel() +
+                        (expert_partitioned_ ? expert_partitioned_->master().numel() : 0);
+  if (partitioned_->swaps()) {
+    auto adam = std::dynamic_pointer_cast<optim::Adam>(optimizer_);
+    if (!adam || !adam->can_step_flat())
+      throw Error(fmt::format(
+          "{}: zero_optimization.offload_optimizer.device \"nvme\" steps Strata's Adam/AdamW "
+          "(optimizer.type \"Adam\" or \"AdamW\", one param group), whose state it streams "
+          "through the swap files; this optimizer keeps state the swapper does not know. Use "
+          "Adam/AdamW, or offload_optimizer.device \"cpu\"",
+          config_.source));
+    partitioned_->use_swapped_step([adam](double scale) { return adam->next_flat_scalars(scale); });
+    const auto* swapper = partitioned_->swapper();
+    log::info("[strata] optimizer offload to NVMe: fp32 master and Adam state of {} elements in "
+              "swap files under {}{}, stepped on the CPU ({}, {} thread(s)) in tiles of {} "
+              "elements (host buffers {} MB{}{})",
+              numel, nvme_store_->folder(), nvme_store_->direct() ? " (O_DIRECT)" : " (buffered)",
+              offload::cpu_adam_isa(), at::get_num_threads(), swapper->tile_numel(),
+              (6 * swapper->tile_numel() * 4) >> 20,
+              zero.offload_optimizer.pipeline_read ? ", read ahead" : "",
+              zero.offload_optimizer.pipeline_write ? ", written behind" : "");
+    return;
+  }
+  log::info("[strata] optimizer offload: fp32 master and optimizer state of {} elements in host "
+            "memory{}, stepped on the CPU ({}, {} thread(s)) in tiles of up to {} elements",
+            numel,
+            partitioned_->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
+            offload::cpu_adam_isa(), at::get_num_threads(), zero.sub_group_size);
+}
+
+MasterState export_master_state(const zero::PartitionedOptimizer& partitioned,
+                                const torch::optim::Optimizer& optimizer) {
+  if (!partitioned.swaps())
+    return {partitioned.master(), optim::export_param_state(optimizer, partitioned.master())};
+  // Swapped state is Strata's Adam's (finish_optimizer_offload checked it): the step count is in
+  // the optimizer, the arrays in the files.
+  const auto& adam = dynamic_cast<const optim::Adam&>(optimizer);
+  optim::ParamState state;
+  state.type = "adam";
+  state.tensors = {{"exp_avg", partitioned.read_swapped(Swap::kExpAvg)},
+                   {"exp_avg_sq", partitioned.read_swapped(Swap::kExpAvgSq)}};
+  state.scalars["step"] = adam.flat_steps();
+  return {partitioned.read_swapped(Swap::kMaster), state};
+}
+
+void install_master_state(zero::PartitionedOptimizer& partitioned,
+                          torch::optim::Optimizer& optimizer, const torch::Tensor& master,
+                          const std::optional<optim::ParamState>& state) {
+  torch::NoGradGuard no_grad;
+  if (!partitioned.swaps()) {
+    partitioned.master().copy_(master);
+    if (state) optim::import_param_state(optimizer, partitioned.master(), *state);
+    return;
+  }
+  if (!state) throw Error("optimizer offload to NVMe: the checkpoint has no Adam state to install");
+  optim::check_param_state(optimizer, partitioned.master(), *state);
+  auto& adam = dynamic_cast<optim::Adam&>(optimizer);
+  partitioned.write_swapped(Swap::kMaster, master);
+  if (state->type == "none") {  // saved before the first step
+    partitioned.write_swapped(Swap::kExpAvg, torch::zeros_like(master));
+    partitioned.write_swapped(Swap::kExpAvgSq, torch::zeros_like(master));
+    adam.set_flat_steps(0);
+    return;
+  }
+  for (const auto& [name, t] : state->tensors) {
+    if (name == "exp_avg") partitioned.write_swapped(Swap::kExpAvg, t);
+    if (name == "exp_avg_sq") partitioned.write_swapped(Swap::kExpAvgSq, t);
+  }
+  adam.set_flat_steps(state->scalars.at("step").get<int64_t>());
+}
+
+}  // namespace strata

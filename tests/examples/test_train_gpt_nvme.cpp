@@ -1,0 +1,145 @@
+// ZeRO-Infinity's optimizer offload (offload_optimizer.device "nvme", stage 3) through the real
+// train_gpt: the fp32 master and Adam's moments in swap files under nvme_path (io_uring,
+// O_DIRECT, checked pages), stepped in tiles of sub_group_size.
+//   - the losses of the same run without offload and with CPU offload, fp32 to 1e-5, on 1 and
+//     2 ranks, pipelined and not, with gradient accumulation and clipping;
+//   - a checkpoint saved with the state on NVMe on 2 ranks resumes on 1 rank on NVMe and on 1
+//     rank at stage 2 in host memory, with the uninterrupted losses;
+//   - the swap folders are gone after a normal exit; a bad nvme_path or an optimizer the swapper
+//     cannot step is refused before step 1, by name.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "train_gpt_runs.h"
+#include "../offload/build_fs_dir.h"
+
+namespace {
+
+using train_gpt_runs::capture;
+using train_gpt_runs::read_jsonl;
+namespace fs = std::filesystem;
+
+class TrainGptNvme : public strata::test_support::BuildFsDirTest {
+ protected:
+  TrainGptNvme() : BuildFsDirTest("train-gpt-nvme") {}
+
+  // gpt_tiny_dp at `stage` with the optimizer where `device` says ("none", "cpu", "nvme").
+  std::string config(int stage, const std::string& device, bool pipelined = true,
+                     const std::string& optimizer = "AdamW") {
+    nlohmann::json c;
+    std::ifstream(std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json") >> c;
+    c.erase("launcher");
+    c["train_micro_batch_size_per_gpu"] = 4;
+    c.erase("gradient_accumulation_steps");
+    c["optimizer"]["type"] = optimizer;
+    if (optimizer == "SGD") c["optimizer"]["params"] = {{"lr", 0.01}};
+    c["zero_optimization"] = {{"stage", stage}, {"reduce_bucket_size", 20000},
+                              {"sub_group_size", 7000}, {"stage3_param_persistence_threshold", 0}};
+    if (device != "none") {
+      c["zero_optimization"]["offload_optimizer"] = {{"device", device}};
+      if (device == "nvme")
+        c["zero_optimization"]["offload_optimizer"].update(
+            {{"nvme_path", (dir_ / "swap").string()}, {"pipeline_read", pipelined},
+             {"pipeline_write", pipelined}});
+    }
+    c["aio"] = {{"block_size", 65536}, {"queue_depth", 4}};
+    const auto file = dir_ / ("cfg" + std::to_string(files_++) + ".json");
+    std::ofstream(file) << c.dump();
+    return file.string();
+  }
+  std::string jsonl(const std::string& name) { return (dir_ / (name + ".jsonl")).string(); }
+  static train_gpt_runs::Run train(int ranks, const std::string& args) {
+    return capture(std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus " + std::to_string(ranks) +
+                   " -- " + STRATA_BIN_DIR + "/train_gpt --device cpu --model tiny-tied " + args);
+  }
+  static void expect_same(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
+                          size_t from, const std::string& what) {
+    ASSERT_EQ(a.size(), from + b.size()) << what;
+    for (size_t i = 0; i < b.size(); ++i) {
+      const double la = a[from + i].at("loss").get<double>(), lb = b[i].at("loss").get<double>();
+      EXPECT_LE(std::abs(la - lb) / la, 1e-5) << what << ", step " << from + i + 1;
+    }
+  }
+  void SetUp() override {
+    BuildFsDirTest::SetUp();
+    fs::create_directories(dir_ / "swap");
+  }
+  int files_ = 0;
+};
+
+TEST_F(TrainGptNvme, GivesTheLossesOfHostMemoryAndOfNoOffload) {
+  for (int ranks : {1, 2}) {
+    const std::string what = std::to_string(ranks) + " rank(s)";
+    auto r = train(ranks, "--config " + config(3, "none") + " --steps 8 --metrics-jsonl " + jsonl("ref"));
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+    r = train(ranks, "--config " + config(3, "cpu") + " --steps 8 --metrics-jsonl " + jsonl("cpu"));
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+    for (bool pipelined : {true, false}) {
+      r = train(ranks, "--config " + config(3, "nvme", pipelined) + " --steps 8 --metrics-jsonl " +
+                           jsonl("nvme"));
+      ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+      EXPECT_NE(r.output.find("optimizer offload to NVMe: fp32 master and Adam state"),
+                std::string::npos) << r.output;
+      const std::string how = what + (pipelined ? ", pipelined" : ", not pipelined");
+      expect_same(read_jsonl(jsonl("ref")), read_jsonl(jsonl("nvme")), 0, how + " vs no offload");
+      expect_same(read_jsonl(jsonl("cpu")), read_jsonl(jsonl("nvme")), 0, how + " vs cpu offload");
+      // A normal exit leaves nothing under nvme_path.
+      EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << how;
+    }
+  }
+}
+
+TEST_F(TrainGptNvme, CheckpointsResumeOnNvmeAndInHostMemory) {
+  const std::string nvme = config(3, "nvme");
+  ASSERT_EQ(train(2, "--config " + nvme + " --steps 8 --metrics-jsonl " + jsonl("full")).exit_code, 0);
+  const std::string ckpt = (dir_ / "ckpt").string();
+  auto r = train(2, "--config " + nvme + " --steps 4 --save-dir " + ckpt);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(1, "--config " + config(3, "nvme", false) + " --steps 8 --resume " + ckpt +
+                   " --metrics-jsonl " + jsonl("res_nvme"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same(read_jsonl(jsonl("full")), read_jsonl(jsonl("res_nvme")), 4, "resumed on NVMe, 1 rank");
+  r = train(1, "--config " + config(2, "cpu") + " --steps 8 --resume " + ckpt + " --metrics-jsonl " +
+                   jsonl("res_cpu"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same(read_jsonl(jsonl("full")), read_jsonl(jsonl("res_cpu")), 4, "resumed in host memory at stage 2");
+  // And the other way: saved in host memory, resumed onto NVMe.
+  const std::string ckpt2 = (dir_ / "ckpt2").string();
+  ASSERT_EQ(train(1, "--config " + config(3, "cpu") + " --steps 4 --save-dir " + ckpt2).exit_code, 0);
+  r = train(2, "--config " + nvme + " --steps 8 --resume " + ckpt2 + " --metrics-jsonl " + jsonl("res2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same(read_jsonl(jsonl("full")), read_jsonl(jsonl("res2")), 4, "host memory onto NVMe, 2 ranks");
+}
+
+TEST_F(TrainGptNvme, RefusesWhatItCannotRunBeforeStepOne) {
+  // nvme_path that does not exist: named, not created.
+  auto cfg = config(3, "nvme");
+  fs::remove_all(dir_ / "swap");
+  auto r = train(1, "--config " + cfg + " --steps 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find((dir_ / "swap").string()), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "swap"));
+  // A file where the folder should be.
+  std::ofstream(dir_ / "swap") << "x";
+  r = train(1, "--config " + cfg + " --steps 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find((dir_ / "swap").string()), std::string::npos) << r.output;
+  fs::remove(dir_ / "swap");
+  fs::create_directories(dir_ / "swap");
+  // SGD keeps state the swapper does not stream.
+  r = train(1, "--config " + config(3, "nvme", true, "SGD") + " --steps 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("offload_optimizer.device \"nvme\" steps Strata's Adam/AdamW"),
+            std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << "the refused run left its swap folder";
+}
+
+}  // namespace
