@@ -276,6 +276,15 @@ int run(const Args& args) {
   }
   if (const auto* t = engine->last_offload_times())
     r["offload_ms"] = {{"wait", t->wait_ms}, {"norm", t->norm_ms}, {"cpu_step", t->step_ms}};
+  if (const auto* swapper = engine->optimizer_swapper()) {
+    // The step's pass read and wrote the master and both moments once: 24 bytes per element.
+    const auto& t = swapper->last_times();
+    const double pass_ms = t.read_wait_ms + t.compute_ms + t.write_wait_ms;
+    const double bytes = 2.0 * 3 * 4 * static_cast<double>(swapper->numel());
+    r["nvme_swap"] = {{"read_wait_ms", t.read_wait_ms}, {"compute_ms", t.compute_ms},
+                      {"write_wait_ms", t.write_wait_ms}, {"bytes_per_step", bytes},
+                      {"GB_s", bytes / (pass_ms * 1e6)}};
+  }
   if (engine->data_parallel_rank() == 0) {
     std::printf("%s\n", r.dump().c_str());
     std::fflush(stdout);  // a later run cut short by a time limit must not take this line with it

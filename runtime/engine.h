@@ -120,6 +120,10 @@ class Engine {
   // gather reads the shards. Below stage 3 it does nothing.
   [[nodiscard]] std::shared_ptr<void> gathered_parameters();
   // Optimizer offload: where the last step's host time went (null without offload).
+  // NVMe optimizer offload: the swapper (its last pass's times, its size), or null.
+  const offload::OptimizerSwapper* optimizer_swapper() const {
+    return partitioned_ ? partitioned_->swapper() : nullptr;
+  }
   const zero::OffloadTimes* last_offload_times() const {
     return partitioned_ && partitioned_->offloads() ? &partitioned_->last_offload_times() : nullptr;
   }
