@@ -141,8 +141,10 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 // --- reading -----------------------------------------------------------------------------------
 
 FileReader::FileReader(std::string path) : path_(std::move(path)) {
+  // O_NONBLOCK: a FIFO planted under a checkpoint's file name must not block the open (it is
+  // refused below); for regular files the flag changes nothing.
   do {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   } while (fd_ < 0 && errno == EINTR);
   if (fd_ < 0) throw_errno("read", path_, errno);
   struct stat st {};
@@ -154,6 +156,10 @@ FileReader::FileReader(std::string path) : path_(std::move(path)) {
   if (S_ISDIR(st.st_mode)) {
     ::close(fd_);
     throw_errno("read", path_, EISDIR);
+  }
+  if (!S_ISREG(st.st_mode)) {  // a device or a FIFO: no size to check, maybe endless
+    ::close(fd_);
+    throw Error(fmt::format("checkpoint: cannot read '{}': not a regular file", path_));
   }
   size_ = uint64_t(st.st_size);
 }

@@ -49,7 +49,7 @@ class AtomicFile {
 // AtomicFile in one call.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
-// A file opened for reading at offsets; errors name the path.
+// A regular file opened for reading at offsets; errors name the path.
 class FileReader {
  public:
   explicit FileReader(std::string path);

@@ -14,9 +14,9 @@
 
 namespace strata::checkpoint {
 
-NamedTensors consolidate(const std::string& dir, const std::string& tag,
-                         torch::ScalarType dtype) {
-  CheckpointReader reader(dir, tag);
+namespace {
+
+NamedTensors consolidate_checked(const CheckpointReader& reader, torch::ScalarType dtype) {
   const auto model = reader.load_shared("model_states");
   NamedTensors out;
   const bool partitioned = reader.has_partition("optim_states");
@@ -30,13 +30,21 @@ NamedTensors consolidate(const std::string& dir, const std::string& tag,
     std::vector<torch::Tensor> masters;
     for (const auto& f : files) masters.push_back(f.at("master"));
     const auto flat = saved_shard_map(files).assemble(
-        masters, optim0.scalars.at("flat_numel").get<int64_t>());
+        masters, json_int(optim0.scalars.at("flat_numel"), optim0.path + ": flat_numel"));
     int64_t offset = 0;
-    for (const auto& name : optim0.scalars.at("flat_params")) {
+    const json& names = optim0.scalars.at("flat_params");
+    if (!names.is_array()) throw Error(fmt::format("{}: flat_params is not a list", optim0.path));
+    for (const auto& name : names) {
       const auto& saved = model.at("param." + name.get<std::string>());
+      if (saved.numel() > flat.numel() - offset)
+        throw Error(fmt::format("{}: parameter {} ends past the {} elements of the flat layout",
+                                optim0.path, name.dump(), flat.numel()));
       master[name] = flat.narrow(0, offset, saved.numel()).view(saved.sizes());
       offset += saved.numel();
     }
+    if (offset != flat.numel())  // the flat layout is the parameters back to back, no gaps
+      throw Error(fmt::format("{}: flat_params cover {} of the {} elements of the flat layout",
+                              optim0.path, offset, flat.numel()));
     // Tied weights: a second name of one tensor takes the value of the name it was saved under.
     // (Named: items() of a temporary would dangle inside the loop.)
     const json aliases = optim0.scalars.value("flat_param_aliases", json::object());
@@ -58,6 +66,26 @@ NamedTensors consolidate(const std::string& dir, const std::string& tag,
       out.emplace_back("param." + name, t.to(dtype));
   }
   return out;
+}
+
+}  // namespace
+
+NamedTensors consolidate(const std::string& dir, const std::string& tag,
+                         torch::ScalarType dtype) {
+  CheckpointReader reader(dir, tag);
+  // Every file passed its checksum; what its scalars say can still be inconsistent (a crafted
+  // or buggy checkpoint): JSON and LibTorch errors become one naming the checkpoint.
+  try {
+    return consolidate_checked(reader, dtype);
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw Error(fmt::format("checkpoint '{}' cannot be consolidated: {}", reader.folder(),
+                            e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("checkpoint '{}' cannot be consolidated: {}", reader.folder(),
+                            e.what()));
+  }
 }
 
 namespace {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <map>
 #include <random>
 #include <set>
 
@@ -101,6 +103,10 @@ bool is_next_of(const std::string& name, const std::string& tag) {
 std::optional<std::string> read_latest(const std::string& dir) {
   const std::string path = dir + "/" + kLatest;
   if (stat_kind(path) == PathKind::kMissing) return std::nullopt;
+  constexpr uint64_t kMaxBytes = 4096;  // a tag is at most 200 bytes; never slurp a huge file
+  if (const uint64_t size = FileReader(path).size(); size > kMaxBytes)
+    throw Error(fmt::format("checkpoint: '{}' is {} bytes; it should hold one tag name", path,
+                            size));
   return trim(read_file(path));
 }
 
@@ -201,6 +207,13 @@ json Manifest::to_json() const {
 
 Manifest Manifest::from_json(const json& j, const std::string& where) {
   Manifest m;
+  // A count of the manifest in [lo, hi] (an int unless hi says otherwise).
+  auto int_in = [&](const json& v, const char* what, int64_t lo, int64_t hi = INT32_MAX) {
+    const int64_t n = json_int(v, fmt::format("{}: {}", where, what));
+    if (n < lo || n > hi)
+      throw Error(fmt::format("{}: {} {} is outside [{}, {}]", where, what, n, lo, hi));
+    return n;
+  };
   try {
     // The manifest vouches for every file's size and checksum, so it carries its own: a changed
     // byte in a name, a shape or a checksum is refused before anything is read by it.
@@ -210,7 +223,7 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
                               where, kManifestChecksum));
     json body = j;
     body.erase(kManifestChecksum);
-    const auto saved = j.at(kManifestChecksum).get<uint32_t>();
+    const uint64_t saved = json_uint(j.at(kManifestChecksum), where + ": its checksum");
     if (saved != manifest_checksum(body))
       throw Error(fmt::format("{}: its checksum is 0x{:08x} but it says 0x{:08x}: the manifest is "
                               "damaged (a changed byte); the checkpoint cannot be trusted",
@@ -221,8 +234,8 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
       throw Error(fmt::format("{}: version {} is not supported (this build reads {})", where,
                               j.at("version").dump(), kVersion));
     m.tag = j.at("tag").get<std::string>();
-    m.world_size = j.at("world_size").get<int>();
-    m.info.zero_stage = j.at("zero_stage").get<int>();
+    m.world_size = int_in(j.at("world_size"), "world_size", 1);
+    m.info.zero_stage = int_in(j.at("zero_stage"), "zero_stage", 0);
     m.info.compute_dtype = j.at("compute_dtype").get<std::string>();
     m.info.master_dtype = j.at("master_dtype").get<std::string>();
     m.info.extra = j.at("extra");
@@ -230,11 +243,17 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
       FileEntry e;
       e.file = f.at("file").get<std::string>();
       e.kind = f.at("kind").get<std::string>();
-      e.rank = f.at("rank").is_null() ? -1 : f.at("rank").get<int>();
-      e.bytes = f.at("bytes").get<uint64_t>();
-      e.crc32c = f.at("crc32c").get<uint32_t>();
+      e.rank = f.at("rank").is_null() ? -1 : int_in(f.at("rank"), "rank", 0);
+      e.bytes = json_uint(f.at("bytes"), where + ": bytes of " + e.file);
+      e.crc32c = uint32_t(int_in(f.at("crc32c"), "crc32c", 0, UINT32_MAX));
       for (const auto& t : f.at("tensors")) e.tensors.push_back(spec_from_json(t, where));
-      if (e.file != (e.rank < 0 ? shared_file_name(e.kind) : partition_file_name(e.kind, e.rank)))
+      std::string expected;
+      try {
+        expected = e.rank < 0 ? shared_file_name(e.kind) : partition_file_name(e.kind, e.rank);
+      } catch (const Error& bad) {
+        throw Error(fmt::format("{}: {}", where, bad.what()));
+      }
+      if (e.file != expected)
         throw Error(fmt::format("{}: file '{}' does not match its kind '{}' and rank {}", where,
                                 e.file, e.kind, e.rank));
       m.files.push_back(std::move(e));
@@ -242,7 +261,24 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: malformed manifest ({})", where, e.what()));
   }
-  if (m.world_size < 1) throw Error(fmt::format("{}: world_size {} < 1", where, m.world_size));
+  dtype_from_name(m.info.compute_dtype, where + ": compute_dtype");
+  dtype_from_name(m.info.master_dtype, where + ": master_dtype");
+  // Each file once, and each partitioned kind for every rank 0..world_size-1 (what commit()
+  // checks): a reader may then load any rank's partition of any kind the manifest has.
+  std::set<std::pair<std::string, int>> seen;
+  std::map<std::string, int> partitions;
+  for (const auto& f : m.files) {
+    if (!seen.insert({f.kind, f.rank}).second)
+      throw Error(fmt::format("{}: lists file '{}' twice", where, f.file));
+    if (f.rank >= m.world_size)
+      throw Error(fmt::format("{}: file '{}' is of rank {} in a world of {}", where, f.file,
+                              f.rank, m.world_size));
+    if (f.rank >= 0) ++partitions[f.kind];
+  }
+  for (const auto& [kind, count] : partitions)
+    if (count != m.world_size)
+      throw Error(fmt::format("{}: lists {} '{}' partitions for a world of {}", where, count,
+                              kind, m.world_size));
   return m;
 }
 
@@ -396,13 +432,20 @@ CheckpointReader::CheckpointReader(std::string dir, std::string tag, ReadOptions
   if (stat_kind(manifest_path) == PathKind::kMissing)
     throw Error(fmt::format("checkpoint: '{}' is missing: '{}' is not a committed Strata checkpoint",
                             manifest_path, folder_));
+  const std::string text = read_file(manifest_path);
   json j;
   try {
-    j = json::parse(read_file(manifest_path));
+    j = parse_json_bounded(text, manifest_path);
   } catch (const json::exception& e) {
     throw Error(fmt::format("checkpoint: '{}' does not parse: {}", manifest_path, e.what()));
   }
   manifest_ = Manifest::from_json(j, manifest_path);
+  // The checksum covers what the manifest says; this covers every byte of it: commit() writes
+  // exactly this text, so a changed space or line break is damage too.
+  if (j.dump(1) + "\n" != text)
+    throw Error(fmt::format("checkpoint: '{}' is not laid out as Strata writes its manifests (a "
+                            "changed space or line break): the manifest is damaged",
+                            manifest_path));
   if (manifest_.tag != tag)
     throw Error(fmt::format("checkpoint: '{}' names tag '{}', not '{}'", manifest_path,
                             manifest_.tag, tag));
@@ -464,6 +507,7 @@ TensorFile CheckpointReader::load(const FileEntry& e, const std::vector<TensorSp
     throw Error(fmt::format("checkpoint file '{}' has CRC32C 0x{:08x} but its manifest says "
                             "0x{:08x}: it is from another save",
                             path, file.crc32c, e.crc32c));
+  check_specs(path, specs_of(file.tensors), e.tensors);  // the manifest lists what it holds
   return file;
 }
 

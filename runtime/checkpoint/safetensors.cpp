@@ -21,12 +21,6 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference reader's lim
   throw Error(fmt::format("safetensors file '{}': {}", path, what));
 }
 
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  return n;
-}
-
 }  // namespace
 
 const torch::Tensor& SafetensorsFile::at(const std::string& name) const {
@@ -102,7 +96,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   file.read_at(8, text.data(), text.size());
   json header;
   try {
-    header = json::parse(text);
+    header = parse_json_bounded(text, fmt::format("safetensors file '{}': its header", path));
   } catch (const json::exception& e) {
     bad(path, fmt::format("header JSON does not parse ({})", e.what()));
   }
@@ -124,18 +118,21 @@ SafetensorsFile load_safetensors(const std::string& path) {
         for (const auto& [k, v] : value.items()) out.metadata[k] = v.get<std::string>();
         continue;
       }
-      Entry e{name, dtype_from_name(value.at("dtype").get<std::string>(),
-                                    fmt::format("safetensors file '{}', tensor '{}'", path, name)),
-              value.at("shape").get<std::vector<int64_t>>(), 0, 0};
-      const auto offsets = value.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_bytes)
+      const std::string where = fmt::format("safetensors file '{}', tensor '{}'", path, name);
+      Entry e{name, dtype_from_name(value.at("dtype").get<std::string>(), where),
+              json_ints(value.at("shape"), where + ": shape"), 0, 0};
+      const json& range = value.at("data_offsets");
+      if (!range.is_array() || range.size() != 2)
+        bad(path, fmt::format("tensor '{}': data_offsets {} is not [begin, end]", name,
+                              range.dump()));
+      const uint64_t offsets[2] = {json_uint(range[0], where + ": data_offsets"),
+                                   json_uint(range[1], where + ": data_offsets")};
+      if (offsets[0] > offsets[1] || offsets[1] > data_bytes)
         bad(path, fmt::format("tensor '{}': data_offsets {} outside the {} data bytes", name,
                               value.at("data_offsets").dump(), data_bytes));
       e.begin = offsets[0];
       e.end = offsets[1];
-      if (std::any_of(e.shape.begin(), e.shape.end(), [](int64_t d) { return d < 0; }))
-        bad(path, fmt::format("tensor '{}' has a negative dimension", name));
-      const uint64_t want = uint64_t(numel_of(e.shape)) * c10::elementSize(e.dtype);
+      const uint64_t want = tensor_bytes(e.shape, e.dtype, where);
       if (e.end - e.begin != want)
         bad(path, fmt::format("tensor '{}': {} {} needs {} bytes but data_offsets give {}", name,
                               dtype_name(e.dtype), shape_text(e.shape), want, e.end - e.begin));

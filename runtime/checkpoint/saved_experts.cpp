@@ -1,48 +1,85 @@
 #include "runtime/checkpoint/saved_experts.h"
 
+#include <limits>
+
 #include <fmt/format.h>
 
+#include "runtime/checkpoint/shard_pieces.h"
 #include "runtime/error.h"
 
 namespace strata::checkpoint {
 
+namespace {
+
+// The layout's layers, checked: names, shapes without overflow, at least one expert of at least
+// one element each, and in all exactly `numel` elements (so parameters() cuts inside it).
+void check_layout(const json& layout, int64_t numel, const std::string& path) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if (!layout.is_array()) throw Error(fmt::format("{}: expert_layout is not a list", path));
+  int64_t total = 0;
+  for (const auto& layer : layout) {
+    layer.at("layer").get<std::string>();
+    const int64_t experts = json_int(layer.at("experts"), path + ": experts of a layer");
+    int64_t expert_numel = 0;
+    for (const auto& p : layer.at("params")) {
+      p.at("name").get<std::string>();
+      p.at("stacked").get<bool>();
+      const std::string where = fmt::format("{}: expert parameter {}", path, p.dump());
+      const uint64_t n = tensor_bytes(json_ints(p.at("shape"), where), torch::kByte, where);
+      if (int64_t(n) > kMax - expert_numel)
+        throw Error(fmt::format("{}: an expert of layer {} is too large", path, layer.dump()));
+      expert_numel += int64_t(n);
+    }
+    if (experts < 1 || expert_numel < 1 || experts > (kMax - total) / expert_numel)
+      throw Error(fmt::format("{}: layer {} of expert_layout holds {} experts of {} elements",
+                              path, layer.at("layer").dump(), experts, expert_numel));
+    total += experts * expert_numel;
+  }
+  if (total != numel)
+    throw Error(fmt::format("{}: expert_layout describes {} elements but expert_numel is {}", path,
+                            total, numel));
+}
+
+}  // namespace
+
 SavedExperts::SavedExperts(const CheckpointReader& reader) : folder_(reader.folder()) {
   std::vector<std::vector<zero::ShardPiece>> pieces;
+  std::vector<int64_t> partition_numel;
+  std::vector<std::string> paths;
+  int full = -1;  // the first rank that saved the experts
   for (int r = 0; r < reader.world_size(); ++r) {
     files_.push_back(reader.load_partition("expert_states", r));
     const auto& f = files_.back();
-    if (!f.scalars.contains("expert_layout") || !f.scalars.contains("expert_pieces") ||
-        !f.scalars.contains("expert_numel"))
-      throw Error(fmt::format("{}: expert_states of rank {} lacks its layout or pieces", folder_, r));
-    if (r == 0) {
-      layout_ = f.scalars.at("expert_layout");
-      numel_ = f.scalars.at("expert_numel").get<int64_t>();
-    } else if (f.scalars.at("expert_layout") != layout_) {
-      throw Error(fmt::format("{}: the ranks' expert_states describe different experts", folder_));
+    try {
+      if (!f.scalars.contains("expert_layout") || !f.scalars.contains("expert_pieces") ||
+          !f.scalars.contains("expert_numel"))
+        throw Error(fmt::format("{}: expert_states of rank {} lacks its layout or pieces", f.path,
+                                r));
+      if (r == 0) {
+        layout_ = f.scalars.at("expert_layout");
+        numel_ = json_int(f.scalars.at("expert_numel"), f.path + ": expert_numel");
+        check_layout(layout_, numel_, f.path);
+      } else if (f.scalars.at("expert_layout") != layout_ ||
+                 f.scalars.at("expert_numel") != numel_) {
+        throw Error(fmt::format("{}: the ranks' expert_states describe different experts", f.path));
+      }
+    } catch (const json::exception& e) {
+      throw Error(fmt::format("{}: malformed expert_layout ({})", f.path, e.what()));
     }
-    pieces.push_back({});
-    for (const auto& p : f.scalars.at("expert_pieces")) {
-      if (!p.is_array() || p.size() != 3)
-        throw Error(fmt::format("{}: expert_pieces holds {}, expected [begin, length, offset]",
-                                f.path, p.dump()));
-      pieces.back().push_back({p[0].get<int64_t>(), p[1].get<int64_t>(), p[2].get<int64_t>()});
-    }
+    pieces.push_back(pieces_from_json(f.scalars.at("expert_pieces"), "expert_pieces", f.path));
+    // A rank that saved no experts (a later rank of an unpartitioned group) holds no elements.
+    const bool saved = f.scalars.contains("state.type");
+    partition_numel.push_back(saved ? f.at("master").numel() : 0);
+    paths.push_back(f.path);
+    if (saved && full < 0) full = r;
+    if (saved && f.at("master").numel() != partition_numel[full])
+      throw Error(fmt::format("{}: its expert partition has {} elements, {}'s has {}", f.path,
+                              f.at("master").numel(), paths[full], partition_numel[full]));
   }
-  // Rank 0 always writes (its expert-data-parallel group's first rank).
-  for (const auto& f : files_)
-    if (f.scalars.contains("state.type")) full_ = &f;
-  if (!full_) throw Error(fmt::format("{}: no rank saved the MoE experts", folder_));
-  int64_t covered = 0;
-  for (const auto& ps : pieces)
-    for (const auto& p : ps) {
-      if (p.flat_begin < 0 || p.length < 0 || p.flat_begin + p.length > numel_)
-        throw Error(fmt::format("{}: an expert piece [{}, +{}) lies outside the {} expert elements",
-                                folder_, p.flat_begin, p.length, numel_));
-      covered += p.length;
-    }
-  if (covered != numel_)
-    throw Error(fmt::format("{}: the saved expert partitions cover {} elements of {}", folder_,
-                            covered, numel_));
+  if (full < 0) throw Error(fmt::format("{}: no rank saved the MoE experts", folder_));
+  full_ = &files_[full];  // files_ is complete: the pointer stays valid
+  // Every expert element once: no piece outside its partition or past the experts, no overlap.
+  check_pieces(pieces, partition_numel, numel_, /*past_end=*/false, paths);
   map_ = zero::ShardMap::from_pieces(std::move(pieces), full_->at("master").numel());
 }
 
@@ -55,10 +92,14 @@ std::vector<std::string> SavedExperts::state_tensors() const {
 
 torch::Tensor SavedExperts::assemble(const std::string& name) const {
   std::vector<torch::Tensor> parts;
-  for (const auto& f : files_)
-    parts.push_back(f.scalars.contains("state.type")
-                        ? f.at(name)
-                        : torch::empty({0}, full_->at(name).options()));
+  const int64_t n = full_->at("master").numel();
+  for (const auto& f : files_) {
+    const bool saved = f.scalars.contains("state.type");
+    parts.push_back(saved ? f.at(name) : torch::empty({0}, full_->at(name).options()));
+    if (saved && (parts.back().dim() != 1 || parts.back().numel() != n))
+      throw Error(fmt::format("{}: '{}' has shape {}, not the partition's [{}]", f.path, name,
+                              shape_text(parts.back().sizes().vec()), n));
+  }
   return map_.assemble(parts, numel_);
 }
 

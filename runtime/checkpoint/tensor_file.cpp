@@ -1,5 +1,6 @@
 #include "runtime/checkpoint/tensor_file.h"
 
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -40,6 +41,28 @@ uint64_t get_le(const char* p, int bytes) {
   uint64_t v = 0;
   for (int i = 0; i < bytes; ++i) v |= uint64_t(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
+}
+
+// Refuses nesting deeper than kMaxJsonDepth: brackets outside strings, exact for valid JSON
+// (invalid JSON fails to parse anyway).
+void check_json_depth(const std::string& text, const std::string& where) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        throw Error(fmt::format("{} nests deeper than {} levels (at byte {})", where,
+                                kMaxJsonDepth, i));
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
 }
 
 [[noreturn]] void corrupt(const std::string& path, const std::string& what) {
@@ -94,7 +117,7 @@ TensorFileInfo parse_footer(const FileReader& file, uint64_t meta_bytes, uint32_
   file.read_at(file.size() - kTailBytes - meta_bytes, text.data(), text.size());
   json meta;
   try {
-    meta = json::parse(text);
+    meta = parse_json_bounded(text, fmt::format("checkpoint file '{}': its meta JSON", path));
   } catch (const json::exception& e) {
     corrupt(path, fmt::format("its meta JSON does not parse ({})", e.what()));
   }
@@ -102,18 +125,34 @@ TensorFileInfo parse_footer(const FileReader& file, uint64_t meta_bytes, uint32_
   info.path = path;
   info.bytes = file.size();
   info.crc32c = crc;
+  const std::string where = "checkpoint file '" + path + "'";
   try {
     if (meta.at("format") != kFormat || meta.at("version") != kVersion)
       corrupt(path, fmt::format("format {} version {}, expected {} version {}",
                                 meta.at("format").dump(), meta.at("version").dump(), kFormat,
                                 kVersion));
-    const auto payload = meta.at("payload_bytes").get<uint64_t>();
-    if (payload + meta_bytes + kTailBytes != file.size())
+    const auto payload = json_uint(meta.at("payload_bytes"), where + ": payload_bytes");
+    // read_tail() bounds meta_bytes, so this subtraction cannot wrap (a sum could).
+    if (payload != file.size() - kTailBytes - meta_bytes)
       corrupt(path, fmt::format("payload {} + meta {} + tail {} bytes != file size {}", payload,
                                 meta_bytes, kTailBytes, file.size()));
-    for (const auto& t : meta.at("tensors"))
-      info.tensors.push_back(spec_from_json(t, "checkpoint file '" + path + "'"));
+    // Every tensor's bytes lie in the payload (LibTorch's archive stores them uncompressed), so
+    // their sum bounds what loading allocates by the file's size, checked before LibTorch runs.
+    std::set<std::string> names;
+    uint64_t tensor_total = 0;
+    if (!meta.at("tensors").is_array()) corrupt(path, "its meta JSON's tensors are not a list");
+    for (const auto& t : meta.at("tensors")) {
+      info.tensors.push_back(spec_from_json(t, where));
+      const auto& spec = info.tensors.back();
+      if (!names.insert(spec.name).second)
+        corrupt(path, fmt::format("its footer names tensor '{}' twice", spec.name));
+      tensor_total += tensor_bytes(spec.shape, spec.dtype, where);
+      if (tensor_total > payload)
+        corrupt(path, fmt::format("its footer's tensors need more than the {} payload bytes",
+                                  payload));
+    }
     info.scalars = meta.at("scalars");
+    if (!info.scalars.is_object()) corrupt(path, "its meta JSON's scalars are not an object");
   } catch (const json::exception& e) {
     corrupt(path, fmt::format("its meta JSON lacks a field ({})", e.what()));
   }
@@ -153,8 +192,12 @@ TensorFile load(const std::string& path, const std::vector<TensorSpec>* expected
                                   dtype_name(spec.dtype), shape_text(spec.shape)));
       out.tensors.emplace_back(spec.name, std::move(t));
     }
+  } catch (const Error&) {
+    throw;
   } catch (const c10::Error& e) {
     corrupt(path, fmt::format("LibTorch cannot read its archive: {}", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    corrupt(path, fmt::format("LibTorch cannot read its archive: {}", e.what()));
   }
   return out;
 }
@@ -194,17 +237,65 @@ TensorSpec spec_from_json(const json& j, const std::string& where) {
   try {
     spec.name = j.at("name").get<std::string>();
     spec.dtype = dtype_from_name(j.at("dtype").get<std::string>(), where);
-    spec.shape = j.at("shape").get<std::vector<int64_t>>();
+    spec.shape = json_ints(j.at("shape"), fmt::format("{}: shape of tensor '{}'", where,
+                                                       spec.name));
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: malformed tensor entry {} ({})", where, j.dump(), e.what()));
   }
-  for (auto d : spec.shape)
-    if (d < 0) throw Error(fmt::format("{}: tensor '{}' has a negative dimension", where, spec.name));
+  tensor_bytes(spec.shape, spec.dtype, fmt::format("{}: tensor '{}'", where, spec.name));
   return spec;
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+uint64_t tensor_bytes(const std::vector<int64_t>& shape, torch::ScalarType dtype,
+                      const std::string& where) {
+  // The non-zero dimensions are bounded even when another is zero: the strides of an empty
+  // tensor are products of them too.
+  constexpr uint64_t kLimit = uint64_t(1) << 62;
+  uint64_t product = c10::elementSize(dtype);
+  bool empty = false;
+  for (auto d : shape) {
+    if (d < 0)
+      throw Error(fmt::format("{}: negative dimension in shape {}", where, shape_text(shape)));
+    if (d == 0) {
+      empty = true;
+    } else if (product > kLimit / uint64_t(d)) {
+      throw Error(fmt::format("{}: shape {} is too large (past 2^62 bytes)", where,
+                              shape_text(shape)));
+    } else {
+      product *= uint64_t(d);
+    }
+  }
+  return empty ? 0 : product;
+}
+
+int64_t json_int(const json& value, const std::string& where) {
+  if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX))
+    throw Error(fmt::format("{}: {} is too large", where, value.dump()));
+  if (!value.is_number_integer())
+    throw Error(fmt::format("{}: {} is not an integer", where, value.dump()));
+  return value.get<int64_t>();
+}
+
+uint64_t json_uint(const json& value, const std::string& where) {
+  if (!value.is_number_integer() || (!value.is_number_unsigned() && value.get<int64_t>() < 0))
+    throw Error(fmt::format("{}: {} is not a non-negative integer", where, value.dump()));
+  return value.get<uint64_t>();
+}
+
+std::vector<int64_t> json_ints(const json& value, const std::string& where) {
+  if (!value.is_array()) throw Error(fmt::format("{}: {} is not a list", where, value.dump()));
+  std::vector<int64_t> out;
+  for (const auto& v : value) out.push_back(json_int(v, where));
+  return out;
+}
+
+json parse_json_bounded(const std::string& text, const std::string& where) {
+  check_json_depth(text, where);
+  return json::parse(text);
 }
 
 void check_specs(const std::string& path, const std::vector<TensorSpec>& actual,
@@ -300,6 +391,7 @@ TensorFileInfo save_tensor_file(const std::string& path, const NamedTensors& ten
     throw Error(fmt::format("checkpoint file '{}': names or scalars are not valid UTF-8 ({})", path,
                             e.what()));
   }
+  check_json_depth(text, fmt::format("checkpoint file '{}': its scalars", path));  // readable back
   file.write(text);
   std::string tail;
   put_le(tail, text.size(), 8);

@@ -50,6 +50,23 @@ std::vector<TensorSpec> specs_of(const NamedTensors& tensors);
 json spec_to_json(const TensorSpec& spec);
 TensorSpec spec_from_json(const json& j, const std::string& where);
 std::string shape_text(const std::vector<int64_t>& shape);  // "[4, 8]"
+// The bytes of a tensor of `shape` and `dtype`; strata::Error naming `where` for a negative
+// dimension or a size past 2^62 (a hostile header's dimensions that overflow when multiplied).
+uint64_t tensor_bytes(const std::vector<int64_t>& shape, torch::ScalarType dtype,
+                      const std::string& where);
+
+// Integers from a file's JSON, checked: strata::Error naming `where` for a float, a string, or
+// a value outside the type (nlohmann's get<> would cast it, out of range: undefined behaviour).
+int64_t json_int(const json& value, const std::string& where);
+uint64_t json_uint(const json& value, const std::string& where);
+std::vector<int64_t> json_ints(const json& value, const std::string& where);
+
+// JSON read from a checkpoint file (manifest, footer, safetensors header) may nest this deep.
+// nlohmann copies and prints recursively, so a hostile "[[[[..." would overflow the stack.
+constexpr int kMaxJsonDepth = 128;
+// json::parse (its parse_error as is) after refusing deeper nesting with a strata::Error
+// naming `where`.
+json parse_json_bounded(const std::string& text, const std::string& where);
 
 // Checks `actual` (what `path` holds) against `expected`: the same names, and for each the same
 // shape and dtype. Throws strata::Error naming the file and the first tensor that differs.
