@@ -6,14 +6,24 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "runtime/error.h"
 
 namespace strata::launcher {
 namespace {
+
+// Bounds on what a hostfile may ask for (a hostile one must not make the launcher allocate or
+// loop without end): a host's name as ssh takes it, a node's slots, and the file itself.
+constexpr size_t kMaxHostChars = 1024;
+constexpr int kMaxSlots = 4096;
+constexpr long kMaxHostfileBytes = 16l << 20;
 
 const char* kSpecSyntax =
     "expected NAME[:SLOT[,SLOT...]][@NAME[:SLOT...]...], e.g. 'worker-0@worker-1:0,2'";
@@ -22,6 +32,11 @@ std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\r");
   if (b == std::string::npos) return "";
   return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+// At most 200 characters of `s`, for a message (a hostile line may be megabytes long).
+std::string shortened(const std::string& s) {
+  return s.size() <= 200 ? s : s.substr(0, 200) + "...";
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -49,7 +64,9 @@ bool split_node(const std::string& part, std::string& name, std::string& rest) {
 }
 
 bool parse_uint(const std::string& s, int& out) {
-  if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), ::isdigit)) return false;
+  if (s.empty() || s.size() > 9 ||
+      !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return false;
   out = std::stoi(s);
   return true;
 }
@@ -94,6 +111,8 @@ void add_unique(std::vector<int>& to, const std::vector<int>& slots) {
 // A host as ssh takes it: [USER@]NAME or [USER@]IPV6 (the caller strips brackets). Anything else
 // (a '/', a shell character, a second '@') would fail only on the remote side, so it fails here.
 bool valid_host(const std::string& host) {
+  // libstdc++'s regex recurses per character: a hostile 100 kB name would overflow the stack.
+  if (host.size() > kMaxHostChars) return false;
   static const std::regex name(
       "([A-Za-z0-9_][A-Za-z0-9_.-]*@)?"
       "([A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(%[A-Za-z0-9_.-]+)?)");
@@ -116,6 +135,7 @@ std::string spec_name(const std::string& host) {
 
 Resources parse_hostfile_text(const std::string& text, const std::string& origin) {
   Resources pool;
+  std::map<std::string, std::string> seen;  // spec_name -> the host as written
   std::istringstream in(text);
   std::string raw;
   for (int line_no = 1; std::getline(in, raw); ++line_no) {
@@ -125,7 +145,7 @@ Resources parse_hostfile_text(const std::string& text, const std::string& origin
       return Error(
           fmt::format("{} line {}: {} in '{}'; expected 'HOST slots=N', e.g. "
                       "'worker-0 slots=8'",
-                      origin, line_no, why, trim(raw)));
+                      origin, line_no, why, shortened(trim(raw))));
     };
     std::istringstream words(line);
     std::string host, slots_word, extra;
@@ -136,18 +156,19 @@ Resources parse_hostfile_text(const std::string& text, const std::string& origin
       host = host.substr(0, at) + host.substr(at + 1, host.size() - at - 2);
     if (!valid_host(host))
       throw bad(fmt::format("'{}' is not a host as ssh takes it ([USER@]NAME or an IPv6 address)",
-                            host));
+                            shortened(host)));
     if (slots_word.empty()) throw bad("no slots=N");
     if (!extra.empty()) throw bad(fmt::format("unexpected '{}'", extra));
     int slots = 0;
     if (slots_word.rfind("slots=", 0) != 0 || !parse_uint(slots_word.substr(6), slots))
       throw bad(fmt::format("'{}' is not slots=N", slots_word));
     if (slots == 0) throw bad("slots must be at least 1");
-    for (const HostSlots& seen : pool)
-      if (spec_name(seen.host) == spec_name(host))
-        throw bad(seen.host == host ? fmt::format("host '{}' is listed twice", host)
-                                    : fmt::format("host '{}' is listed twice (also as '{}')",
-                                                  spec_name(host), seen.host));
+    if (slots > kMaxSlots) throw bad(fmt::format("slots must be at most {}", kMaxSlots));
+    const auto [it, fresh] = seen.emplace(spec_name(host), host);
+    if (!fresh)
+      throw bad(it->second == host ? fmt::format("host '{}' is listed twice", host)
+                                   : fmt::format("host '{}' is listed twice (also as '{}')",
+                                                 spec_name(host), it->second));
     HostSlots entry{host, {}};
     for (int s = 0; s < slots; ++s) entry.slots.push_back(s);
     pool.push_back(std::move(entry));
@@ -158,13 +179,35 @@ Resources parse_hostfile_text(const std::string& text, const std::string& origin
 }
 
 Resources read_hostfile(const std::string& path, const std::string& named_by) {
-  std::ifstream file(path);
-  if (!file)
-    throw Error(fmt::format("cannot read hostfile '{}'{}: {}", path,
-                            named_by.empty() ? "" : " (" + named_by + ")", std::strerror(errno)));
-  std::stringstream text;
-  text << file.rdbuf();
-  return parse_hostfile_text(text.str(), fmt::format("hostfile '{}'", path));
+  const std::string where = named_by.empty() ? "" : " (" + named_by + ")";
+  auto fail = [&](const std::string& why) {
+    return Error(fmt::format("cannot read hostfile '{}'{}: {}", path, where, why));
+  };
+  // A regular file of bounded size: a FIFO or a device named as the hostfile would block or
+  // never end.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw fail(std::strerror(errno));
+  struct stat st {};
+  std::string text, problem;
+  if (::fstat(fd, &st) != 0) problem = std::strerror(errno);
+  else if (S_ISDIR(st.st_mode)) problem = "it is a folder";
+  else if (!S_ISREG(st.st_mode)) problem = "not a regular file";
+  else if (st.st_size > kMaxHostfileBytes) problem = "larger than 16 MiB; a hostfile lists hosts";
+  if (problem.empty()) {
+    text.resize(size_t(st.st_size));
+    size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) problem = std::strerror(errno);
+      if (n <= 0) break;
+      got += size_t(n);
+    }
+    if (problem.empty() && got < text.size()) problem = "it shrank while being read";
+  }
+  ::close(fd);
+  if (!problem.empty()) throw fail(problem);
+  return parse_hostfile_text(text, fmt::format("hostfile '{}'", path));
 }
 
 Resources filter_resources(const Resources& pool, const std::string& include,
