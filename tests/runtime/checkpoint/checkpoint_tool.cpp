@@ -9,6 +9,7 @@
 //                                            it finished first
 //   checkpoint_tool st-write PATH            write a safetensors file of every dtype, print it
 //   checkpoint_tool st-read PATH             read a safetensors file, print it
+//   checkpoint_tool full-disk-sweep DIR      engine saves into a full DIR (full_disk_workload.h)
 //
 // The loops print "started" once and run until killed. no-exchange commits as on file systems
 // without renameat2 RENAME_EXCHANGE (WriteOptions). The st-* modes print one line per
@@ -26,6 +27,7 @@
 
 #include "runtime/checkpoint/safetensors.h"
 #include "tests/runtime/checkpoint/crash_workload.h"
+#include "tests/runtime/checkpoint/full_disk_workload.h"
 
 namespace ckpt = strata::checkpoint;
 
@@ -122,6 +124,7 @@ int main(int argc, char** argv) {
       print(tensors, metadata);
       return 0;
     }
+    if (mode == "full-disk-sweep") return strata::test::full_disk_sweep(path);
     if (mode == "st-read") {
       const auto file = ckpt::load_safetensors(path);
       print(file.tensors, file.metadata);
