@@ -137,19 +137,19 @@ TensorFileInfo parse_footer(const FileReader& file, uint64_t meta_bytes, uint32_
       corrupt(path, fmt::format("payload {} + meta {} + tail {} bytes != file size {}", payload,
                                 meta_bytes, kTailBytes, file.size()));
     // Every tensor's bytes lie in the payload (LibTorch's archive stores them uncompressed), so
-    // their sum bounds what loading allocates by the file's size, checked before LibTorch runs.
+    // no tensor can need more than it: a footer claiming more is damaged, caught before LibTorch
+    // runs. Not their sum: tensors may share a storage (tied weights under two names are saved
+    // once), and LibTorch allocates per stored storage, which the file's size bounds.
     std::set<std::string> names;
-    uint64_t tensor_total = 0;
     if (!meta.at("tensors").is_array()) corrupt(path, "its meta JSON's tensors are not a list");
     for (const auto& t : meta.at("tensors")) {
       info.tensors.push_back(spec_from_json(t, where));
       const auto& spec = info.tensors.back();
       if (!names.insert(spec.name).second)
         corrupt(path, fmt::format("its footer names tensor '{}' twice", spec.name));
-      tensor_total += tensor_bytes(spec.shape, spec.dtype, where);
-      if (tensor_total > payload)
-        corrupt(path, fmt::format("its footer's tensors need more than the {} payload bytes",
-                                  payload));
+      if (tensor_bytes(spec.shape, spec.dtype, where) > payload)
+        corrupt(path, fmt::format("its footer's tensor '{}' needs more than the {} payload bytes",
+                                  spec.name, payload));
     }
     info.scalars = meta.at("scalars");
     if (!info.scalars.is_object()) corrupt(path, "its meta JSON's scalars are not an object");
