@@ -15,13 +15,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <filesystem>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "offload/aligned_buffer.h"
 #include "runtime/error.h"
+#include "runtime/util/file_tree.h"
 #include "runtime/util/crc32c.h"
 
 namespace strata::offload {
@@ -225,8 +225,9 @@ void NvmeStore::pretend_no_direct_for_tests(bool on) { g_pretend_no_direct = on;
 
 std::string NvmeStore::folder_for(const std::string& nvme_path, const std::string& job_id,
                                   int rank) {
-  return (std::filesystem::path(nvme_path) / fmt::format("strata-{}-rank{}", job_id, rank))
-      .string();
+  // Plain string work: no std::filesystem here (runtime/util/file_tree.h says why).
+  const bool slash = !nvme_path.empty() && nvme_path.back() == '/';
+  return fmt::format("{}{}strata-{}-rank{}", nvme_path, slash ? "" : "/", job_id, rank);
 }
 
 NvmeStore::NvmeStore(const std::string& nvme_path, const std::string& job_id, int rank,
@@ -258,11 +259,12 @@ NvmeStore::NvmeStore(const std::string& nvme_path, const std::string& job_id, in
 
   // A folder of an earlier run of this job and rank is stale: never read it, start afresh.
   folder_ = folder_for(nvme_path, job_id, rank);
-  std::error_code ec;
-  std::filesystem::remove_all(folder_, ec);
-  if (ec)
+  try {
+    util::remove_tree(folder_);
+  } catch (const Error& e) {
     throw Error(fmt::format("nvme store: cannot remove the stale folder '{}': {} (is nvme_path "
-                            "'{}' writable?)", folder_, ec.message(), nvme_path));
+                            "'{}' writable?)", folder_, e.what(), nvme_path));
+  }
   if (mkdir(folder_.c_str(), 0700) != 0)
     throw Error(fmt::format("nvme store: nvme_path '{}' is not writable: mkdir '{}': {}",
                             nvme_path, folder_, errno_text(errno)));
@@ -319,7 +321,7 @@ NvmeStore::NvmeStore(const std::string& nvme_path, const std::string& job_id, in
       io_uring_queue_exit(&w->ring);
       close(w->efd);
     }
-    std::filesystem::remove_all(folder_, ec);
+    remove_folder_quietly();
     throw;
   }
 }
@@ -337,8 +339,14 @@ NvmeStore::~NvmeStore() {
     close(w->efd);
   }
   for (auto& f : files_) close(f->fd);
-  std::error_code ec;
-  std::filesystem::remove_all(folder_, ec);  // nothing to do about a failure in a destructor
+  remove_folder_quietly();
+}
+
+void NvmeStore::remove_folder_quietly() noexcept {
+  try {
+    util::remove_tree(folder_);
+  } catch (...) {  // nothing to do about a failure while tearing down
+  }
 }
 
 void NvmeStore::check_space(uint64_t bytes, const char* what) const {

@@ -124,6 +124,7 @@ class NvmeStore {
   NvmeTicket submit(bool is_write, FileId f, uint64_t offset, void* buffer, uint64_t bytes);
   void finish_piece(Piece* p, const std::string& error);
   void check_space(uint64_t bytes, const char* what) const;
+  void remove_folder_quietly() noexcept;  // the store's folder, for the destructor and failures
   File& file_at(FileId f, const char* what) const;
 
   NvmeOptions options_;
