@@ -316,7 +316,10 @@ int run(const Args& args) {
                         {"rounds", ratios}};
     std::printf("%s\n", b.dump().c_str());
   }
-  if (engine->data_parallel_size() == 1 && c.zero_optimization.stage == 3)
+  // The stage-3 mechanism's cost beside stage 0 (not under offload, whose host step would be
+  // counted as the mechanism's).
+  if (engine->data_parallel_size() == 1 && c.zero_optimization.stage == 3 &&
+      !engine->last_offload_times())
     compare_with_stage0(args, *engine, step, tok, device);
   return 0;
 }
