@@ -213,6 +213,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       zero::UnitOptions uo;
       uo.persistence_threshold = zero.stage3_param_persistence_threshold.value;
       uo.model_persistence_threshold = zero.stage3_model_persistence_threshold;
+      // offload_param nvme: every unit's shard on the swap file's 4 KiB grid.
+      if (zero.offload_param.device == "nvme")
+        uo.alignment = int64_t(offload::kIoAlign) / params_.front().element_size();
       zero::ParamUnits::ValueOf value_of;
       if (init)
         value_of = [&](const torch::Tensor& p) { return partitioned(p) ? init->full_value(p) : p; };
@@ -225,6 +228,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       co.max_reuse_distance = zero.stage3_max_reuse_distance;
       coordinator_ = std::make_unique<zero::ParamCoordinator>(units_, group_, co);
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(units_, group_, po, build);
+      offload_parameters();  // after the optimizer read the partition
     } else if (experts_.empty()) {
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(params_, group_, po, build);
     } else {

@@ -212,6 +212,10 @@ class Engine {
   // line saying where the state lives.
   zero::OffloadOptions optimizer_offload_options();
   void finish_optimizer_offload();
+  // offload_param (stage 3): the units' trainable shards to host memory or an NVMe swap file.
+  void offload_parameters();
+  std::shared_ptr<offload::NvmeStore> make_nvme_store(const std::string& nvme_path);
+  std::string swap_job_id_;  // names this job's swap folders (engine_offload.cpp)
 
   std::shared_ptr<torch::nn::Module> module_;
   Config config_;

@@ -1,6 +1,8 @@
 // The engine's optimizer offload (offload_optimizer): CPU memory (ZeRO-Offload) or NVMe swap files
 // through io_uring (ZeRO-Infinity), set up from the config; and the master state that
 // checkpoints read and write, wherever it lives.
+#include <limits.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -50,13 +52,47 @@ zero::OffloadOptions Engine::optimizer_offload_options() {
   o.tile_numel = zero.sub_group_size;
   if (oo.device != "nvme") return o;
   // The schema allows NVMe at stage 3 only (as DeepSpeed), where MoE is refused: one optimizer.
-  const int rank = data_parallel_rank();
-  nvme_store_ = std::make_shared<offload::NvmeStore>(
-      oo.nvme_path, swap_job_id(group_, params_.front().device()), rank, nvme_options(config_.aio));
+  nvme_store_ = make_nvme_store(oo.nvme_path);
   o.nvme = nvme_store_;
   o.pipeline_read = oo.pipeline_read;
   o.pipeline_write = oo.pipeline_write;
   return o;
+}
+
+std::shared_ptr<offload::NvmeStore> Engine::make_nvme_store(const std::string& nvme_path) {
+  // One store per folder: a second store of the same job and rank under the same nvme_path
+  // would take over (and remove) the first one's folder.
+  if (nvme_store_) {
+    char* a = realpath(nvme_path.c_str(), nullptr);
+    char* b = realpath(config_.zero_optimization.offload_optimizer.nvme_path.c_str(), nullptr);
+    const bool same = a && b && std::string(a) == b;
+    std::free(a);
+    std::free(b);
+    if (same) return nvme_store_;
+  }
+  if (swap_job_id_.empty()) swap_job_id_ = swap_job_id(group_, params_.front().device());
+  return std::make_shared<offload::NvmeStore>(nvme_path, swap_job_id_, data_parallel_rank(),
+                                              nvme_options(config_.aio));
+}
+
+void Engine::offload_parameters() {
+  const auto& op = config_.zero_optimization.offload_param;
+  if (op.device == "none" || !units_) return;
+  if (!partitioned_->offloads())
+    throw Error(fmt::format(
+        "{}: zero_optimization.offload_param.device \"{}\" needs the optimizer offloaded too "
+        "(offload_optimizer.device \"cpu\" or \"nvme\"): Strata's CPU step writes the new "
+        "16-bit weights straight to where the parameters live",
+        config_.source, op.device));
+  units_->offload_partition(op.device, op.pin_memory,
+                            op.device == "nvme" ? make_nvme_store(op.nvme_path) : nullptr);
+  log::info("[strata] parameter offload: this rank's {} trainable 16-bit shard elements in {}; "
+            "each unit is {} for its gather",
+            units_->partition().numel(),
+            op.device == "cpu" ? (units_->partition().is_pinned() ? "page-locked host memory"
+                                                                  : "host memory")
+                               : "an NVMe swap file under " + op.nvme_path,
+            op.device == "cpu" ? "copied to the device" : "read back");
 }
 
 void Engine::finish_optimizer_offload() {

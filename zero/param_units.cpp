@@ -1,6 +1,7 @@
 #include "zero/param_units.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <unordered_set>
@@ -238,8 +239,9 @@ comm::WorkPtr ParamUnits::gather_async(size_t u) {
     gathered_bytes_ += bytes_of(unit.full);
   }
   ++unit.gathers;
-  if (group_) return group_->all_gather_async(unit.full, unit.shard);
-  unit.full.copy_(unit.shard);
+  const auto& source = gather_source(unit);
+  if (group_) return group_->all_gather_async(unit.full, source);
+  unit.full.copy_(source);
   return nullptr;
 }
 
@@ -247,6 +249,7 @@ void ParamUnits::release(size_t u) {
   auto& unit = units_.at(u);
   if (unit.persistent || !unit.gathered) return;
   release_bytes(unit.full);
+  unit.staging = torch::Tensor();
   unit.gathered = false;
   gathered_bytes_ -= bytes_of(unit.full);
 }
@@ -269,7 +272,7 @@ ShardMap ParamUnits::shards_over(const std::vector<int64_t>& offsets) const {
   size_t k = 0;  // trainable parameters in unit order, as the constructor listed them
   for (const auto& u : units_) {
     if (!u.trainable) continue;
-    const int64_t base = u.shard.storage_offset() - partition_.storage_offset();
+    const int64_t base = partition_offset(u);
     for (int64_t r = 0; r < parts_; ++r) {
       const int64_t a = r * u.chunk, b = std::min((r + 1) * u.chunk, u.numel);
       for (size_t i = 0; i < u.params.size(); ++i) {
@@ -293,17 +296,25 @@ void ParamUnits::assign(size_t u, const std::vector<torch::Tensor>& values) {
   auto flat = torch::zeros({parts_ * unit.chunk}, unit.shard.options());
   for (size_t i = 0; i < values.size(); ++i)
     flat.narrow(0, unit.offsets[i], unit.params[i].numel()).copy_(values[i].reshape({-1}));
-  unit.shard.copy_(flat.narrow(0, rank_ * unit.chunk, unit.chunk));
+  const auto mine = flat.narrow(0, rank_ * unit.chunk, unit.chunk);
+  if (offload_ == "nvme" && unit.trainable) {
+    std::memcpy(bounce_.data(), mine.data_ptr(), size_t(bytes_of(mine)));
+    const uint64_t at = uint64_t(partition_offset(unit) * partition_.element_size());
+    store_->wait(store_->write(file_, at, bounce_.data(), uint64_t(bytes_of(mine))));
+  } else {
+    unit.shard.copy_(mine);
+  }
   if (unit.gathered) unit.full.copy_(flat);
 }
 
 void ParamUnits::refresh_persistent() {
+  flush_writes();
   for (size_t u = 0; u < units_.size(); ++u)
     if (units_[u].persistent && units_[u].trainable) gather(u);
 }
 
 int64_t ParamUnits::resident_bytes() const {
-  int64_t bytes = bytes_of(partition_);
+  int64_t bytes = offload_ == "nvme" ? 0 : bytes_of(partition_);
   for (const auto& u : units_) {
     if (!u.trainable) bytes += bytes_of(u.shard);
     if (u.persistent) bytes += bytes_of(u.full);

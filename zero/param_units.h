@@ -26,6 +26,8 @@
 #include <torch/torch.h>
 
 #include "comm/process_group.h"
+#include "offload/aligned_buffer.h"
+#include "offload/nvme_store.h"
 #include "zero/shard_map.h"
 
 namespace c10 {
@@ -68,6 +70,7 @@ class ParamUnits {
     int64_t flat_base = 0;  // trainable: the unit's place in the flat layout
     torch::Tensor full;     // the unit's storage (no bytes while released)
     torch::Tensor shard;    // this rank's chunk: persistent, a view of partition() if trainable
+    torch::Tensor staging;  // offload_param: the shard on the gather's device while gathered
     bool gathered = true;
     int64_t gathers = 0;  // all-gathers since creation
   };
@@ -120,8 +123,29 @@ class ParamUnits {
   // The largest unit's full bytes (the memory bound is stated in them).
   int64_t largest_unit_bytes() const;
 
+  // offload_param (ZeRO-Infinity; zero/param_offload.cpp), once the optimizer has read
+  // partition(): the trainable shards leave the model's device. "cpu": into host memory
+  // (page-locked when `pin` and the model is on a GPU), copied to the device for each gather.
+  // "nvme": into one swap file ("params") of `store`, read back for each gather (the persistent
+  // unit's after each step); partition() then keeps its shape and no bytes. Frozen units' shards
+  // and the persistent unit's whole copy stay where they are. The step's new weights come in
+  // through write_partition().
+  void offload_partition(const std::string& device, bool pin,
+                         std::shared_ptr<offload::NvmeStore> store);
+  const std::string& partition_offload() const { return offload_; }
+  // New weights for partition elements [lo, lo + values.numel()) from host memory (the
+  // optimizer's tiles): copied into the partition, or written to its swap file, where lo is a
+  // multiple of swap_grain(), `values` 4096-aligned and unchanged until flush_writes() returns.
+  void write_partition(int64_t lo, const torch::Tensor& values);
+  void flush_writes();
+  // Partition elements per 4 KiB (the swap file's grid); 1 without NVMe.
+  int64_t swap_grain() const;
+
  private:
   void fill(Unit& unit);  // allocate the storage's bytes again
+  // What a gather all-gathers from: the shard, or (offload_param) its copy on the model's device.
+  const torch::Tensor& gather_source(Unit& unit);
+  int64_t partition_offset(const Unit& unit) const;  // the shard's place in partition()
 
   comm::GroupPtr group_;
   int64_t parts_ = 1, rank_ = 0;
@@ -133,6 +157,12 @@ class ParamUnits {
   std::vector<int64_t> flat_offsets_;
   std::vector<std::vector<size_t>> plan_;
   int64_t gathered_bytes_ = 0;
+  // offload_param
+  std::string offload_ = "none";
+  std::shared_ptr<offload::NvmeStore> store_;
+  offload::NvmeStore::FileId file_ = -1;
+  offload::AlignedBuffer bounce_;  // one shard, 4096-aligned, for the swap file's reads and writes
+  std::vector<offload::NvmeTicket> writes_;
 };
 
 }  // namespace strata::zero

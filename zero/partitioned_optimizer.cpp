@@ -96,6 +96,11 @@ PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
       rank_(group_ ? group_->rank() : 0),
       units_(std::move(units)) {
   options_.stage = 3;
+  // Tiles on the page grid of the 16-bit partition, so that a tile of new weights can go
+  // straight to an NVMe swap file of the parameters (offload_param nvme, param_units.h).
+  if (const int64_t grain = int64_t(offload::kIoAlign) / units_->partition().element_size();
+      options_.offload.tile_numel > 0)
+    options_.offload.tile_numel = (options_.offload.tile_numel + grain - 1) / grain * grain;
   if (units_->trainable_params().empty())
     throw Error("ZeRO-3: the model has no parameter that requires a gradient");
   shards_ = units_->shards();
@@ -204,7 +209,9 @@ torch::Tensor PartitionedOptimizer::host_buffer(int64_t numel, torch::ScalarType
               "choose pageable memory.",
               bytes >> 20, why);
   }
-  return torch::empty({numel}, options);
+  // 4096-aligned, so that the new weights can be written to an NVMe swap file from it.
+  auto* buffer = new offload::AlignedBuffer(size_t(bytes));
+  return torch::from_blob(buffer->data(), {numel}, [buffer](void*) { delete buffer; }, options);
 }
 
 void PartitionedOptimizer::wait_for_device() const {
@@ -386,8 +393,12 @@ void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor
   if (!host_out_.defined()) host_out_ = host_buffer(mine.numel(), mine.scalar_type());
   // Each tile goes back as soon as the CPU has written it; the copies queue on the device's
   // stream (asynchronous from page-locked memory) while the CPU steps the next tile.
+  const bool offloaded_params = units_ && units_->partition_offload() != "none";
   auto send = [&](int64_t lo, int64_t n) {
-    mine.narrow(0, lo, n).copy_(host_out_.narrow(0, lo, n), /*non_blocking=*/host_out_.is_pinned());
+    if (offloaded_params)  // to the parameters' host copy or swap file
+      units_->write_partition(lo, host_out_.narrow(0, lo, n));
+    else
+      mine.narrow(0, lo, n).copy_(host_out_.narrow(0, lo, n), /*non_blocking=*/host_out_.is_pinned());
   };
   if (swapper_) {
     step_swapped(grad_scale_ * std::min(clip_coef, 1.0), send);

@@ -14,19 +14,21 @@ Block make_offload_param() {
   BlockBuilder<OffloadParamConfig> b("offload_param");
   b.add(&OffloadParamConfig::device, "device")
       .one_of({"none", "cpu", "nvme"}, true)
-      .when([](const json& v) { return v != "none"; })
-      .pending("parameter offload")
       .describe("Where parameters are offloaded at ZeRO-3: none, cpu or nvme");
   b.add(&OffloadParamConfig::nvme_path, "nvme_path")
       .describe("File-system path of the NVMe device parameters are offloaded to");
   b.add(&OffloadParamConfig::buffer_count, "buffer_count")
       .min(0)
+      .ignored("Strata reads each unit's shard from NVMe into one bounce buffer and a copy on "
+               "the device that lives while the unit is gathered")
       .describe("Buffers in the pool used to offload parameters to NVMe");
   b.add(&OffloadParamConfig::buffer_size, "buffer_size")
       .min(0)
+      .ignored("the bounce buffer is sized by the largest unit's shard")
       .describe("Size (elements) of each buffer in the pool used to offload parameters to NVMe");
   b.add(&OffloadParamConfig::max_in_cpu, "max_in_cpu")
       .min(0)
+      .ignored("Strata keeps no parameter cache in host memory with offload_param nvme")
       .describe("Parameter elements kept in CPU memory when parameters are offloaded to NVMe");
   b.add(&OffloadParamConfig::pin_memory, "pin_memory")
       .describe("Offload to page-locked (pinned) CPU memory, for asynchronous full-bandwidth transfers");

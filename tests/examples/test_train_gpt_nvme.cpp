@@ -5,6 +5,8 @@
 //     2 ranks, pipelined and not, with gradient accumulation and clipping;
 //   - a checkpoint saved with the state on NVMe on 2 ranks resumes on 1 rank on NVMe and on 1
 //     rank at stage 2 in host memory, with the uninterrupted losses;
+//   - with offload_param (cpu, nvme) too: the 16-bit shards in host memory or a swap file, read
+//     back for every gather, the step's new weights written there: the same losses;
 //   - the swap folders are gone after a normal exit; a bad nvme_path or an optimizer the swapper
 //     cannot step is refused before step 1, by name.
 #include <gtest/gtest.h>
@@ -33,7 +35,7 @@ class TrainGptNvme : public strata::test_support::BuildFsDirTest {
 
   // gpt_tiny_dp at `stage` with the optimizer where `device` says ("none", "cpu", "nvme").
   std::string config(int stage, const std::string& device, bool pipelined = true,
-                     const std::string& optimizer = "AdamW") {
+                     const std::string& optimizer = "AdamW", const std::string& params = "none") {
     nlohmann::json c;
     std::ifstream(std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json") >> c;
     c.erase("launcher");
@@ -49,6 +51,10 @@ class TrainGptNvme : public strata::test_support::BuildFsDirTest {
         c["zero_optimization"]["offload_optimizer"].update(
             {{"nvme_path", (dir_ / "swap").string()}, {"pipeline_read", pipelined},
              {"pipeline_write", pipelined}});
+    }
+    if (params != "none") {
+      c["zero_optimization"]["offload_param"] = {{"device", params}};
+      if (params == "nvme") c["zero_optimization"]["offload_param"]["nvme_path"] = (dir_ / "swap").string();
     }
     c["aio"] = {{"block_size", 65536}, {"queue_depth", 4}};
     const auto file = dir_ / ("cfg" + std::to_string(files_++) + ".json");
@@ -95,6 +101,39 @@ TEST_F(TrainGptNvme, GivesTheLossesOfHostMemoryAndOfNoOffload) {
       EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << how;
     }
   }
+}
+
+TEST_F(TrainGptNvme, ParameterOffloadGivesTheLossesWithout) {
+  for (int ranks : {1, 2}) {
+    const std::string what = std::to_string(ranks) + " rank(s)";
+    auto r = train(ranks, "--config " + config(3, "none") + " --steps 8 --metrics-jsonl " + jsonl("ref"));
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+    for (const auto& [optimizer, params] : std::vector<std::pair<std::string, std::string>>{
+             {"cpu", "cpu"}, {"cpu", "nvme"}, {"nvme", "nvme"}}) {
+      const std::string how = what + ", optimizer " + optimizer + ", parameters " + params;
+      r = train(ranks, "--config " + config(3, optimizer, true, "AdamW", params) +
+                           " --steps 8 --metrics-jsonl " + jsonl("off"));
+      ASSERT_EQ(r.exit_code, 0) << how << "\n" << r.output;
+      EXPECT_NE(r.output.find("[strata] parameter offload: "), std::string::npos) << r.output;
+      expect_same(read_jsonl(jsonl("ref")), read_jsonl(jsonl("off")), 0, how);
+      EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << how;
+    }
+  }
+  // A checkpoint of the parameters on NVMe resumes without offload, and the other way round.
+  const std::string both = config(3, "nvme", true, "AdamW", "nvme");
+  ASSERT_EQ(train(2, "--config " + both + " --steps 8 --metrics-jsonl " + jsonl("full")).exit_code, 0);
+  const std::string ckpt = (dir_ / "ckpt").string();
+  auto r = train(2, "--config " + both + " --steps 4 --save-dir " + ckpt);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(1, "--config " + config(3, "none") + " --steps 8 --resume " + ckpt + " --metrics-jsonl " +
+                   jsonl("res"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same(read_jsonl(jsonl("full")), read_jsonl(jsonl("res")), 4, "parameters from NVMe, no offload");
+  const std::string ckpt2 = (dir_ / "ckpt2").string();
+  ASSERT_EQ(train(1, "--config " + config(3, "none") + " --steps 4 --save-dir " + ckpt2).exit_code, 0);
+  r = train(2, "--config " + both + " --steps 8 --resume " + ckpt2 + " --metrics-jsonl " + jsonl("res2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same(read_jsonl(jsonl("full")), read_jsonl(jsonl("res2")), 4, "onto parameters on NVMe");
 }
 
 TEST_F(TrainGptNvme, CheckpointsResumeOnNvmeAndInHostMemory) {

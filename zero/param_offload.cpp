@@ -1,0 +1,119 @@
+// ParamUnits' offload_param (ZeRO-Infinity's parameter offload at stage 3): where the trainable
+// shards live between gathers, and how a gather and the optimizer's step reach them there.
+//
+// NVMe: the partition is one swap file laid out as partition() is (UnitOptions::alignment is one
+// 4 KiB page then, so every unit's shard starts on the file's page grid). A gather reads the
+// unit's shard through a 4096-aligned bounce buffer into a copy on the model's device, which the
+// all-gather reads; the copy goes with the unit's release. The read is synchronous in the
+// gathering thread (a prefetch reads ahead of use, not behind another transfer).
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+#include "zero/param_units.h"
+#include "zero/storage.h"
+
+namespace strata::zero {
+
+int64_t ParamUnits::partition_offset(const Unit& unit) const {
+  return unit.shard.storage_offset() - partition_.storage_offset();
+}
+
+int64_t ParamUnits::swap_grain() const {
+  return offload_ == "nvme" ? int64_t(offload::kIoAlign) / partition_.element_size() : 1;
+}
+
+void ParamUnits::offload_partition(const std::string& device, bool pin,
+                                   std::shared_ptr<offload::NvmeStore> store) {
+  if (device == "none") return;
+  if (offload_ != "none") throw Error("ParamUnits::offload_partition: the partition left already");
+  if (device != "cpu" && device != "nvme")
+    throw Error(fmt::format("offload_param.device \"{}\": expected none, cpu or nvme", device));
+  torch::NoGradGuard no_grad;
+  at::DisableRecordFunctionGuard no_callbacks;
+  int64_t largest = 0;
+  for (const auto& u : units_)
+    if (u.trainable) largest = std::max(largest, u.chunk);
+  const int64_t element = partition_.element_size();
+  if (device == "cpu") {
+    // The same layout in host memory; every trainable shard becomes a view of it again.
+    const bool to_pinned = pin && partition_.is_cuda();
+    auto host = torch::empty({partition_.numel()},
+                             partition_.options().device(torch::kCPU).pinned_memory(to_pinned));
+    host.copy_(partition_);
+    for (auto& u : units_)
+      if (u.trainable) u.shard = host.narrow(0, partition_offset(u), u.chunk);
+    partition_ = host;
+    offload_ = device;
+    return;
+  }
+  if (!store) throw Error("offload_param.device \"nvme\": no NVMe store was given");
+  for (const auto& u : units_)
+    if (u.trainable && (partition_offset(u) * element) % int64_t(offload::kIoAlign) != 0)
+      throw Error(fmt::format("offload_param nvme: unit '{}' starts at byte {} of the partition, "
+                              "off the 4 KiB grid (UnitOptions::alignment must be one page)",
+                              u.name, partition_offset(u) * element));
+  store_ = std::move(store);
+  const uint64_t bytes = uint64_t(partition_.numel() * element);
+  file_ = store_->create("params", bytes);
+  bounce_ = offload::AlignedBuffer(size_t(largest * element));
+  // Written a unit at a time through the bounce buffer, then the partition's bytes are freed.
+  for (const auto& u : units_) {
+    if (!u.trainable) continue;
+    const auto shard = u.shard.to(torch::kCPU).contiguous();
+    std::memcpy(bounce_.data(), shard.data_ptr(), size_t(u.chunk * element));
+    store_->wait(store_->write(file_, uint64_t(partition_offset(u) * element), bounce_.data(),
+                               uint64_t(u.chunk * element)));
+  }
+  offload_ = device;
+  release_bytes(partition_);
+}
+
+const torch::Tensor& ParamUnits::gather_source(Unit& unit) {
+  if (offload_ == "none" || !unit.trainable) return unit.shard;
+  if (offload_ == "cpu") {
+    if (unit.shard.device() == unit.full.device()) return unit.shard;
+    unit.staging = unit.shard.to(unit.full.device(), /*non_blocking=*/unit.shard.is_pinned());
+    return unit.staging;
+  }
+  flush_writes();  // the last step's weights first
+  const int64_t element = partition_.element_size();
+  const uint64_t bytes = uint64_t(unit.chunk * element);
+  store_->wait(store_->read(file_, uint64_t(partition_offset(unit) * element), bounce_.data(), bytes));
+  const auto host = torch::from_blob(bounce_.data(), {unit.chunk},
+                                     unit.full.options().device(torch::kCPU));
+  unit.staging = host.to(unit.full.device(), /*non_blocking=*/false, /*copy=*/true);
+  return unit.staging;
+}
+
+void ParamUnits::write_partition(int64_t lo, const torch::Tensor& values) {
+  const int64_t n = values.numel();
+  if (lo < 0 || lo + n > partition_.numel() || !values.is_cpu() || !values.is_contiguous() ||
+      values.scalar_type() != partition_.scalar_type())
+    throw Error(fmt::format("ParamUnits::write_partition: [{}, {}) of {} elements from a {} {} "
+                            "tensor",
+                            lo, lo + n, partition_.numel(), values.device().str(),
+                            c10::toString(values.scalar_type())));
+  if (offload_ != "nvme") {
+    torch::NoGradGuard no_grad;
+    partition_.narrow(0, lo, n).copy_(values, /*non_blocking=*/values.is_pinned());
+    return;
+  }
+  const auto address = reinterpret_cast<uintptr_t>(values.data_ptr());
+  if (lo % swap_grain() != 0 || address % offload::kIoAlign != 0)
+    throw Error(fmt::format("ParamUnits::write_partition: offset {} / address {:#x} off the swap "
+                            "file's 4 KiB grid", lo, address));
+  const int64_t element = partition_.element_size();
+  writes_.push_back(store_->write(file_, uint64_t(lo * element), values.data_ptr(),
+                                  uint64_t(n * element)));
+}
+
+void ParamUnits::flush_writes() {
+  if (writes_.empty()) return;
+  auto pending = std::move(writes_);
+  writes_.clear();
+  for (const auto& t : pending) store_->wait(t);
+}
+
+}  // namespace strata::zero
