@@ -21,14 +21,15 @@ int64_t partitions_for(int64_t stage, const comm::GroupPtr& group) {
   return stage >= 1 && group ? group->size() : 1;
 }
 
-offload::Float host_float(const torch::Tensor& t) {
-  const auto type = t.scalar_type();
+offload::Float host_float(torch::ScalarType type) {
   if (type == torch::kFloat) return offload::Float::kF32;
   if (type == torch::kBFloat16) return offload::Float::kBF16;
   if (type == torch::kHalf) return offload::Float::kF16;
   throw Error(fmt::format("optimizer offload: gradients in {} are not supported (fp32, bf16 or fp16)",
                           c10::toString(type)));
 }
+
+offload::Float host_float(const torch::Tensor& t) { return host_float(t.scalar_type()); }
 
 int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
@@ -390,6 +391,14 @@ void PartitionedOptimizer::apply(double clip_coef) {
 
 void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor& mine) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (swapper_ && units_ && units_->partition_offload() == "nvme") {
+    // ZeRO-Infinity: state and parameters both on NVMe. The new 16-bit weights go from a tile
+    // buffer to the parameters' swap file, so host memory holds no partition-sized copy of them.
+    step_swapped(grad_scale_ * std::min(clip_coef, 1.0), {});
+    offload_times_.step_ms = std::chrono::duration<double, std::milli>(
+                                 std::chrono::steady_clock::now() - t0).count();
+    return;
+  }
   if (!host_out_.defined()) host_out_ = host_buffer(mine.numel(), mine.scalar_type());
   // Each tile goes back as soon as the CPU has written it; the copies queue on the device's
   // stream (asynchronous from page-locked memory) while the CPU steps the next tile.
@@ -423,10 +432,30 @@ void PartitionedOptimizer::step_swapped(double grad_scale,
                 "Strata's Adam/AdamW step swapped state");
   const auto scalars = swapped_scalars_(grad_scale);
   const auto* g = static_cast<const char*>(grad_.data_ptr());
-  auto* out = static_cast<char*>(host_out_.data_ptr());
-  const auto g_type = host_float(grad_), out_type = host_float(host_out_);
-  const int64_t g_size = grad_.element_size(), out_size = host_out_.element_size();
+  const auto g_type = host_float(grad_);
+  const int64_t g_size = grad_.element_size();
   const int threads = at::get_num_threads();
+  if (!send) {
+    // Straight to the parameters' swap file (no host_out_): two tile buffers, each written out
+    // while the next tile is stepped into the other.
+    const auto dtype = units_->partition().scalar_type();
+    const int64_t out_size = int64_t(c10::elementSize(dtype));
+    for (auto& b : tile_out_)
+      if (b.size() < size_t(swapper_->tile_numel() * out_size))
+        b = offload::AlignedBuffer(size_t(swapper_->tile_numel() * out_size));
+    int64_t t = 0;
+    swapper_->for_each_tile([&](int64_t lo, int64_t n, float* p, float* m, float* v) {
+      auto& out = tile_out_[t++ % 2];
+      units_->flush_writes();  // the buffer's last write (and the other's) has landed
+      offload::cpu_adam_step(p, m, v, g + lo * g_size, g_type, out.data(), host_float(dtype), n,
+                             scalars, threads);
+      units_->write_partition(lo, torch::from_blob(out.data(), {n}, torch::TensorOptions(dtype)));
+    });
+    return;
+  }
+  auto* out = static_cast<char*>(host_out_.data_ptr());
+  const auto out_type = host_float(host_out_);
+  const int64_t out_size = host_out_.element_size();
   // Each tile's new 16-bit weights go back to the device while the swapper writes its fp32
   // arrays to disk and reads the next tile's.
   swapper_->for_each_tile([&](int64_t lo, int64_t n, float* p, float* m, float* v) {

@@ -175,6 +175,8 @@ class PartitionedOptimizer {
   bool accumulates_wide() const { return grad_accum_.defined(); }
   // The step reads the gradient in its own dtype with the factor applied on the fly.
   bool steps_flat() const { return flat_step_ || swapper_; }
+  // send: where each tile's new weights go from host_out_; empty: straight from tile buffers to
+  // the parameters' swap file.
   void step_swapped(double grad_scale, const std::function<void(int64_t, int64_t)>& send);
   torch::Tensor partition_gradient() const;  // in the accumulation dtype, no copy
   void zero_gradients();
@@ -204,6 +206,7 @@ class PartitionedOptimizer {
   std::shared_ptr<GradientReducer> reducer_;
   FlatStep flat_step_;
   std::unique_ptr<offload::OptimizerSwapper> swapper_;  // NVMe offload
+  offload::AlignedBuffer tile_out_[2];  // NVMe offload of state and parameters: new weights
   SwappedScalars swapped_scalars_;
   torch::Tensor grad_;       // the prepared gradient of the partition (fp32 unless flat_step_)
   double grad_scale_ = 1.0;  // flat step: the factor still to apply to grad_ (1 / loss scale)
