@@ -50,13 +50,16 @@ GPTConfig GPTConfig::by_name(const std::string& name) {
   } else if (name == "dense-350M") {
     c.vocab = 32000, c.d_model = 1024, c.layers = 24, c.heads = 16, c.ffn = 4096;
     c.seq_len = 2048;
+  } else if (name == "dense-1.3B") {  // the peers' --dense-1.3b
+    c.vocab = 32000, c.d_model = 2048, c.layers = 24, c.heads = 16, c.ffn = 8192;
+    c.seq_len = 2048;
   } else if (name == "moe-8x") {
     c.vocab = 32000, c.d_model = 1024, c.layers = 12, c.heads = 16, c.ffn = 4096;
     c.seq_len = 2048, c.experts = 8;
   } else {
     throw std::invalid_argument(fmt::format(
         "unknown model '{}': known models are tiny, small, tiny-tied, small-tied, tiny-moe, "
-        "dense-350M, moe-8x",
+        "dense-350M, dense-1.3B, moe-8x",
         name));
   }
   return c;

@@ -28,7 +28,7 @@ struct GPTConfig {
   // The output head is the token embedding's weight (the usual C++ tie: one tensor registered
   // under a second name, "head_weight"), initialised N(0, 0.02) as GPT-2's.
   bool tied = false;
-  // Sizes by name: tiny, small, tiny-moe, dense-350M, moe-8x (../shared/bench/README.md);
+  // Sizes by name: tiny, small, tiny-moe, dense-350M, dense-1.3B, moe-8x (../shared/bench/README.md);
   // "-tied" after tiny or small ties the head to the embedding.
   // Unknown name: Error listing the known ones.
   static GPTConfig by_name(const std::string& name);

@@ -37,11 +37,13 @@ struct Args {
   std::string save_dir;
   int64_t save_every = 0;  // 0: only at the end
   std::string resume;
+  std::optional<int64_t> seq_len;  // tokens per sample, instead of the model's
+  bool zero_init = false;          // build the model in shards (stage 3)
 };
 
 const char* kUsage =
-    "usage: train_gpt --config FILE [--model tiny|small|tiny-moe|dense-350M|moe-8x] [--steps N]\n"
-    "                 [--seed S]\n"
+    "usage: train_gpt --config FILE [--model tiny|small|tiny-moe|dense-350M|dense-1.3B|moe-8x]\n"
+    "                 [--steps N] [--seed S] [--seq-len N] [--zero-init]\n"
     "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n"
     "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n";
 
@@ -67,11 +69,16 @@ Args parse_args(int argc, char** argv) {
       std::puts(strata::version_line());
       std::exit(0);
     }
+    if (flag == "--zero-init") {
+      args.zero_init = true;
+      continue;
+    }
     if (i + 1 >= argc) throw Error(fmt::format("{}: missing value\n{}", flag, kUsage));
     const std::string value = argv[++i];
     if (flag == "--config") args.config = value;
     else if (flag == "--model") args.model = value;
     else if (flag == "--steps") args.steps = parse_int(flag, value, 1);
+    else if (flag == "--seq-len") args.seq_len = parse_int(flag, value, 1);
     else if (flag == "--seed") args.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
     else if (flag == "--data") args.data = value;
     else if (flag == "--metrics-jsonl") args.metrics_jsonl = value;
@@ -124,11 +131,26 @@ int run(const Args& args) {
   // The config first: an MoE model's layers are built from its moe block and its groups.
   strata::InitOptions init;
   auto config = strata::load_engine_config(args.config, init);
-  const auto model_config = GPTConfig::by_name(args.model);
+  auto model_config = GPTConfig::by_name(args.model);
+  if (args.seq_len) model_config.seq_len = *args.seq_len;  // shorter sequences, same weights
   torch::manual_seed(args.seed);
+  // --zero-init (DeepSpeed's zero.Init): at stage 3 the model is built in shards, so that no
+  // rank ever holds it whole (zero/partitioned_init.h).
+  if (args.zero_init) {
+    if (config.zero_optimization.stage != 3)
+      throw Error("--zero-init builds the model in shards for ZeRO stage 3; the config's stage is " +
+                  std::to_string(config.zero_optimization.stage));
+    strata::zero::PartitionedInitOptions po;
+    po.dtype = config.bf16.enabled ? torch::kBFloat16 : config.fp16.enabled ? torch::kHalf
+                                                                              : torch::kFloat;
+    po.device = device;
+    po.min_numel = config.zero_optimization.stage3_param_persistence_threshold.value;
+    init.partitioned_init = strata::zero::PartitionedInit::create(init.group, po);
+  }
   GPT model = make_gpt(model_config, config.moe, args.seed, init.group);
+  if (init.partitioned_init) init.partitioned_init->finish();
   const auto moe_layers = strata::moe::moe_layers(*model);
-  model->to(device);
+  if (!init.partitioned_init) model->to(device);
   auto engine =
       std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));
 
