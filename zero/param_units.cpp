@@ -240,8 +240,9 @@ comm::WorkPtr ParamUnits::gather_async(size_t u) {
   }
   ++unit.gathers;
   const auto& source = gather_source(unit);
-  if (group_) return group_->all_gather_async(unit.full, source);
+  if (group_) return group_->all_gather_async(unit.full, source);  // reads it until done
   unit.full.copy_(source);
+  unit.staging = torch::Tensor();  // one process: the copy is the unit, nothing reads it later
   return nullptr;
 }
 
