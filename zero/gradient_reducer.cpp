@@ -177,8 +177,14 @@ void GradientReducer::on_gradient(size_t k) {
         "engine->backward() once per micro-step",
         k));
   stage(k);
-  if (buckets_[where_[k].first].ready == buckets_[where_[k].first].params.size())
-    launch_ready_buckets();
+  auto& bucket = buckets_[where_[k].first];
+  if (bucket.ready != bucket.params.size()) return;
+  // One process: no collective whose order the ranks must agree on, so each bucket is delivered
+  // (and freed) as soon as it is complete. In plan order a bucket that completes last (a unit
+  // holding both the embedding and the head) would keep every other bucket alive until the end
+  // of backward: a whole gradient's worth of memory.
+  if (!group_) deliver(bucket);
+  launch_ready_buckets();
 }
 
 void GradientReducer::launch_ready_buckets() {
@@ -201,6 +207,7 @@ void GradientReducer::launch_ready_buckets() {
 
 void GradientReducer::deliver(Bucket& bucket) {
   if (accumulates_in_place_) return;  // stage() did it
+  if (!bucket.flat.defined()) return;  // delivered already (one process, out of order)
   if (bucket.work) bucket.work->wait();
   const auto out = bucket.flat.narrow(0, bucket.out_offset, bucket.out_numel);
   if (options_.mode == Mode::kPartition && options_.copy_to_partition) {
