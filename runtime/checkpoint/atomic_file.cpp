@@ -296,35 +296,6 @@ void link_folder(const std::string& from, const std::string& to, bool allow_link
   fsync_directory(parent_of(to));
 }
 
-std::vector<std::string> list_folder(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) throw_errno("list folder", dir, errno);
-  std::vector<std::string> names;
-  errno = 0;
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  const int err = errno;
-  ::closedir(d);
-  if (err != 0) throw_errno("list folder", dir, err);
-  return names;
-}
-
-void remove_tree(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return;
-    throw_errno("remove", path, errno);
-  }
-  if (S_ISDIR(st.st_mode)) {
-    for (const auto& name : list_folder(path)) remove_tree(path + "/" + name);
-    if (::rmdir(path.c_str()) != 0 && errno != ENOENT) throw_errno("remove", path, errno);
-  } else if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    throw_errno("remove", path, errno);
-  }
-}
-
 bool is_temporary_name(const std::string& file_name) {
   return file_name.size() > 1 && file_name[0] == '.' && file_name.find(kTempMarker) != std::string::npos;
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include "runtime/util/file_tree.h"
 
 namespace strata::checkpoint {
 
@@ -86,12 +87,10 @@ bool exchange_paths(const std::string& a, const std::string& b);
 // where the file system has none, or with allow_link=false, for tests), then fsyncs it. `from`
 // holds files only. So `to` can be renamed into place while `from` stays whole.
 void link_folder(const std::string& from, const std::string& to, bool allow_link = true);
-// rm -rf; a missing path is fine. (POSIX calls, not std::filesystem: pip LibTorch 2.x's
-// libtorch.so exports its own std::filesystem symbols, and a program linked with it can resolve
-// std::filesystem::remove_all to that copy, which crashes.)
-void remove_tree(const std::string& path);
-// The names in `dir` (without "." and ".."), unsorted.
-std::vector<std::string> list_folder(const std::string& dir);
+// rm -rf, and a folder's names: runtime/util/file_tree.h (POSIX calls, not std::filesystem, whose
+// copy in pip LibTorch 2.x's libtorch.so crashes).
+using util::list_folder;
+using util::remove_tree;
 // Removes the temporaries that crashed AtomicFile writers of `dir`/`name` left behind; with an
 // empty name, those of every file in `dir`.
 void remove_stale_temporaries(const std::string& dir, const std::string& name = "");
