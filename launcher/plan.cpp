@@ -144,10 +144,25 @@ std::string remote_launcher(const std::string& argv0, const std::string& directo
 }
 
 // DeepSpeed's .deepspeed_env: NAME=VALUE lines ('#' comments, blank lines), set on every rank.
+// A shell variable name: [A-Za-z_][A-Za-z0-9_]*, checked by hand (std::regex recurses once per
+// character and overflowed the stack on a 100 kB name), at most 1024 characters.
+bool is_variable_name(const std::string& name) {
+  if (name.empty() || name.size() > 1024) return false;
+  auto letter = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
+  if (!letter(name[0])) return false;
+  for (char c : name)
+    if (!letter(c) && !(c >= '0' && c <= '9')) return false;
+  return true;
+}
+
 void read_env_file(const std::string& path, EnvList& into) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;  // no such file: nothing to export
+  if (!S_ISREG(st.st_mode))  // a FIFO would block the launch
+    throw Error(fmt::format("{} is not a regular file: remove it or make it a file of NAME=VALUE "
+                            "lines", path));
   std::ifstream file(path);
   if (!file) return;
-  static const std::regex identifier("[A-Za-z_][A-Za-z0-9_]*");
   std::string line;
   for (int line_no = 1; std::getline(file, line); ++line_no) {
     const size_t first = line.find_first_not_of(" \t\r");
@@ -155,8 +170,9 @@ void read_env_file(const std::string& path, EnvList& into) {
     if (line.back() == '\r') line.pop_back();
     const size_t eq = line.find('=');
     const std::string name = eq == std::string::npos ? "" : line.substr(first, eq - first);
-    if (!std::regex_match(name, identifier))
-      throw Error(fmt::format("{} line {}: expected NAME=VALUE, got '{}'", path, line_no, line));
+    if (!is_variable_name(name))
+      throw Error(fmt::format("{} line {}: expected NAME=VALUE with NAME a variable name, got '{}'",
+                              path, line_no, line.size() > 200 ? line.substr(0, 200) + "..." : line));
     set(into, name, line.substr(eq + 1));
   }
 }

@@ -393,6 +393,25 @@ TEST_F(SshHosts, RemoteRanksGetTheHeadsStrataAndNcclVariablesAndStrataEnv) {
   EXPECT_EQ(r.out, "[rank 0] T=77 N=WARN F=a b S=\n");
 }
 
+// A hostile .strata_env: a 100 kB name (std::regex overflowed the stack on it) and a FIFO
+// (opening it would block the launch) are refused, naming the file, before any rank starts.
+TEST_F(SshHosts, HostileStrataEnvIsRefusedByName) {
+  ASSERT_EQ(::mkdir((dir_ + "/work").c_str(), 0755), 0);
+  write("work/.strata_env", std::string(100000, 'A') + "=1\n");
+  LaunchSetup setup;
+  setup.directory = dir_ + "/work";
+  Finished r = LauncherProcess(over_ssh("alias-a slots=1\n", {"true"}), {}, setup).wait(30);
+  EXPECT_EQ(r.code, 1) << r.err.substr(0, 2000);
+  EXPECT_NE(r.err.find(".strata_env line 1: expected NAME=VALUE"), std::string::npos)
+      << r.err.substr(0, 2000);
+  EXPECT_LT(r.err.size(), 2000u);  // the line is cut, not echoed whole
+  ASSERT_EQ(::unlink((dir_ + "/work/.strata_env").c_str()), 0);
+  ASSERT_EQ(::mkfifo((dir_ + "/work/.strata_env").c_str(), 0600), 0);
+  r = LauncherProcess(over_ssh("alias-a slots=1\n", {"true"}), {}, setup).wait(30);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find(".strata_env is not a regular file"), std::string::npos) << r.err;
+}
+
 TEST_F(SshHosts, MissingRemoteLauncherAndUnresolvableMasterAreNamed) {
   Finished r = run_launcher(over_ssh("alias-a slots=1\n", {"true"}),
                             {{"STRATA_REMOTE_LAUNCHER", "/nonexistent/strata-run"}});
