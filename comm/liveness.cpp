@@ -103,7 +103,11 @@ std::string Liveness::missing_in_collective(const std::string& group,
     for (int r : others) first[r] = read(r);
     const auto window = stale_window();
     std::this_thread::sleep_for(window);
-    std::vector<std::string> culprits, left;
+    // `alive`: notes on members that still beat (behind, or ahead). Beside a member that died or
+    // left they are its consequences, not causes: the others wait in the collective it broke, and
+    // one that issued asynchronous collectives (ZeRO's bucketed reduce-scatters) has called past
+    // this one without calling another sequence. Then only the dead and the gone are named.
+    std::vector<std::string> culprits, alive, left;
     for (int r : others) {
       auto now = read(r);
       const std::string who = rank_label(r, members, group);
@@ -124,19 +128,20 @@ std::string Liveness::missing_in_collective(const std::string& group,
         else if (now->exited)
           culprits.push_back(who + " did not take part (it shut down its process group)");
         else
-          culprits.push_back(fmt::format("{} did not take part (alive, but {})", who, progress));
+          alive.push_back(fmt::format("{} did not take part (alive, but {})", who, progress));
       } else if (stale) {
         culprits.push_back(fmt::format("{} took part, then stopped (no heartbeat for {}: its "
                                        "process died or hangs)",
                                        who, seconds(window)));
       } else if (called > seq && !now->exited) {
-        culprits.push_back(fmt::format("{} is ahead ({}): the ranks called different sequences "
-                                       "of collectives",
-                                       who, progress));
+        alive.push_back(fmt::format("{} is ahead ({}): the ranks called different sequences of "
+                                    "collectives",
+                                    who, progress));
       } else if (now->exited) {
         left.push_back(who);
       }
     }
+    if (culprits.empty()) culprits = alive;
     if (!culprits.empty()) {
       std::string text;
       for (size_t i = 0; i < culprits.size(); ++i) text += (i ? "; " : "") + culprits[i];
