@@ -251,10 +251,15 @@ int run(const Args& args) {
   const double active = V * d * 2 + L * (4 * d * d + 2 * d * f * k);
   const double flops = 6 * active * tok + 12 * L * d * seq * tok / 2;
   const double tflops = flops / dt / 1e12;
-  nlohmann::json r = {{"name", "strata " + args.model + " stage " +
-                                   std::to_string(engine->config().zero_optimization.stage) +
-                                   " x" + std::to_string(engine->data_parallel_size()) +
-                                   " (per GPU)"},
+  // The precision in the name: a torch_autocast run and a bf16 model cast are different rows.
+  const auto& pc = engine->config();
+  const std::string precision = pc.torch_autocast.enabled ? "autocast"
+                                : pc.bf16.enabled         ? "bf16"
+                                : pc.fp16.enabled         ? "fp16"
+                                                          : "fp32";
+  nlohmann::json r = {{"name", "strata " + args.model + " " + precision + " stage " +
+                                   std::to_string(pc.zero_optimization.stage) + " x" +
+                                   std::to_string(engine->data_parallel_size()) + " (per GPU)"},
                       {"B", batch}, {"T", seq}, {"step_ms", dt * 1e3},
                       {"tok_s", tok / dt}, {"tflops", tflops}, {"mfu", tflops / peak},
                       {"peak_tflops", peak}, {"mem_GiB", peak_memory_gib(device)},
@@ -275,7 +280,8 @@ int run(const Args& args) {
     r["ep_size"] = moe_layers.front()->options().ep_size;
   }
   if (const auto* t = engine->last_offload_times())
-    r["offload_ms"] = {{"wait", t->wait_ms}, {"norm", t->norm_ms}, {"cpu_step", t->step_ms}};
+    r["offload_ms"] = {{"wait", t->wait_ms}, {"norm", t->norm_ms}, {"cpu_step", t->step_ms},
+                       {"forward_waits", t->forward_waits}};
   if (const auto* swapper = engine->optimizer_swapper()) {
     // The step's pass read and wrote the master and both moments once: 24 bytes per element.
     const auto& t = swapper->last_times();

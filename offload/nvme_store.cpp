@@ -6,6 +6,7 @@
 #include <liburing.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -257,18 +258,25 @@ NvmeStore::NvmeStore(const std::string& nvme_path, const std::string& job_id, in
   if (!S_ISDIR(st.st_mode))
     throw Error("nvme store: nvme_path '" + nvme_path + "' is not a folder");
 
-  // A folder of an earlier run of this job and rank is stale: never read it, start afresh.
+  // A folder of an earlier run of this job and rank is stale: never read it, start afresh. A
+  // live store holds its folder's lock: two processes of one job id and rank are refused.
   folder_ = folder_for(nvme_path, job_id, rank);
+  if (folder_in_use(folder_))
+    throw Error(fmt::format("nvme store: '{}' is in use by another live process of job '{}' and "
+                            "rank {}; give each job its own STRATA_JOB_ID",
+                            folder_, job_id, rank));
   try {
     util::remove_tree(folder_);
   } catch (const Error& e) {
     throw Error(fmt::format("nvme store: cannot remove the stale folder '{}': {} (is nvme_path "
                             "'{}' writable?)", folder_, e.what(), nvme_path));
   }
+  remove_abandoned_folders(nvme_path);
   if (mkdir(folder_.c_str(), 0700) != 0)
     throw Error(fmt::format("nvme store: nvme_path '{}' is not writable: mkdir '{}': {}",
                             nvme_path, folder_, errno_text(errno)));
   try {
+    take_folder_lock();
     if (expected_bytes > 0) check_space(expected_bytes, "the job's offloaded state");
     // O_DIRECT is refused at open (tmpfs: EINVAL) or at the first transfer (some FUSE): try both.
     const std::string probe = folder_ + "/.direct-probe";
@@ -322,6 +330,7 @@ NvmeStore::NvmeStore(const std::string& nvme_path, const std::string& job_id, in
       close(w->efd);
     }
     remove_folder_quietly();
+    if (lock_fd_ >= 0) close(lock_fd_);
     throw;
   }
 }
@@ -340,6 +349,60 @@ NvmeStore::~NvmeStore() {
   }
   for (auto& f : files_) close(f->fd);
   remove_folder_quietly();
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
+
+// A store's folder holds `.lock`, locked (flock, exclusive) for the store's life; the kernel
+// drops the lock when the process ends, however it ends. The lock file is locked before it gets
+// its name, so a `.lock` that can be locked belongs to no live store.
+void NvmeStore::take_folder_lock() {
+  const std::string tmp = folder_ + "/.lock.tmp", lock = folder_ + "/.lock";
+  lock_fd_ = open(tmp.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (lock_fd_ < 0 || flock(lock_fd_, LOCK_EX | LOCK_NB) != 0 || rename(tmp.c_str(), lock.c_str()) != 0)
+    throw Error(fmt::format("nvme store: cannot lock the folder '{}': {}", folder_,
+                            errno_text(errno)));
+}
+
+bool NvmeStore::folder_in_use(const std::string& folder) {
+  const int fd = open((folder + "/.lock").c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return false;  // no folder, or one no store locked
+  // A process killed a moment ago may still hold it: the kernel closes a dead process's files
+  // only once its io_uring rings are torn down, which it does asynchronously. Give it 10 s.
+  bool held = true;
+  for (int i = 0; i < 100 && held; ++i) {
+    held = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    if (held) usleep(100 * 1000);
+  }
+  close(fd);
+  return held;
+}
+
+void NvmeStore::remove_abandoned_folders(const std::string& nvme_path) {
+  // Folders of other jobs whose process died (SIGKILL, OOM, power) before removing them: their
+  // lock is free. Folders without a lock file are left alone (not clearly a store's).
+  std::vector<std::string> names;
+  try {
+    names = util::list_folder(nvme_path);
+  } catch (const Error&) {
+    return;  // unreadable nvme_path: the mkdir below reports what is wrong
+  }
+  const bool slash = !nvme_path.empty() && nvme_path.back() == '/';
+  for (const auto& name : names) {
+    if (name.rfind("strata-", 0) != 0 || name.find("-rank") == std::string::npos) continue;
+    const std::string folder = nvme_path + (slash ? "" : "/") + name;
+    if (folder == folder_) continue;
+    const int fd = open((folder + "/.lock").c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) continue;
+    const bool abandoned = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (abandoned) {
+      try {
+        util::remove_tree(folder);  // while holding its lock: no new store can take it meanwhile
+        removed_abandoned_.push_back(folder);
+      } catch (const Error&) {  // not ours to fix (another user's folder): leave it
+      }
+    }
+    close(fd);
+  }
 }
 
 void NvmeStore::remove_folder_quietly() noexcept {

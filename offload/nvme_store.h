@@ -5,7 +5,9 @@
 // Layout. Each store owns `<nvme_path>/strata-<job_id>-rank<rank>/` (mode 0700): several ranks
 // of a node share one nvme_path, and a job id keeps jobs apart. A folder left there by a dead run
 // of the same job and rank is removed before use, so stale data is never read; the folder is
-// removed again when the store is destroyed. Files are created 0600 and preallocated
+// removed again when the store is destroyed. A live store holds an flock on its folder's `.lock`
+// (the kernel drops it when the process dies, SIGKILL included): a new store removes the folders
+// of other jobs whose lock is free, and refuses a folder whose lock is held. Files are created 0600 and preallocated
 // (fallocate) to their size rounded up to 4096.
 //
 // I/O. A read or write is split into pieces of at most `block_size` bytes (aio.block_size), cut
@@ -107,6 +109,9 @@ class NvmeStore {
   void wait_all();
 
   const std::string& folder() const { return folder_; }
+  // Folders under nvme_path that stores of dead processes left behind (their lock was free),
+  // removed when this store started.
+  const std::vector<std::string>& removed_abandoned() const { return removed_abandoned_; }
   bool direct() const { return direct_; }  // false: buffered fallback in use
   const NvmeOptions& options() const { return options_; }
 
@@ -125,10 +130,15 @@ class NvmeStore {
   void finish_piece(Piece* p, const std::string& error);
   void check_space(uint64_t bytes, const char* what) const;
   void remove_folder_quietly() noexcept;  // the store's folder, for the destructor and failures
+  void take_folder_lock();
+  static bool folder_in_use(const std::string& folder);
+  void remove_abandoned_folders(const std::string& nvme_path);
   File& file_at(FileId f, const char* what) const;
 
   NvmeOptions options_;
   std::string folder_;
+  int lock_fd_ = -1;  // the folder's .lock, held while the store lives
+  std::vector<std::string> removed_abandoned_;
   bool direct_ = true;
   std::vector<std::unique_ptr<File>> files_;
   std::vector<std::unique_ptr<Worker>> workers_;

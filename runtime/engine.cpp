@@ -213,12 +213,13 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       zero::UnitOptions uo;
       uo.persistence_threshold = zero.stage3_param_persistence_threshold.value;
       uo.model_persistence_threshold = zero.stage3_model_persistence_threshold;
-      // offload_param nvme: every unit's shard on the swap file's 4 KiB grid.
-      if (zero.offload_param.device == "nvme")
+      // NVMe offload: every unit's shard on the swap files' 4 KiB grid (the parameters' file,
+      // and the gradient's, whose chunks are the units' shards).
+      if (zero.offload_param.device == "nvme" || zero.offload_optimizer.device == "nvme")
         uo.alignment = int64_t(offload::kIoAlign) / params_.front().element_size();
       zero::ParamUnits::ValueOf value_of;
       if (init)
-        value_of = [&](const torch::Tensor& p) { return partitioned(p) ? init->full_value(p) : p; };
+        value_of = [&](const torch::Tensor& p) { return partitioned(p) ? init->take_full_value(p) : p; };
       units_ = std::make_shared<zero::ParamUnits>(zero::plan_units(*module_, options.stage3_units),
                                                   group_, uo, value_of);
       if (init) init->release();  // the units own the parameters now
@@ -265,6 +266,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
                  int64_t tile_numel, const zero::PartitionedOptimizer::TileDone& after_tile) {
             adam->step_flat(grad, grad_scale, copy_out, tile_numel, after_tile);
           });
+      partitioned.use_overlapped_step([adam](double grad_scale) {
+        auto parts = adam->begin_flat_step(grad_scale);
+        return zero::PartitionedOptimizer::AdamTiles{parts.scalars, parts.exp_avg, parts.exp_avg_sq};
+      });
     };
     use_flat_adam(*partitioned_, optimizer_);
     finish_optimizer_offload();
@@ -497,6 +502,11 @@ void Engine::write_step_events() {
 
 void Engine::write_monitor_events(const std::vector<monitor::Event>& events) {
   if (monitors_enabled()) monitor_->write_events(events);
+}
+
+void Engine::settle_step() {
+  if (partitioned_) partitioned_->settle();
+  if (expert_partitioned_) expert_partitioned_->settle();
 }
 
 void Engine::plain_step() {

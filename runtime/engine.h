@@ -124,7 +124,9 @@ class Engine {
   const offload::OptimizerSwapper* optimizer_swapper() const {
     return partitioned_ ? partitioned_->swapper() : nullptr;
   }
-  const zero::OffloadTimes* last_offload_times() const {
+  // (Waits for an overlapped step still running, as optimizer() does.)
+  const zero::OffloadTimes* last_offload_times() {
+    settle_step();
     return partitioned_ && partitioned_->offloads() ? &partitioned_->last_offload_times() : nullptr;
   }
   // Stage 3: the units the parameters are cut into (null below stage 3).
@@ -156,10 +158,18 @@ class Engine {
   int data_parallel_rank() const { return group_ ? group_->rank() : 0; }
   torch::nn::Module& module() { return *module_; }
   // The optimizer of every parameter but MoE experts (of all of them without MoE).
-  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  // With the optimizer offloaded, a step may still be running after step() returned (its tiles
+  // overlap the next forward): these accessors wait for it first.
+  torch::optim::Optimizer& optimizer() {
+    settle_step();
+    return *optimizer_;
+  }
   // MoE: the expert parameters' optimizer (null without MoE layers), and the groups their
   // gradients are reduced over (expert_data_parallel) and their experts split over.
-  torch::optim::Optimizer* expert_optimizer() { return expert_optimizer_.get(); }
+  torch::optim::Optimizer* expert_optimizer() {
+    settle_step();
+    return expert_optimizer_.get();
+  }
   const comm::ParallelGroups* expert_groups() const {
     return expert_partitioned_ ? &expert_groups_ : nullptr;
   }
@@ -169,6 +179,8 @@ class Engine {
   std::shared_ptr<torch::optim::Optimizer> make_optimizer_over(std::vector<torch::Tensor> params,
                                                                InitOptions& options);
   void configure_lr_scheduler(InitOptions& options);
+  // Waits for an offloaded step that runs overlapped with the next forward (zero/weight_arrival.h).
+  void settle_step();
   void plain_step();        // fp32 stage 0: the optimizer over the module's own tensors
   void partitioned_step();  // mixed precision and ZeRO 1-2
   void clip_gradients();

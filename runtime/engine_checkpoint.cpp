@@ -189,6 +189,7 @@ void Engine::install_stage3_weights(const TensorFile& states) {
 
 void Engine::save_16bit_model(const std::string& dir, const std::string& file) {
   torch::NoGradGuard no_grad;
+  settle_step();
   if (coordinator_ && !config_.zero_optimization.stage3_gather_16bit_weights_on_model_save)
     throw Error(fmt::format(
         "{}: save_16bit_model at ZeRO stage 3 gathers every weight to rank 0; set "
@@ -217,6 +218,7 @@ void Engine::save_16bit_model(const std::string& dir, const std::string& file) {
 
 void Engine::save_checkpoint(const std::string& dir, std::string tag, const json& client_state) {
   torch::NoGradGuard no_grad;
+  settle_step();
   if (tag.empty()) tag = fmt::format("global_step{}", global_steps_);
   const int rank = data_parallel_rank(), world = data_parallel_size();
   checkpoint::CheckpointWriter writer(dir, tag, rank, world);
@@ -287,6 +289,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
 
 json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   torch::NoGradGuard no_grad;
+  settle_step();
   // Everything is read and checked first; the engine changes only once all of it has passed, so
   // a checkpoint that does not fit leaves the model, master weights and optimizer as they were.
   checkpoint::CheckpointReader reader(dir, tag, {/*verify_checksums=*/false});

@@ -71,8 +71,12 @@ std::shared_ptr<offload::NvmeStore> Engine::make_nvme_store(const std::string& n
     if (same) return nvme_store_;
   }
   if (swap_job_id_.empty()) swap_job_id_ = swap_job_id(group_, params_.front().device());
-  return std::make_shared<offload::NvmeStore>(nvme_path, swap_job_id_, data_parallel_rank(),
-                                              nvme_options(config_.aio));
+  auto store = std::make_shared<offload::NvmeStore>(nvme_path, swap_job_id_, data_parallel_rank(),
+                                                    nvme_options(config_.aio));
+  for (const auto& folder : store->removed_abandoned())
+    log::info("[strata] nvme store: removed '{}', left by a run that died before cleaning up",
+              folder);
+  return store;
 }
 
 void Engine::offload_parameters() {
@@ -113,19 +117,25 @@ void Engine::finish_optimizer_offload() {
     const auto* swapper = partitioned_->swapper();
     log::info("[strata] optimizer offload to NVMe: fp32 master and Adam state of {} elements in "
               "swap files under {}{}, stepped on the CPU ({}, {} thread(s)) in tiles of {} "
-              "elements (host buffers {} MB{}{})",
+              "elements (host buffers {} MB{}{}){}",
               numel, nvme_store_->folder(), nvme_store_->direct() ? " (O_DIRECT)" : " (buffered)",
               offload::cpu_adam_isa(), at::get_num_threads(), swapper->tile_numel(),
               (6 * swapper->tile_numel() * 4) >> 20,
               zero.offload_optimizer.pipeline_read ? ", read ahead" : "",
-              zero.offload_optimizer.pipeline_write ? ", written behind" : "");
+              zero.offload_optimizer.pipeline_write ? ", written behind" : "",
+              partitioned_->swaps_gradients()
+                  ? "; gradients in a swap file too, written as backward reduces them"
+                  : "");
     return;
   }
   log::info("[strata] optimizer offload: fp32 master and optimizer state of {} elements in host "
-            "memory{}, stepped on the CPU ({}, {} thread(s)) in tiles of up to {} elements",
+            "memory{}, stepped on the CPU ({}, {} thread(s)) in tiles of up to {} elements{}",
             numel,
             partitioned_->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
-            offload::cpu_adam_isa(), at::get_num_threads(), zero.sub_group_size);
+            offload::cpu_adam_isa(), at::get_num_threads(), zero.sub_group_size,
+            partitioned_->overlaps_step()
+                ? "; each step overlaps the next forward, whose ops wait for the tiles they read"
+                : "");
 }
 
 MasterState export_master_state(const zero::PartitionedOptimizer& partitioned,
@@ -157,8 +167,8 @@ void install_master_state(zero::PartitionedOptimizer& partitioned,
   auto& adam = dynamic_cast<optim::Adam&>(optimizer);
   partitioned.write_swapped(Swap::kMaster, master);
   if (state->type == "none") {  // saved before the first step
-    partitioned.write_swapped(Swap::kExpAvg, torch::zeros_like(master));
-    partitioned.write_swapped(Swap::kExpAvgSq, torch::zeros_like(master));
+    partitioned.fill_swapped(Swap::kExpAvg, 0.f);
+    partitioned.fill_swapped(Swap::kExpAvgSq, 0.f);
     adam.set_flat_steps(0);
     return;
   }

@@ -70,7 +70,8 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
     const int64_t parts = group_ ? group_->size() : 1;
     if (options_.flat_offsets.size() != params_.size() ||
         options_.shards.buckets().size() != plan.size() || options_.shards.parts() != parts ||
-        options_.partition_grad.numel() != options_.shards.partition_numel() ||
+        (options_.send_chunk ? !options_.copy_to_partition
+                             : options_.partition_grad.numel() != options_.shards.partition_numel()) ||
         (!options_.copy_to_partition && options_.partition_grad.device() != params_.front().device()))
       throw Error("GradientReducer: partition mode needs the bucket plan, every parameter's flat "
                   "offset and a bucketed ShardMap of those buckets for this group");
@@ -107,7 +108,9 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
       bucket.out_numel = shard.chunk;
       // In place: rank r's chunk of the bucket receives its reduction (NCCL's in-place form).
       bucket.out_offset = group_ ? group_->rank() * shard.chunk : 0;
-      bucket.accumulator = options_.partition_grad.narrow(0, shard.base, shard.chunk);
+      bucket.partition_offset = shard.base;
+      if (!options_.send_chunk)
+        bucket.accumulator = options_.partition_grad.narrow(0, shard.base, shard.chunk);
     } else {
       bucket.numel = bucket.filled = bucket.out_numel = fill;
     }
@@ -216,7 +219,10 @@ void GradientReducer::deliver(Bucket& bucket) {
     if (options_.sum_squares.defined())
       options_.sum_squares.add_(
           at::linalg_vector_norm(out, 2, c10::nullopt, false, torch::kFloat).to(torch::kDouble).pow(2));
-    copy_to_host_async(bucket.accumulator, out);
+    if (options_.send_chunk)
+      options_.send_chunk(bucket.partition_offset, out);
+    else
+      copy_to_host_async(bucket.accumulator, out);
   } else if (options_.mode == Mode::kPartition) {
     bucket.accumulator.add_(out);
   } else {

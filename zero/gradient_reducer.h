@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -52,6 +53,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     // With copy_to_partition: a device scalar (double) each reduced chunk's sum of squares is
     // added to, so that a one-micro-step window's gradient norm needs no pass on the host.
     torch::Tensor sum_squares;
+    // With copy_to_partition: where each reduced chunk goes instead of partition_grad (then
+    // undefined), given its offset in the partition (ZeRO-Infinity's gradient swap file).
+    std::function<void(int64_t offset, const torch::Tensor& chunk)> send_chunk;
   };
 
   // Parameter indices per bucket: reverse registration order, at most bucket_numel elements per
@@ -82,6 +86,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     int64_t out_offset = 0, out_numel = 0;  // the reduced result within `flat`
     torch::Tensor flat;          // allocated by the first gradient, freed when delivered
     torch::Tensor accumulator;   // kPartition: its place in the partition's gradient
+    int64_t partition_offset = 0;  // kPartition: where that place starts
     size_t ready = 0;
     comm::WorkPtr work;
   };

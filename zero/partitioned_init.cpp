@@ -185,6 +185,21 @@ torch::Tensor PartitionedInit::full_value(const torch::Tensor& t) const {
   return all.narrow(0, 0, shard->numel).view(t.sizes());
 }
 
+torch::Tensor PartitionedInit::take_full_value(const torch::Tensor& t) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  torch::Tensor value;
+  if (group_) {
+    value = full_value(t);
+  } else {
+    // One process: the one shard is the value; hand it over rather than copy it.
+    const auto shard = shard_of(t);
+    if (!shard) throw Error("PartitionedInit::take_full_value: the tensor was not partitioned");
+    value = shard->shard.narrow(0, 0, shard->numel).view(t.sizes());
+  }
+  sealed_.erase(t.storage().unsafeGetStorageImpl());
+  return value;
+}
+
 void PartitionedInit::finish() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (!active_) return;

@@ -61,6 +61,9 @@ class PartitionedInit {
   std::optional<Shard> shard_of(const torch::Tensor& t) const;
   // The whole tensor, all-gathered from the shards (a collective), in its shape.
   torch::Tensor full_value(const torch::Tensor& t) const;
+  // The same, and the shard is dropped: the engine's units take the tensors one at a time, so
+  // that the shards and the units' partition never both hold the whole model.
+  torch::Tensor take_full_value(const torch::Tensor& t);
   // Every partitioned tensor but `keep` (the parameters) gets its bytes back for good: buffers
   // and other tensors the model holds (a collective, in the order they were partitioned).
   void restore_except(const std::vector<torch::Tensor>& keep);

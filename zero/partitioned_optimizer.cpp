@@ -174,13 +174,23 @@ void PartitionedOptimizer::place_partition_gradients(GradientReducer::Options& r
   // Offload: each reduced chunk is copied straight into host memory, so no partition-sized
   // gradient stays on the device. The copies arrive in the communication dtype; a window of
   // several micro-steps is summed on the host in fp32, as DeepSpeed's offload does.
-  host_grad_ = host_buffer(n, options_.comm_dtype);
+  if (swapper_ && options_.accumulation_steps == 1) {
+    // ZeRO-Infinity: not even the gradient partition stays in host memory (gradient_swap.h).
+    grad_swap_ = std::make_unique<GradientSwap>(*options_.offload.nvme,
+                                                options_.offload.swap_name + "-grad", n,
+                                                options_.comm_dtype);
+    r.send_chunk = [swap = grad_swap_.get()](int64_t offset, const torch::Tensor& chunk) {
+      swap->write(offset, chunk);
+    };
+  } else {
+    host_grad_ = host_buffer(n, options_.comm_dtype);
+    r.partition_grad = host_grad_;
+  }
   if (options_.accumulation_steps > 1)
     host_accum_ = torch::zeros({n}, torch::kFloat);
   else  // the window is one micro-step: its norm is summed on the device as buckets arrive
     r.sum_squares = device_sum_squares_ =
         torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
-  r.partition_grad = host_grad_;
   r.copy_to_partition = true;
 }
 
@@ -225,11 +235,16 @@ const FlatParams& PartitionedOptimizer::flat() const {
 }
 
 void PartitionedOptimizer::begin_backward(bool boundary) {
+  if (arrival_ && arrival_->in_flight()) {
+    settle();  // the forward that just ran overlapped the step
+    offload_times_.forward_waits = arrival_->waits();
+  }
   boundary_ = boundary;
   if (reducer_) reducer_->begin_backward(boundary);
 }
 
 void PartitionedOptimizer::end_micro_step() {
+  settle();
   if (reducer_) reducer_->finish();
   if (offloads() && options_.stage >= 2 && host_accum_.defined()) {
     // This micro-step's chunks have landed in host_grad_: fold them into the fp32 sum.
@@ -289,11 +304,17 @@ void PartitionedOptimizer::zero_gradients() {
 }
 
 GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
+  settle();
   torch::NoGradGuard no_grad;
   if (options_.stage <= 1 && !accumulates_wide()) own_local_gradients();
   const auto t0 = std::chrono::steady_clock::now();
-  // Offload: the gradient the CPU steps with, in host memory.
+  // Offload: the gradient the CPU steps with, in host memory (or its swap file: then only its
+  // dtype is here, and the step reads it a tile at a time).
   auto gradient = partition_gradient();
+  if (grad_swap_) {
+    grad_swap_->flush();
+    gradient = torch::empty({0}, torch::TensorOptions().dtype(grad_swap_->dtype()));
+  }
   if (offloads() && options_.stage <= 1) {
     host_grad_.copy_(gradient);
     gradient = host_grad_;
@@ -349,6 +370,10 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
 void PartitionedOptimizer::apply(double clip_coef) {
   torch::NoGradGuard no_grad;
   if (!grad_.defined()) throw Error("PartitionedOptimizer::apply without prepare");
+  if (overlaps_step()) {
+    start_overlapped_step(clip_coef);  // gradients are zeroed when it settles
+    return;
+  }
   const int64_t n = shards_.partition_numel();
   // The new 16-bit weights of this partition: written straight into the flat layout when the
   // partition is a range of it, else into a buffer scattered into place after the all-gather.
@@ -425,6 +450,76 @@ void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+bool PartitionedOptimizer::overlaps_step() const {
+  // One partition: no all-gather has to wait for the whole step.
+  return overlapped_step_ && offloads() && !swapper_ && !units_ && flat_ && shards_.parts() == 1;
+}
+
+void PartitionedOptimizer::start_overlapped_step(double clip_coef) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& flat = flat_->data();
+  if (!host_out_.defined()) host_out_ = host_buffer(shards_.partition_numel(), flat.scalar_type());
+  if (!arrival_) arrival_ = std::make_unique<WeightArrival>(flat);
+  // Tiles in flat order: partition [part, part + n) holds flat [flat, flat + n) (stage 1: the
+  // identity; stage 2: each bucket's chunk, the buckets laid out last parameter first).
+  struct Tile {
+    int64_t part, flat, n;
+  };
+  std::vector<Tile> tiles;
+  const int64_t tile = options_.offload.tile_numel > 0 ? options_.offload.tile_numel
+                                                       : shards_.partition_numel();
+  auto cut = [&](int64_t part, int64_t lo, int64_t n) {
+    for (int64_t o = 0; o < n; o += tile) tiles.push_back({part + o, lo + o, std::min(tile, n - o)});
+  };
+  if (shards_.is_contiguous()) {
+    cut(0, 0, flat_->numel());
+  } else {
+    auto buckets = shards_.buckets();
+    std::sort(buckets.begin(), buckets.end(), [](const auto& a, const auto& b) { return a.lo < b.lo; });
+    for (const auto& b : buckets) cut(b.base, b.lo, b.hi - b.lo);
+  }
+  std::vector<int64_t> ends;
+  for (const auto& t : tiles) ends.push_back(t.flat + t.n);
+  // The step's numbers are taken here, before the caller moves the LR schedule on.
+  const auto adam = overlapped_step_(grad_scale_ * std::min(clip_coef, 1.0));
+  for (const auto* m : {&adam.exp_avg, &adam.exp_avg_sq})
+    if (!m->is_cpu() || m->scalar_type() != torch::kFloat || !m->is_contiguous() ||
+        m->numel() != master_.numel())
+      throw Error("PartitionedOptimizer: the overlapped step's moments must be contiguous fp32 "
+                  "host tensors shaped like the master weights");
+  // The caller's thread count (a worker's OpenMP setting is not the caller's), less the core the
+  // caller's thread needs to launch the forward on a GPU meanwhile.
+  const int threads = std::max(1, at::get_num_threads() - (flat.is_cuda() ? 1 : 0));
+  auto step_tile = [this, tiles, adam, threads, t0, flat, master = master_, grad = grad_,
+                    out = host_out_](size_t k) {
+    const auto& t = tiles[k];
+    const int64_t g_size = grad.element_size(), out_size = out.element_size();
+    offload::cpu_adam_step(master.data_ptr<float>() + t.part, adam.exp_avg.data_ptr<float>() + t.part,
+                           adam.exp_avg_sq.data_ptr<float>() + t.part,
+                           static_cast<const char*>(grad.data_ptr()) + t.part * g_size,
+                           host_float(grad), static_cast<char*>(out.data_ptr()) + t.part * out_size,
+                           host_float(out), t.n, adam.scalars, threads);
+    flat.narrow(0, t.flat, t.n).copy_(out.narrow(0, t.part, t.n), /*non_blocking=*/out.is_pinned());
+    if (k + 1 == tiles.size())
+      offload_times_.step_ms = std::chrono::duration<double, std::milli>(
+                                   std::chrono::steady_clock::now() - t0).count();
+  };
+  arrival_->start(std::move(ends), std::move(step_tile));
+}
+
+void PartitionedOptimizer::settle() {
+  if (!arrival_ || !arrival_->in_flight()) return;
+  torch::NoGradGuard no_grad;
+  std::exception_ptr failure;
+  try {
+    arrival_->finish();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  zero_gradients();  // the step read them until now
+  if (failure) std::rethrow_exception(failure);
+}
+
 void PartitionedOptimizer::step_swapped(double grad_scale,
                                         const std::function<void(int64_t, int64_t)>& send) {
   if (!swapped_scalars_)
@@ -434,6 +529,10 @@ void PartitionedOptimizer::step_swapped(double grad_scale,
   const auto* g = static_cast<const char*>(grad_.data_ptr());
   const auto g_type = host_float(grad_);
   const int64_t g_size = grad_.element_size();
+  if (grad_swap_) grad_swap_->begin_pass(swapper_->tile_numel());
+  auto grad_at = [&](int64_t lo, int64_t n) -> const void* {
+    return grad_swap_ ? grad_swap_->tile(lo, n) : g + lo * g_size;
+  };
   const int threads = at::get_num_threads();
   if (!send) {
     // Straight to the parameters' swap file (no host_out_): two tile buffers, each written out
@@ -447,10 +546,11 @@ void PartitionedOptimizer::step_swapped(double grad_scale,
     swapper_->for_each_tile([&](int64_t lo, int64_t n, float* p, float* m, float* v) {
       auto& out = tile_out_[t++ % 2];
       units_->flush_writes();  // the buffer's last write (and the other's) has landed
-      offload::cpu_adam_step(p, m, v, g + lo * g_size, g_type, out.data(), host_float(dtype), n,
+      offload::cpu_adam_step(p, m, v, grad_at(lo, n), g_type, out.data(), host_float(dtype), n,
                              scalars, threads);
       units_->write_partition(lo, torch::from_blob(out.data(), {n}, torch::TensorOptions(dtype)));
     });
+    if (grad_swap_) grad_swap_->end_pass();
     return;
   }
   auto* out = static_cast<char*>(host_out_.data_ptr());
@@ -459,10 +559,11 @@ void PartitionedOptimizer::step_swapped(double grad_scale,
   // Each tile's new 16-bit weights go back to the device while the swapper writes its fp32
   // arrays to disk and reads the next tile's.
   swapper_->for_each_tile([&](int64_t lo, int64_t n, float* p, float* m, float* v) {
-    offload::cpu_adam_step(p, m, v, g + lo * g_size, g_type, out + lo * out_size, out_type, n,
+    offload::cpu_adam_step(p, m, v, grad_at(lo, n), g_type, out + lo * out_size, out_type, n,
                            scalars, threads);
     send(lo, n);
   });
+  if (grad_swap_) grad_swap_->end_pass();
 }
 
 torch::Tensor PartitionedOptimizer::read_swapped(offload::OptimizerSwapper::Array a) const {
@@ -470,6 +571,12 @@ torch::Tensor PartitionedOptimizer::read_swapped(offload::OptimizerSwapper::Arra
   auto t = torch::empty({swapper_->numel()}, torch::kFloat);
   swapper_->read_array(a, t.data_ptr<float>());
   return t;
+}
+
+void PartitionedOptimizer::fill_swapped(offload::OptimizerSwapper::Array a, float value) {
+  settle();
+  if (!swapper_) throw Error("PartitionedOptimizer::fill_swapped: the state is not on NVMe");
+  swapper_->fill_array(a, value);
 }
 
 void PartitionedOptimizer::write_swapped(offload::OptimizerSwapper::Array a,
@@ -483,6 +590,7 @@ void PartitionedOptimizer::write_swapped(offload::OptimizerSwapper::Array a,
 }
 
 void PartitionedOptimizer::discard() {
+  settle();
   torch::NoGradGuard no_grad;
   zero_gradients();
 }

@@ -40,9 +40,11 @@
 #include "offload/nvme_store.h"
 #include "offload/optimizer_swapper.h"
 #include "zero/flat_params.h"
+#include "zero/gradient_swap.h"
 #include "zero/gradient_reducer.h"
 #include "zero/param_units.h"
 #include "zero/shard_map.h"
+#include "zero/weight_arrival.h"
 
 namespace strata::zero {
 
@@ -74,6 +76,8 @@ struct OffloadOptions {
 // the gradient norm on the host, the CPU step with the weights' copies queued.
 struct OffloadTimes {
   double wait_ms = 0, norm_ms = 0, step_ms = 0;
+  // An overlapped step: the next forward's ops that waited for a tile still being stepped.
+  int64_t forward_waits = 0;
 };
 
 struct PartitionedOptions {
@@ -139,6 +143,24 @@ class PartitionedOptimizer {
   using SwappedScalars = std::function<optim::AdamScalars(double grad_scale)>;
   void use_swapped_step(SwappedScalars scalars) { swapped_scalars_ = std::move(scalars); }
   bool uses_flat_step() const { return static_cast<bool>(flat_step_); }
+  // Optimizer offload with Strata's Adam: the next step's scalars (its count advanced) and the
+  // moments of master(), taken on the caller's thread. Given this, a one-partition offloaded
+  // step (stages 1-2 on one data-parallel rank) runs on a worker thread while the caller goes
+  // on to the next forward, whose ops wait for the tiles they read (weight_arrival.h); the
+  // tiles are stepped in the flat layout's order, the order a forward reads the weights in.
+  struct AdamTiles {
+    optim::AdamScalars scalars;
+    torch::Tensor exp_avg, exp_avg_sq;  // fp32, master()'s shape, in host memory
+  };
+  using OverlappedStep = std::function<AdamTiles(double grad_scale)>;
+  void use_overlapped_step(OverlappedStep begin) { overlapped_step_ = std::move(begin); }
+  // Waits for an overlapped step still running: afterwards every new weight is in place (the
+  // caller's current stream included) and a failure of the step is thrown. The methods below
+  // that change state call it; a caller that reads master(), the inner optimizer's state or the
+  // weights' raw bytes calls it first.
+  void settle();
+  // Whether the offloaded step runs overlapped (see above).
+  bool overlaps_step() const;
   // At the accumulation boundary: the gradients carry `loss_scale`.
   GradientSummary prepare(double loss_scale);
   // The prepared step: scale the gradient by clip_coef (1 = no clipping), step, share results.
@@ -158,10 +180,12 @@ class PartitionedOptimizer {
   // offload it has the partition's shape and no bytes: the arrays are in the swap files.
   const torch::Tensor& master() const { return master_; }
   bool swaps() const { return swapper_ != nullptr; }
+  bool swaps_gradients() const { return grad_swap_ != nullptr; }
   // NVMe offload: one array (master, exp_avg, exp_avg_sq) of the swap files as a new fp32 host
   // tensor, or overwritten from one (checkpoints), a tile at a time.
   torch::Tensor read_swapped(offload::OptimizerSwapper::Array a) const;
   void write_swapped(offload::OptimizerSwapper::Array a, const torch::Tensor& values);
+  void fill_swapped(offload::OptimizerSwapper::Array a, float value);  // no host copy needed
   const offload::OptimizerSwapper* swapper() const { return swapper_.get(); }
   const ShardMap& shards() const { return shards_; }
   int64_t partition_index() const { return shards_.parts() > 1 ? rank_ : 0; }
@@ -190,6 +214,7 @@ class PartitionedOptimizer {
   void wait_for_device() const;  // the device's queued copies into host buffers are done
   // Writes the new weights into `mine` (on the device) from the host step.
   void apply_offloaded(double clip_coef, const torch::Tensor& mine);
+  void start_overlapped_step(double clip_coef);
 
   PartitionedOptions options_;
   comm::GroupPtr group_;
@@ -208,6 +233,7 @@ class PartitionedOptimizer {
   std::unique_ptr<offload::OptimizerSwapper> swapper_;  // NVMe offload
   offload::AlignedBuffer tile_out_[2];  // NVMe offload of state and parameters: new weights
   SwappedScalars swapped_scalars_;
+  std::unique_ptr<GradientSwap> grad_swap_;  // NVMe offload, one micro-step: the gradient's file
   torch::Tensor grad_;       // the prepared gradient of the partition (fp32 unless flat_step_)
   double grad_scale_ = 1.0;  // flat step: the factor still to apply to grad_ (1 / loss scale)
   // Optimizer offload (the master above is then in host memory too).
@@ -220,6 +246,9 @@ class PartitionedOptimizer {
   bool pin_ = false;          // host buffers are page-locked (model on a GPU, pin_memory)
   int64_t pinned_bytes_ = 0;
   OffloadTimes offload_times_;
+  OverlappedStep overlapped_step_;
+  std::unique_ptr<WeightArrival> arrival_;  // the overlapped step in flight (declared last: it
+                                            // is joined before the buffers it reads go)
 };
 
 }  // namespace strata::zero

@@ -82,6 +82,14 @@ class Adam : public torch::optim::Optimizer {
   // step count advanced, without touching the tensor. The state then holds the count only (no
   // moment tensors); flat_steps() / set_flat_steps() read and restore it (checkpoints).
   AdamScalars next_flat_scalars(double grad_scale);
+  // For a caller that runs the step's tiles itself (the overlapped offloaded step,
+  // zero/partitioned_optimizer.h): the next step's scalars, its count advanced, and the flat
+  // tensor's moments (zero at the first step). The same state as step_flat() leaves.
+  struct FlatStepParts {
+    AdamScalars scalars;
+    torch::Tensor exp_avg, exp_avg_sq;
+  };
+  FlatStepParts begin_flat_step(double grad_scale);
   int64_t flat_steps() const;
   void set_flat_steps(int64_t steps);
   void save(torch::serialize::OutputArchive& archive) const override;

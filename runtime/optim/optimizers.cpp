@@ -215,14 +215,19 @@ int64_t Adam::flat_steps() const {
 
 void Adam::set_flat_steps(int64_t steps) { count_of(flat_param()).step(steps); }
 
+Adam::FlatStepParts Adam::begin_flat_step(double grad_scale) {
+  auto& state = state_of(flat_param());  // flat_param() checks the shape of the groups
+  state.step(state.step() + 1);
+  return {scalars_for(state.step(), grad_scale), state.exp_avg(), state.exp_avg_sq()};
+}
+
 void Adam::step_flat(const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
                      int64_t tile_numel, const TileDone& after_tile) {
   torch::NoGradGuard no_grad;
   auto& p = param_groups_[0].params()[0];
-  flat_param();  // checks the shape of the groups
+  const auto parts = begin_flat_step(grad_scale);
   auto& state = state_of(p);
-  state.step(state.step() + 1);
-  const AdamScalars s = scalars_for(state.step(), grad_scale);
+  const AdamScalars& s = parts.scalars;
   const int64_t n = p.numel();
   if (tile_numel <= 0 || tile_numel >= n) {
     fused_adam_step(p, state.exp_avg(), state.exp_avg_sq(), grad, copy_out, s);

@@ -161,8 +161,9 @@ TEST(TrainGpt, Stage3Bf16OnOneTwoFourRanksFollowsStage0) { expect_stage3_matches
 // ZeRO-Offload (offload_optimizer.device "cpu"): the fp32 master and Adam's state in host memory,
 // stepped by the CPU Adam in tiles (sub_group_size 7000 of the ~100k parameters), gradients summed
 // on the host over the window: the losses of the same run without offload, fp32 to 1e-5, at
-// stages 1, 2 and 3 on 1 and 2 ranks (gradient accumulation 4 and 2, clipping on, tied head). A
-// checkpoint of the offloaded 2-rank stage-2 run resumes on 1 rank, offloaded, at stage 3.
+// stages 1, 2 and 3 on 1 and 2 ranks (gradient accumulation 4 and 2, clipping on, tied head; on
+// one rank at stages 1-2 each step overlaps the next forward). A checkpoint of the offloaded
+// 2-rank stage-2 run resumes on 1 rank, offloaded, at stage 3, and one of a 1-rank run on 2.
 TEST(TrainGpt, OptimizerOffloadToCpuGivesTheLossesWithout) {
   nlohmann::json config;
   std::ifstream(std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json") >> config;
@@ -217,6 +218,15 @@ TEST(TrainGpt, OptimizerOffloadToCpuGivesTheLossesWithout) {
                               " --metrics-jsonl " + resumed);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_same(read_jsonl(full), read_jsonl(resumed), 4, "resumed on 1 rank at stage 3");
+  // Saved on 1 rank at stage 2, where each step runs overlapped with the next forward (the save
+  // waits for it), resumed on 2 ranks at stage 1.
+  const std::string dir1 = dir + "_1rank";
+  ASSERT_EQ(train(1, "--config " + stage2 + " --steps 4 --save-dir " + dir1).exit_code, 0);
+  const std::string resumed2 = testing::TempDir() + "/train_gpt_offres2_" + tag + ".jsonl";
+  const auto r2 = train(2, "--config " + write(1, true) + " --steps 8 --resume " + dir1 +
+                               " --metrics-jsonl " + resumed2);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  expect_same(read_jsonl(full), read_jsonl(resumed2), 4, "saved on 1 rank, resumed on 2 at stage 1");
 }
 
 // The model is the user's plain LibTorch code: no Strata header, no Strata call.

@@ -35,11 +35,12 @@ class TrainGptNvme : public strata::test_support::BuildFsDirTest {
 
   // gpt_tiny_dp at `stage` with the optimizer where `device` says ("none", "cpu", "nvme").
   std::string config(int stage, const std::string& device, bool pipelined = true,
-                     const std::string& optimizer = "AdamW", const std::string& params = "none") {
+                     const std::string& optimizer = "AdamW", const std::string& params = "none",
+                     int micro_batch = 4) {
     nlohmann::json c;
     std::ifstream(std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json") >> c;
     c.erase("launcher");
-    c["train_micro_batch_size_per_gpu"] = 4;
+    c["train_micro_batch_size_per_gpu"] = micro_batch;
     c.erase("gradient_accumulation_steps");
     c["optimizer"]["type"] = optimizer;
     if (optimizer == "SGD") c["optimizer"]["params"] = {{"lr", 0.01}};
@@ -99,6 +100,27 @@ TEST_F(TrainGptNvme, GivesTheLossesOfHostMemoryAndOfNoOffload) {
       expect_same(read_jsonl(jsonl("cpu")), read_jsonl(jsonl("nvme")), 0, how + " vs cpu offload");
       // A normal exit leaves nothing under nvme_path.
       EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << how;
+    }
+  }
+}
+
+// One micro-step per step: the gradient partition goes to a swap file too (zero/gradient_swap.h),
+// read back a tile at a time by the step.
+TEST_F(TrainGptNvme, GradientsOnNvmeGiveTheLossesOfNoOffload) {
+  for (int ranks : {1, 2}) {
+    const std::string what = std::to_string(ranks) + " rank(s)";
+    const int micro = 16 / ranks;  // train_batch_size 16: no accumulation
+    auto r = train(ranks, "--config " + config(3, "none", true, "AdamW", "none", micro) +
+                              " --steps 8 --metrics-jsonl " + jsonl("ref"));
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+    for (const std::string params : {"none", "nvme"}) {
+      r = train(ranks, "--config " + config(3, "nvme", true, "AdamW", params, micro) +
+                           " --steps 8 --metrics-jsonl " + jsonl("nvme"));
+      ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+      EXPECT_NE(r.output.find("gradients in a swap file"), std::string::npos) << r.output;
+      expect_same(read_jsonl(jsonl("ref")), read_jsonl(jsonl("nvme")), 0,
+                  what + ", parameters " + params);
+      EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << what;
     }
   }
 }

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -250,6 +252,81 @@ TEST_F(NvmeStoreTest, StaleFolderIsReplacedByAFreshOne) {
   NvmeStore store(dir_.string(), "again", 0);
   EXPECT_FALSE(fs::exists(folder + "/sub"));
   auto f = store.create("m", 4096);
+  AlignedBuffer buf(4096);
+  store.wait(store.read(f, 0, buf.data(), 4096));
+  for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(buf.data()[i], std::byte(0));
+}
+
+// A process SIGKILLed in the middle of writing its swap file leaves its folder behind, locked by
+// nobody: the next store of any job removes it, the same job starts afresh (never reading the
+// dead run's bytes), and live stores are neither removed nor shared.
+TEST_F(NvmeStoreTest, FolderOfAKilledRunIsRemovedAndNeverRead) {
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    NvmeStore store(dir_.string(), "killed", 0);
+    const uint64_t bytes = 8 << 20;
+    auto f = store.create("state", bytes);
+    AlignedBuffer buf(bytes);
+    std::memset(buf.data(), 0x5a, bytes);
+    store.wait(store.write(f, 0, buf.data(), bytes));
+    if (write(ready[1], "x", 1) != 1) _exit(2);
+    for (;;) store.wait(store.write(f, 0, buf.data(), bytes));  // swapping when the kill comes
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  close(ready[0]);
+  close(ready[1]);
+  const std::string dead = NvmeStore::folder_for(dir_.string(), "killed", 0);
+  ASSERT_TRUE(fs::exists(dead + "/state"));  // what SIGKILL leaves
+  // The kernel releases a dead process's files once its io_uring rings are torn down, which it
+  // does asynchronously: wait for the lock to come free (a new run starts later than this).
+  const int lock = open((dead + "/.lock").c_str(), O_RDWR);
+  ASSERT_GE(lock, 0);
+  bool free = false;
+  for (int i = 0; i < 200 && !free; ++i) {
+    free = flock(lock, LOCK_EX | LOCK_NB) == 0;
+    if (!free) usleep(50 * 1000);
+  }
+  close(lock);
+  ASSERT_TRUE(free) << "the killed process's lock was not released within 10 s";
+
+  {
+    // Another job's store removes the dead run's folder; the next one leaves the live one's.
+    NvmeStore live(dir_.string(), "live", 0);
+    ASSERT_EQ(live.removed_abandoned(), std::vector<std::string>{dead});
+    EXPECT_FALSE(fs::exists(dead));
+    NvmeStore next(dir_.string(), "next", 0);
+    EXPECT_TRUE(next.removed_abandoned().empty());
+    EXPECT_TRUE(fs::exists(live.folder()));
+    // The same job and rank while the first lives: refused, nothing removed.
+    const std::string err = error_of([&] { NvmeStore twin(dir_.string(), "live", 0); });
+    EXPECT_NE(err.find("in use by another live process"), std::string::npos) << err;
+    EXPECT_TRUE(fs::exists(live.folder() + "/.lock"));
+  }
+  EXPECT_TRUE(fs::is_empty(dir_));
+
+  // Killed again, then the same job comes back: a fresh folder whose pages read as zeros.
+  const pid_t again = fork();
+  ASSERT_GE(again, 0);
+  if (again == 0) {
+    NvmeStore store(dir_.string(), "killed", 0);
+    auto f = store.create("state", 4096);
+    AlignedBuffer buf(4096);
+    std::memset(buf.data(), 0x5a, 4096);
+    store.wait(store.write(f, 0, buf.data(), 4096));
+    raise(SIGKILL);
+  }
+  ASSERT_EQ(waitpid(again, &status, 0), again);
+  ASSERT_TRUE(fs::exists(dead + "/state"));
+  NvmeStore store(dir_.string(), "killed", 0);
+  auto f = store.create("state", 4096);
   AlignedBuffer buf(4096);
   store.wait(store.read(f, 0, buf.data(), 4096));
   for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(buf.data()[i], std::byte(0));
