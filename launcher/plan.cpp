@@ -69,15 +69,29 @@ void set(EnvList& env, const std::string& name, const std::string& value) {
   env.emplace_back(name, value);
 }
 
+// A shell variable name: [A-Za-z_][A-Za-z0-9_]*, checked by hand (std::regex recurses once per
+// character and overflowed the stack on a 100 kB name), at most 1024 characters.
+bool is_variable_name(const std::string& name) {
+  if (name.empty() || name.size() > 1024) return false;
+  auto letter = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
+  if (!letter(name[0])) return false;
+  for (char c : name)
+    if (!letter(c) && !(c >= '0' && c <= '9')) return false;
+  return true;
+}
+
 // --export entries into NAME=VALUE pairs. Names are checked because they go into a remote shell.
 EnvList resolve_exports(const std::vector<std::string>& entries) {
-  static const std::regex identifier("[A-Za-z_][A-Za-z0-9_]*\\*?");
   EnvList out;
   for (const std::string& entry : entries) {
     size_t eq = entry.find('=');
     std::string name = entry.substr(0, eq);
-    if (!std::regex_match(name, identifier) || (eq != std::string::npos && name.back() == '*'))
-      throw Error(fmt::format("--export '{}': expected NAME, NAME_* or NAME=VALUE", entry));
+    const bool prefix = !name.empty() && name.back() == '*';
+    if (!is_variable_name(prefix ? name.substr(0, name.size() - 1) : name) ||
+        (eq != std::string::npos && prefix))
+      throw Error(fmt::format("--export '{}{}': expected NAME, NAME_* or NAME=VALUE (a shell "
+                              "variable name of at most 1024 characters)",
+                              entry.substr(0, 200), entry.size() > 200 ? "..." : ""));
     if (eq != std::string::npos) {
       set(out, name, entry.substr(eq + 1));
     } else if (name.back() == '*') {
@@ -144,17 +158,6 @@ std::string remote_launcher(const std::string& argv0, const std::string& directo
 }
 
 // DeepSpeed's .deepspeed_env: NAME=VALUE lines ('#' comments, blank lines), set on every rank.
-// A shell variable name: [A-Za-z_][A-Za-z0-9_]*, checked by hand (std::regex recurses once per
-// character and overflowed the stack on a 100 kB name), at most 1024 characters.
-bool is_variable_name(const std::string& name) {
-  if (name.empty() || name.size() > 1024) return false;
-  auto letter = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
-  if (!letter(name[0])) return false;
-  for (char c : name)
-    if (!letter(c) && !(c >= '0' && c <= '9')) return false;
-  return true;
-}
-
 void read_env_file(const std::string& path, EnvList& into) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return;  // no such file: nothing to export

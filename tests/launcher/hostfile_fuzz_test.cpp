@@ -15,6 +15,7 @@
 
 #include "launcher/hostfile.h"
 #include "tests/fuzz_tally.h"
+#include "tests/scratch_folder.h"
 
 namespace {
 
@@ -31,26 +32,6 @@ const std::string kHostfile =
     "\n"
     "10.0.0.5\tslots=1\r\n";
 
-class Folder {
- public:
-  Folder() {
-    std::string templ = "/tmp/strata_hostfile_fuzz.XXXXXX";
-    path_ = ::mkdtemp(templ.data());
-  }
-  ~Folder() {
-    for (const char* name : {"hosts", "fifo", "zero", "sub"}) {
-      const std::string p = path_ + "/" + name;
-      ::rmdir(p.c_str());
-      ::unlink(p.c_str());
-    }
-    ::rmdir(path_.c_str());
-  }
-  std::string file(const char* name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
 void write(const std::string& path, const std::string& bytes) {
   ::unlink(path.c_str());
   std::ofstream(path, std::ios::binary) << bytes;
@@ -59,7 +40,7 @@ void write(const std::string& path, const std::string& bytes) {
 }  // namespace
 
 TEST(HostfileFuzz, TruncationsFlipsAndRandomBytes) {
-  Folder dir;
+  strata::test::ScratchFolder dir("hostfile_fuzz");
   const std::string path = dir.file("hosts");
   FuzzTally tally("hostfile");
   auto run = [&](const std::string& label, const std::string& text) {
@@ -94,7 +75,7 @@ TEST(HostfileFuzz, TruncationsFlipsAndRandomBytes) {
 }
 
 TEST(HostfileFuzz, CraftedFilesAreRefusedWithinBounds) {
-  Folder dir;
+  strata::test::ScratchFolder dir("hostfile_fuzz");
   const std::string path = dir.file("hosts");
   FuzzTally tally("hostfile, crafted");
   auto run = [&](const std::string& label, const std::string& text, bool may_accept) {

@@ -174,6 +174,20 @@ TEST(LauncherRun, MissingProgramIsNamedBeforeAnyRankStarts) {
   EXPECT_NE(r.err.find("'./no/such/file' does not exist"), std::string::npos) << r.err;
 }
 
+// --export names go into a remote shell: checked by hand, so a hostile 100 kB name is an error
+// (libstdc++'s std::regex recursed once per character and overflowed the stack).
+TEST(LauncherRun, HostileExportNamesAreRefused) {
+  for (const std::string& entry : {std::string(100000, 'A') + "=x", std::string(100000, 'B') + "*",
+                                   std::string("1BAD=x"), std::string("A B=x"), std::string("X*=1")}) {
+    Finished r = run_launcher({"--export", entry, "--", "true"});
+    EXPECT_EQ(r.code, 1) << entry.substr(0, 20);
+    EXPECT_NE(r.err.find("expected NAME, NAME_* or NAME=VALUE"), std::string::npos)
+        << r.err.substr(0, 300);
+  }
+  Finished r = run_launcher({"--export", "GOOD_NAME=1", "--export", "GOOD_*", "--", "true"});
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 TEST(LauncherRun, ProgramThatIsNotExecutableIsAnError) {
   char dir_template[] = "/tmp/strata-launcher-XXXXXX";
   const std::string dir = ::mkdtemp(dir_template);

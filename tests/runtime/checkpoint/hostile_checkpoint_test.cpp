@@ -21,6 +21,7 @@
 #include "tests/runtime/checkpoint/scratch_dir.h"
 
 namespace ckpt = strata::checkpoint;
+using strata::test::for_each_cut_and_flip;
 using strata::test::FuzzTally;
 using strata::test::read_small_checkpoint;
 using strata::test::save_small_checkpoint;
@@ -53,13 +54,9 @@ TEST(HostileCheckpoint, ManifestTruncationsAndFlippedBitsAreRefused) {
     write_bytes(path, bytes);
     tally.run(label, path, bytes.size(), false, [&] { read_small_checkpoint(dir); });
   };
-  for (size_t n = 0; n < good.size(); ++n) run("cut at " + std::to_string(n), good.substr(0, n));
-  for (size_t i = 0; i < good.size(); ++i)
-    for (int bit = 0; bit < 8; ++bit) {
-      std::string bad = good;
-      bad[i] = char(bad[i] ^ (1 << bit));
-      run("byte " + std::to_string(i) + " bit " + std::to_string(bit), bad);
-    }
+  for_each_cut_and_flip(good, [&](const std::string& label, const std::string& bytes, int64_t) {
+    run(label, bytes);
+  });
   run("one more space", good.substr(0, 1) + " " + good.substr(1));
   run("no final newline", good.substr(0, good.size() - 1));
   run("nested 10^6 deep", "{\"a\":" + nested(1000000) + "}");
@@ -146,13 +143,9 @@ TEST(HostileCheckpoint, LatestTruncationsFlipsAndCraftedNamesAreRefused) {
     write_bytes(path, bytes);
     tally.run(label, dir, bytes.size(), false, [&] { read_small_checkpoint(dir); });
   };
-  for (size_t n = 0; n < good.size(); ++n) run("cut at " + std::to_string(n), good.substr(0, n));
-  for (size_t i = 0; i < good.size(); ++i)
-    for (int bit = 0; bit < 8; ++bit) {
-      std::string bad = good;
-      bad[i] = char(bad[i] ^ (1 << bit));
-      run("byte " + std::to_string(i) + " bit " + std::to_string(bit), bad);
-    }
+  for_each_cut_and_flip(good, [&](const std::string& label, const std::string& bytes, int64_t) {
+    run(label, bytes);
+  });
   // `latest` naming a folder outside the checkpoint folder is refused (a regression test).
   for (const std::string& name : std::vector<std::string>{
            "../global_step7", "/tmp", "global_step7/../global_step7", "..", ".", "latest",

@@ -19,6 +19,7 @@
 
 namespace ckpt = strata::checkpoint;
 using strata::test::error_of;
+using strata::test::for_each_cut_and_flip;
 using strata::test::FuzzTally;
 using strata::test::le_bytes;
 using strata::test::ScratchDir;
@@ -68,24 +69,17 @@ TEST(HostileTensorFile, TruncationsAndFlippedBitsAreRefused) {
   const std::string good = ckpt::read_file(good_path);
   const std::string path = dir.str() + "/hostile.ckpt";
   TensorReaders readers;
-  for (size_t n = 0; n < good.size(); ++n) {
-    write_bytes(path, good.substr(0, n));
-    readers.run("cut at " + std::to_string(n), path, n, Bytes::kDamaged);
-  }
   const size_t payload = TensorFileParts::of(good).payload.size();
-  for (size_t i = 0; i < good.size(); ++i)
-    for (int bit = 0; bit < 8; ++bit) {
-      std::string bad = good;
-      bad[i] = char(bad[i] ^ (1 << bit));
-      write_bytes(path, bad);
-      readers.run("byte " + std::to_string(i) + " bit " + std::to_string(bit), path, bad.size(),
-                  Bytes::kDamaged);
-      // Damage never reaches LibTorch's parser: the checksum is verified before the payload.
-      if (i < payload && bit == 0) {
-        const auto msg = error_of([&] { ckpt::load_tensor_file(path); });
-        EXPECT_NE(msg.find("CRC32C mismatch"), std::string::npos) << "byte " << i << ": " << msg;
-      }
+  for_each_cut_and_flip(good, [&](const std::string& label, const std::string& bytes,
+                                  int64_t flipped_bit0_of) {
+    write_bytes(path, bytes);
+    readers.run(label, path, bytes.size(), Bytes::kDamaged);
+    // Damage never reaches LibTorch's parser: the checksum is verified before the payload.
+    if (flipped_bit0_of >= 0 && size_t(flipped_bit0_of) < payload) {
+      const auto msg = error_of([&] { ckpt::load_tensor_file(path); });
+      EXPECT_NE(msg.find("CRC32C mismatch"), std::string::npos) << label << ": " << msg;
     }
+  });
   EXPECT_GT(readers.load.refused(), int(good.size() * 9) - 1);
 }
 
@@ -246,16 +240,11 @@ TEST(HostileSafetensors, TruncationsFlipsAndCraftedHeaders) {
     write_bytes(path, bytes);
     tally.run(label, path, bytes.size(), may_accept, [&] { ckpt::load_safetensors(path); });
   };
-  for (size_t n = 0; n < good.size(); ++n)
-    run("cut at " + std::to_string(n), good.substr(0, n), false);
-  // No checksum in this format: a flipped data bit is a valid file; a flipped header bit mostly
-  // is not. Neither may crash.
-  for (size_t i = 0; i < good.size(); ++i)
-    for (int bit = 0; bit < 8; ++bit) {
-      std::string bad = good;
-      bad[i] = char(bad[i] ^ (1 << bit));
-      run("byte " + std::to_string(i) + " bit " + std::to_string(bit), bad, true);
-    }
+  // No checksum in this format: a cut file is refused; a flipped data bit is a valid file, a
+  // flipped header bit mostly is not. Neither may crash.
+  for_each_cut_and_flip(good, [&](const std::string& label, const std::string& bytes, int64_t) {
+    run(label, bytes, label.rfind("byte ", 0) == 0);
+  });
 
   const auto parts = Safetensors::of(good);
   const json header = json::parse(parts.header);

@@ -25,6 +25,21 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
+// The damaged copies of `good` every hostile-file test tries: each truncation (every length
+// shorter than the file), then each single flipped bit; run(label, bytes, byte index or -1).
+template <class Run>
+void for_each_cut_and_flip(const std::string& good, const Run& run) {
+  for (size_t n = 0; n < good.size(); ++n)
+    run("cut at " + std::to_string(n), good.substr(0, n), int64_t(-1));
+  for (size_t i = 0; i < good.size(); ++i)
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string bad = good;
+      bad[i] = char(bad[i] ^ (1 << bit));
+      run("byte " + std::to_string(i) + " bit " + std::to_string(bit), bad,
+          bit == 0 ? int64_t(i) : int64_t(-1));
+    }
+}
+
 inline std::string le_bytes(uint64_t v, int n) {
   std::string out;
   for (int i = 0; i < n; ++i) out.push_back(char((v >> (8 * i)) & 0xff));

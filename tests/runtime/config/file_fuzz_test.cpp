@@ -18,6 +18,7 @@
 
 #include "runtime/config/config.h"
 #include "tests/fuzz_tally.h"
+#include "tests/scratch_folder.h"
 
 namespace {
 
@@ -45,26 +46,6 @@ std::string slurp(const std::string& path) {
   return text.str();
 }
 
-class Folder {
- public:
-  Folder() {
-    std::string templ = "/tmp/strata_config_fuzz.XXXXXX";
-    path_ = ::mkdtemp(templ.data());
-  }
-  ~Folder() {
-    for (const char* name : {"ds.json", "fifo.json", "zero.json", "sub.json"}) {
-      const std::string p = path_ + "/" + name;
-      ::rmdir(p.c_str());
-      ::unlink(p.c_str());
-    }
-    ::rmdir(path_.c_str());
-  }
-  std::string file(const char* name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
 // What a program does with a config file: load it, print it, list what it does not run.
 void load_file(const std::string& path) {
   strata::LoadOptions options;
@@ -84,7 +65,7 @@ void write(const std::string& path, const std::string& bytes) {
 TEST(ConfigFileFuzz, EveryTruncationAndFlippedBitOfEveryExampleConfig) {
   const auto configs = example_configs();
   ASSERT_GE(configs.size(), 10u);
-  Folder dir;
+  strata::test::ScratchFolder dir("config_fuzz");
   const std::string path = dir.file("ds.json");
   FuzzTally tally("config file");
   for (const auto& config : configs) {
@@ -106,7 +87,7 @@ TEST(ConfigFileFuzz, EveryTruncationAndFlippedBitOfEveryExampleConfig) {
 }
 
 TEST(ConfigFileFuzz, CraftedFilesAreRefusedWithinBounds) {
-  Folder dir;
+  strata::test::ScratchFolder dir("config_fuzz");
   const std::string path = dir.file("ds.json");
   FuzzTally tally("config file, crafted");
   auto run = [&](const std::string& label, const std::string& bytes, bool may_accept = false) {
