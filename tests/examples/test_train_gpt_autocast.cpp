@@ -1,4 +1,4 @@
-// train_gpt with torch_autocast bf16 on the CPU, run as a user runs it: --model small's losses
+// train_gpt with torch_autocast bf16 on the CPU, run as a user runs it: --model tiny's losses
 // follow the fp32 run's, and ZeRO stages 1, 2 and 3 on 2 ranks (strata-run) follow the 1-rank stage-0
 // autocast run with the same global batch.
 #include <gtest/gtest.h>
@@ -44,20 +44,23 @@ TEST(TrainGptAutocast, Bf16LossesFollowFp32) {
   const std::string tag = std::to_string(getpid());
   const std::string fp32 = testing::TempDir() + "/train_gpt_ac_fp32_" + tag + ".jsonl";
   const std::string bf16 = testing::TempDir() + "/train_gpt_ac_bf16_" + tag + ".jsonl";
-  auto r = run("--model small --config " + write_config(0, false, tag) + " --steps 30 --metrics-jsonl " + fp32);
+  auto r = run("--model tiny --config " + write_config(0, false, tag) + " --steps 16 --metrics-jsonl " + fp32);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run("--model small --config " + write_config(0, true, tag) + " --steps 30 --metrics-jsonl " + bf16);
+  r = run("--model tiny --config " + write_config(0, true, tag) + " --steps 16 --metrics-jsonl " + bf16);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("torch_autocast: forward under CPU autocast in BFloat16"), std::string::npos)
       << r.output;
   const auto a = read_jsonl(fp32), b = read_jsonl(bf16);
-  ASSERT_EQ(a.size(), 30u);
-  ASSERT_EQ(b.size(), 30u);
+  ASSERT_EQ(a.size(), 16u);
+  ASSERT_EQ(b.size(), 16u);
   const double worst = worst_relative(a, b);
-  std::printf("train_gpt small, 30 steps: torch_autocast bf16 vs fp32 worst relative loss "
+  std::printf("train_gpt tiny, 16 steps: torch_autocast bf16 vs fp32 worst relative loss "
               "difference %.4f, last loss %.4f vs %.4f\n",
               worst, b.back().at("loss").get<double>(), a.back().at("loss").get<double>());
-  EXPECT_LT(worst, 5e-3);  // bf16 products over fp32 weights; measured 4.8e-4
+  // bf16 products over fp32 weights; measured 2e-4. Later the two trajectories part as any two
+  // runs with different rounding do (1.4e-2 by step 28). --model tiny: on a CPU without AVX-512,
+  // LibTorch 1.13's bf16 GEMM is a single-threaded reference loop (`small` took 30 s a step).
+  EXPECT_LT(worst, 2e-3);
   // Parameters are fp32 under autocast: the model states are those of the fp32 run.
   EXPECT_EQ(b.back().at("model_state_bytes").get<int64_t>(), a.back().at("model_state_bytes").get<int64_t>());
 }
