@@ -48,6 +48,15 @@ std::string describe_cpu_blas() {
   return fmt::format("BLAS in {}", path);
 }
 
+bool cpu_has_onednn_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+#else
+  return true;  // ARM's bf16 path is chosen by LibTorch itself; nothing known to warn of
+#endif
+}
+
 CpuThreads configure_cpu_threads(int local_ranks) {
   static std::once_flag once;
   static CpuThreads result;

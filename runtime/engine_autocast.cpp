@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/autocast.h"
+#include "runtime/cpu_threads.h"
 #include "runtime/engine.h"
 #include "runtime/log.h"
 
@@ -60,6 +61,12 @@ void Engine::configure_autocast() {
             autocast_plan_.device == c10::DeviceType::CUDA ? "CUDA" : "CPU",
             c10::toString(autocast_plan_.dtype), c10::toString(params_.front().scalar_type()),
             c10::toString(gradient_comm_dtype()));
+  if (autocast_plan_.device == c10::DeviceType::CPU && autocast_plan_.dtype == torch::kBFloat16 &&
+      !cpu_has_onednn_bf16())
+    log::info("[strata] warning: {}: torch_autocast bf16 on a CPU without AVX-512 (BW, VL, DQ): "
+              "LibTorch multiplies bf16 in a reference loop here, many times slower than fp32 "
+              "(30x with LibTorch 1.13); train in fp32 on this machine",
+              config_.source);
 }
 
 }  // namespace strata
