@@ -55,7 +55,7 @@ GPTConfig GPTConfig::by_name(const std::string& name) {
     c.seq_len = 2048;
   } else if (name == "moe-8x") {
     c.vocab = 32000, c.d_model = 1024, c.layers = 12, c.heads = 16, c.ffn = 4096;
-    c.seq_len = 2048, c.experts = 8;
+    c.seq_len = 2048, c.experts = 8, c.expert_bias = false;
   } else {
     throw std::invalid_argument(fmt::format(
         "unknown model '{}': known models are tiny, small, tiny-tied, small-tied, tiny-moe, "

@@ -25,6 +25,9 @@ struct GPTConfig {
   int64_t top_k = 2;
   double capacity_factor = 1.25;
   double aux_loss_coef = 0.01;
+  // The built-in experts' biases; moe-8x has none, as every other linear layer here and the peers'
+  // experts (peer_torch_gpt.py, peer_deepspeed_gpt.py).
+  bool expert_bias = true;
   // The output head is the token embedding's weight (the usual C++ tie: one tensor registered
   // under a second name, "head_weight"), initialised N(0, 0.02) as GPT-2's.
   bool tied = false;

@@ -18,7 +18,9 @@ moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, ui
       throw Error(fmt::format("the config's moe.num_experts is {} but model '{}' has {} experts per "
                               "block; make them agree (or drop num_experts from the config)",
                               moe.num_experts, model.name, model.experts));
-    return moe::MoEOptions::from_config(moe, model.d_model, model.ffn, 0, seed, world);
+    auto options = moe::MoEOptions::from_config(moe, model.d_model, model.ffn, 0, seed, world);
+    options.expert_bias = model.expert_bias;
+    return options;
   }
   MoeConfig own;  // DeepSpeed's MoE defaults, the model's gate
   own.num_experts = model.experts;
@@ -26,7 +28,9 @@ moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, ui
   own.capacity_factor = model.capacity_factor;
   own.eval_capacity_factor = model.capacity_factor;
   own.aux_loss_coef = model.aux_loss_coef;
-  return moe::MoEOptions::from_config(own, model.d_model, model.ffn, 0, seed, world);
+  auto options = moe::MoEOptions::from_config(own, model.d_model, model.ffn, 0, seed, world);
+  options.expert_bias = model.expert_bias;
+  return options;
 }
 
 GPT make_moe_gpt(const GPTConfig& config, const moe::MoEOptions& options) {

@@ -107,15 +107,16 @@ ExpertsImpl::ExpertsImpl(ExpertsOptions options) : options_(std::move(options)) 
     B2[i].copy_(uniform(gen, {d}, bound2));
   }
   w1 = register_parameter("w1", W1);
-  b1 = register_parameter("b1", B1);
+  if (o.bias) b1 = register_parameter("b1", B1);
   w2 = register_parameter("w2", W2);
-  b2 = register_parameter("b2", B2);
+  if (o.bias) b2 = register_parameter("b2", B2);
 }
 
 torch::Tensor ExpertsImpl::forward(const torch::Tensor& x) {
   check_input(x);
   if (built_in()) {
     // Padding rows (zeros) pass through too; they are never combined, so get no gradient.
+    if (!has_bias()) return torch::bmm(torch::gelu(torch::bmm(x, w1)), w2);
     auto h = torch::gelu(torch::baddbmm(b1.unsqueeze(1), x, w1));
     return torch::baddbmm(b2.unsqueeze(1), h, w2);
   }
@@ -164,7 +165,7 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   const auto s = torch::arange(Cb, i64).view({1, 1, Cb});
   const auto row_filled = s.lt(counts.view({El, B, 1}));
   const auto packed_pos = (base + s).masked_fill(row_filled.logical_not(), N).reshape({N});
-  const auto packed = torch::zeros({N + 1, d + kBiasPad}, x.options())
+  const auto packed = torch::zeros({N + 1, packed_width()}, x.options())
                           .index_copy(0, packed_pos, with_bias_column(x.reshape({N, d})))
                           .narrow(0, 0, N);
   const auto y = run_packed(packed, counts.view({El, B}).sum(1));
@@ -187,13 +188,18 @@ PackedRoutes ExpertsImpl::forward_routes(const torch::Tensor& x, int64_t k,
   const auto counts = kept_counts.to(torch::kLong);
   const auto base = counts.cumsum(0) - counts;
   const auto position = (base.index_select(0, expert) + slot).masked_fill(kept.logical_not(), N);
-  const auto packed = torch::zeros({N + 1, d + kBiasPad}, x.options())
+  const auto packed = torch::zeros({N + 1, packed_width()}, x.options())
                           .index_copy(0, position, route_inputs(with_bias_column(x), k))
                           .narrow(0, 0, N);
   return {run_packed(packed, counts), position};
 }
 
+int64_t ExpertsImpl::packed_width() const {
+  return options_.hidden_size + (has_bias() ? kBiasPad : 0);
+}
+
 torch::Tensor ExpertsImpl::with_bias_column(const torch::Tensor& rows) const {
+  if (!has_bias()) return rows;
   const int64_t n = rows.size(0);
   return torch::cat({rows, torch::ones({n, 1}, rows.options()),
                      torch::zeros({n, kBiasPad - 1}, rows.options())}, 1);
@@ -207,9 +213,13 @@ torch::Tensor ExpertsImpl::run_packed(const torch::Tensor& packed, const torch::
   // of the weight, so its gradient is the grouped product's own, over each group's rows only.
   // Rows past the last group are left undefined by the grouped product (garbage, possibly NaN):
   // nothing reads them, forward or backward, so they need no mask.
+  const auto offs = counts.to(torch::kLong).cumsum(0);
+  const bool native = native_grouped(packed);
+  const auto offs32 = offs.to(torch::kInt);
+  if (!has_bias())
+    return grouped_mm(torch::gelu(grouped_mm(packed, w1, offs32, native)), w2, offs32, native);
   const auto w1_aug = torch::cat(
       {w1, b1.unsqueeze(1), torch::zeros({El, kBiasPad - 1, w1.size(2)}, w1.options())}, 1);
-  const auto offs = counts.to(torch::kLong).cumsum(0);
   // The second bias: a product with each packed row's one-hot expert (no expert past the last
   // group), whose gradient is a product too (an index_select of the biases would reduce N rows
   // into El by atomics in backward, thousands to one address). Only filled rows receive a
@@ -218,8 +228,6 @@ torch::Tensor ExpertsImpl::run_packed(const torch::Tensor& packed, const torch::
                                               /*right=*/true);
   const auto one_hot =
       row_expert.unsqueeze(1).eq(torch::arange(El, i64).unsqueeze(0)).to(packed.scalar_type());
-  const bool native = native_grouped(packed);
-  const auto offs32 = offs.to(torch::kInt);
   const auto h = torch::gelu(grouped_mm(packed, w1_aug, offs32, native));
   return grouped_mm(h, w2, offs32, native) + one_hot.mm(b2);
 }

@@ -4,7 +4,8 @@
 // Two kinds:
 //   - built-in: DeepSpeed's Experts of an MLP (Linear(d, ffn), GELU, Linear(ffn, d)), stored as
 //     stacked tensors w1 [E_local, d, ffn], b1 [E_local, ffn], w2 [E_local, ffn, d], b2
-//     [E_local, d]. Row i of each tensor is global expert first_expert() + i. Two kernels, no
+//     [E_local, d] (ExpertsOptions::bias false: w1 and w2 only, as the PyTorch peer's and
+//     torchtitan's experts). Row i of each tensor is global expert first_expert() + i. Two kernels, no
 //     loop over experts and no host sync in either:
 //       * batched: two batched GEMMs (torch::baddbmm) over every row, padding included;
 //       * grouped (forward(x, filled)): only the filled rows are computed. They are packed so
@@ -22,7 +23,7 @@
 // Initialisation does not depend on ep_size: global expert g of layer L draws from a generator
 // keyed by (seed, L, g) (moe/keys.h), so an ep_size 2 run holds exactly the slices of an
 // ep_size 1 run. Built-in: each matrix uniform(+-1/sqrt(fan_in)) as torch::nn::Linear does,
-// drawn in the order w1, b1, w2, b2. User: the factory runs with LibTorch's default CPU
+// drawn in the order w1, b1, w2, b2 (the biases drawn without bias too, so that w2 is the same). User: the factory runs with LibTorch's default CPU
 // generator seeded by that key (its previous state restored after), so a factory that builds
 // ordinary LibTorch modules gets the same property without doing anything.
 #pragma once
@@ -49,6 +50,7 @@ using ExpertFactory = std::function<torch::nn::AnyModule(int64_t global_expert)>
 struct ExpertsOptions {
   int64_t hidden_size = 0;    // d
   int64_t ffn_size = 0;       // built-in MLP only
+  bool bias = true;           // built-in MLP only: b1 and b2
   int64_t first_expert = 0;   // global index of local expert 0
   int64_t local_experts = 1;  // E_local
   uint64_t seed = 0;
@@ -84,14 +86,18 @@ class ExpertsImpl : public torch::nn::Module {
   int64_t first_expert() const { return options_.first_expert; }
   int64_t local_experts() const { return options_.local_experts; }
 
-  // Built-in MLP parameters (undefined for user experts).
+  // Built-in MLP parameters (undefined for user experts; b1 and b2 without bias).
   torch::Tensor w1, b1, w2, b2;
 
  private:
   bool native_grouped(const torch::Tensor& x) const;  // _grouped_mm's sync-free kernel applies
-  // rows [n, d] -> [n, d + 8]: a column of ones (the first bias's input) and zero padding.
+  bool has_bias() const { return b1.defined(); }
+  // The width of a packed row: d, and with bias 8 more (with_bias_column).
+  int64_t packed_width() const;
+  // rows [n, d] -> [n, packed_width()]: with bias, a column of ones (the first bias's input) and
+  // zero padding; without, the rows as they are.
   torch::Tensor with_bias_column(const torch::Tensor& rows) const;
-  // The grouped MLP over packed rows [N, d + 8], group e's rows at [offs[e-1], offs[e]) with
+  // The grouped MLP over packed rows [N, packed_width()], group e's rows at [offs[e-1], offs[e]) with
   // offs = cumsum(counts); rows past the last group are left unspecified.
   torch::Tensor run_packed(const torch::Tensor& packed, const torch::Tensor& counts);
   void check_input(const torch::Tensor& x) const;

@@ -123,6 +123,7 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   ExpertsOptions eo;
   eo.hidden_size = o.hidden_size;
   eo.ffn_size = o.ffn_size;
+  eo.bias = o.expert_bias;
   eo.first_expert = first_expert();
   eo.local_experts = num_local_experts();
   eo.seed = o.seed;

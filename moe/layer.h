@@ -90,6 +90,7 @@ struct MoEOptions {
   int64_t ep_size = 1;
   comm::GroupPtr ep_group;
   ExpertFactory expert_factory;  // empty: the built-in MLP (d -> ffn -> GELU -> d)
+  bool expert_bias = true;       // the built-in MLP's biases (DeepSpeed's Linear default)
 
   // The gate's options for one call (training flag and seed filled by the layer).
   GateOptions gate_options() const;

@@ -53,9 +53,11 @@ struct Reference {
     auto copy = [](const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); };
     wg = copy(m->gate->weight);
     w1 = copy(m->experts->w1);
-    b1 = copy(m->experts->b1);
     w2 = copy(m->experts->w2);
-    b2 = copy(m->experts->b2);
+    if (m->experts->b1.defined()) {
+      b1 = copy(m->experts->b1);
+      b2 = copy(m->experts->b2);
+    }
   }
   // Call c of the layer, as moe/layer.h documents it: gate on x.float() @ W_g^T (jittered per
   // the named seed), then each kept route's expert MLP on its token alone.
@@ -74,8 +76,12 @@ struct Reference {
     std::vector<torch::Tensor> rows(x.size(0), torch::zeros({x.size(1)}));
     for (int64_t r = 0; r < g.token.size(0); ++r) {
       const int64_t t = g.token[r].item<int64_t>(), e = g.expert[r].item<int64_t>();
-      auto h = F::gelu(torch::matmul(x[t], w1[e]) + b1[e]);
-      rows[t] = rows[t] + g.weight[r] * (torch::matmul(h, w2[e]) + b2[e]);
+      auto h = torch::matmul(x[t], w1[e]);
+      if (b1.defined()) h = h + b1[e];
+      h = F::gelu(h);
+      auto out = torch::matmul(h, w2[e]);
+      if (b2.defined()) out = out + b2[e];
+      rows[t] = rows[t] + g.weight[r] * out;
     }
     return {torch::stack(rows), g};
   }
@@ -89,6 +95,7 @@ struct Case {
   NoisyGatePolicy noise;
   bool second_sampling;
   DropPolicy drop = DropPolicy::Probs;
+  bool expert_bias = true;
 };
 
 class LayerVsReference : public ::testing::TestWithParam<Case> {};
@@ -99,8 +106,11 @@ void check_against_reference(const Case& cs, ExpertKernel kernel) {
   o.noisy_gate_policy = cs.noise;
   o.top2_2nd_expert_sampling = cs.second_sampling;
   o.drop_policy = cs.drop;
+  o.expert_bias = cs.expert_bias;
   o.capacity_factor = 0.75;  // drops at k <= 2
   MoE m(o);
+  ASSERT_EQ(m->experts->b1.defined(), cs.expert_bias);
+  ASSERT_EQ(m->experts->named_parameters().contains("b2"), cs.expert_bias);
   m->experts->set_kernel(kernel);
   Reference ref(m);
   m->set_call_index(5);  // the noise of call 5, in the layer and the reference alike
@@ -134,9 +144,11 @@ void check_against_reference(const Case& cs, ExpertKernel kernel) {
   expect_close(x.grad().reshape({24, kD}), x_ref.grad(), "d input");
   expect_close(m->gate->weight.grad(), ref.wg.grad(), "d gate weight");
   expect_close(m->experts->w1.grad(), ref.w1.grad(), "d w1");
-  expect_close(m->experts->b1.grad(), ref.b1.grad(), "d b1");
   expect_close(m->experts->w2.grad(), ref.w2.grad(), "d w2");
-  expect_close(m->experts->b2.grad(), ref.b2.grad(), "d b2");
+  if (cs.expert_bias) {
+    expect_close(m->experts->b1.grad(), ref.b1.grad(), "d b1");
+    expect_close(m->experts->b2.grad(), ref.b2.grad(), "d b2");
+  }
   EXPECT_EQ(m->call_index(), 6);
 }
 
@@ -161,7 +173,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"top2_no_drop", 2, false, false, NoisyGatePolicy::None, true},
         Case{"top3_probs", 3, true, false, NoisyGatePolicy::None, false},
         Case{"top3_position", 3, true, false, NoisyGatePolicy::None, false,
-             DropPolicy::Position}),
+             DropPolicy::Position},
+        // Experts without biases (moe-8x's, the peers'): w1 and w2 only.
+        Case{"top2_no_bias", 2, true, false, NoisyGatePolicy::None, true, DropPolicy::Probs,
+             false},
+        Case{"top1_no_bias_no_drop", 1, false, true, NoisyGatePolicy::None, false,
+             DropPolicy::Probs, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The gate's noise is named by the call index: the same call draws the same routes, another call

@@ -120,7 +120,10 @@ TEST(MoeLayerGpu, GroupedKernelMatchesBatched) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device dev(torch::kCUDA, 0);
   Case cs{"k2_bf16", 2, true, NoisyGatePolicy::None, true, true, torch::kBFloat16};
-  MoE m(options(cs));
+  for (const bool bias : {true, false}) {  // DeepSpeed's experts and moe-8x's (no biases)
+  auto o = options(cs);
+  o.expert_bias = bias;
+  MoE m(o);
   m->to(dev, torch::kBFloat16);
   const auto bf16 = torch::TensorOptions().device(dev).dtype(torch::kBFloat16);
   const auto probe_in = torch::zeros({kE, 1, kD}, bf16);
@@ -128,7 +131,8 @@ TEST(MoeLayerGpu, GroupedKernelMatchesBatched) {
   const int major = at::cuda::getCurrentDeviceProperties()->major;
   if (major == 9) EXPECT_TRUE(m->experts->grouped(probe_in)) << "sm90 bf16 should take _grouped_mm";
 #endif
-  std::cout << "[ INFO     ] grouped kernel by default: " << m->experts->grouped(probe_in) << "\n";
+  std::cout << "[ INFO     ] bias " << bias << ", grouped kernel by default: "
+            << m->experts->grouped(probe_in) << "\n";
   torch::manual_seed(1);
   const auto x0 = torch::randn({kS, kD}, bf16);
   const auto probe = torch::randn_like(x0);
@@ -139,20 +143,24 @@ TEST(MoeLayerGpu, GroupedKernelMatchesBatched) {
     auto x = x0.clone().requires_grad_(true);
     auto y = m->forward(x);
     (y.to(torch::kFloat) * probe.to(torch::kFloat)).sum().backward();
-    return std::vector<torch::Tensor>{y.detach().to(torch::kFloat), x.grad().to(torch::kFloat),
-                                      m->experts->w1.grad().to(torch::kFloat),
-                                      m->experts->b1.grad().to(torch::kFloat),
-                                      m->experts->w2.grad().to(torch::kFloat),
-                                      m->experts->b2.grad().to(torch::kFloat)};
+    std::vector<torch::Tensor> out{y.detach().to(torch::kFloat), x.grad().to(torch::kFloat),
+                                   m->experts->w1.grad().to(torch::kFloat),
+                                   m->experts->w2.grad().to(torch::kFloat)};
+    if (bias) {
+      out.push_back(m->experts->b1.grad().to(torch::kFloat));
+      out.push_back(m->experts->b2.grad().to(torch::kFloat));
+    }
+    return out;
   };
   const auto batched = run(ExpertKernel::Batched);
   const auto grouped = run(ExpertKernel::Grouped);
-  const char* names[] = {"output", "d input", "d w1", "d b1", "d w2", "d b2"};
+  const char* names[] = {"output", "d input", "d w1", "d w2", "d b1", "d b2"};
   for (size_t i = 0; i < batched.size(); ++i) {
     const double scale = batched[i].abs().max().item<double>();
     const double diff = (grouped[i] - batched[i]).abs().max().item<double>();
-    EXPECT_GT(scale, 0) << names[i];
-    EXPECT_LE(diff, 3e-2 * scale) << names[i];
+    EXPECT_GT(scale, 0) << names[i] << ", bias " << bias;
+    EXPECT_LE(diff, 3e-2 * scale) << names[i] << ", bias " << bias;
+  }
   }
 #else
   GTEST_SKIP() << "this build of Strata has no CUDA";
