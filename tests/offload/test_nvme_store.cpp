@@ -224,6 +224,10 @@ TEST_F(NvmeStoreTest, FreeSpaceIsCheckedWithBytesNamed) {
 
 TEST_F(NvmeStoreTest, FolderPerJobAndRankFilesPrivateRemovedAtEnd) {
   std::string folder, path;
+  // Declared before the store: a write's buffer must outlive its ticket (nvme_store.h), and the
+  // store's destructor is what waits for the write below (AddressSanitizer caught the buffer
+  // freed first while the worker still read it).
+  AlignedBuffer buf(5000);
   {
     NvmeStore a(dir_.string(), "job7", 3);
     NvmeStore b(dir_.string(), "job7", 4);  // ranks of one node share nvme_path
@@ -238,7 +242,6 @@ TEST_F(NvmeStoreTest, FolderPerJobAndRankFilesPrivateRemovedAtEnd) {
     ASSERT_EQ(stat(folder.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0700u);
     EXPECT_TRUE(a.direct());
-    AlignedBuffer buf(5000);
     a.write(f, 0, buf.data(), 5000);  // still in flight at destruction: waited for
   }
   EXPECT_FALSE(fs::exists(folder));

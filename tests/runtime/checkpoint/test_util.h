@@ -25,7 +25,8 @@ std::string error_of(F f) {
 inline bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
   const auto ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.numel() * ca.element_size()) == 0;
+  const size_t bytes = ca.numel() * ca.element_size();  // empty: data_ptr() may be null
+  return bytes == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), bytes) == 0;
 }
 
 }  // namespace strata::test
