@@ -31,6 +31,10 @@ target_compile_definitions(strata-run PRIVATE
 # The in-tree target. The examples and the tools link it as a user does.
 add_library(strata INTERFACE)
 add_library(Strata::strata ALIAS strata)
+# A sanitized build's libraries need the sanitizer's runtime in whatever links them.
+if(STRATA_SANITIZE)
+  target_link_options(strata INTERFACE -fsanitize=${STRATA_SANITIZE})
+endif()
 target_include_directories(strata INTERFACE
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>)
 target_link_libraries(strata INTERFACE strata_runtime)

@@ -3,7 +3,8 @@
 #   scripts/bootstrap.sh            # install what is missing, configure, build
 # Environment: BUILD_DIR (default build), CMAKE_ARGS (extra configure arguments, e.g. a CUDA
 # LibTorch: -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')),
-# STRATA_SKIP_APT=1 to skip the package step.
+# STRATA_SKIP_APT=1 to skip the package step, STRATA_APT_ONLY=1 to run only it, STRATA_JOBS (build
+# parallelism, default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,11 +27,12 @@ if [[ "${STRATA_SKIP_APT:-0}" != 1 ]]; then
       "${missing[@]}"
   fi
 fi
+[[ "${STRATA_APT_ONLY:-0}" == 1 ]] && exit 0
 
 build_dir="${BUILD_DIR:-build}"
 # shellcheck disable=SC2086
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
-cmake --build "$build_dir" -j "$(nproc)"
+cmake --build "$build_dir" -j "${STRATA_JOBS:-$(nproc)}"
 
 # Which BLAS LibTorch's CPU library actually loads (the engine logs the same at start-up).
 torch_lib=$(sed -n 's/^TORCH_LIBRARY:[A-Z]*=//p' "$build_dir/CMakeCache.txt" | head -n1)

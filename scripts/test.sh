@@ -1,8 +1,92 @@
 #!/usr/bin/env bash
-# The test command (README, CI): installs and builds as bootstrap.sh does, then runs every
-# CTest suite. GPU tests skip cleanly on machines without a GPU.
-#   scripts/test.sh [extra ctest arguments, e.g. -L unit]
-set -euo pipefail
+# The test command (README; CI's .ci/run runs exactly it). It runs stages, each timed; the minutes
+# each took are printed as it ends and again in a table at the end:
+#   apt         install what is missing (scripts/bootstrap.sh's package step)
+#   asan-build  build-asan/: the whole tree under AddressSanitizer + UndefinedBehaviorSanitizer
+#               (RelWithDebInfo keeping NDEBUG, at -O0 -g1: a translation unit compiles in the time
+#               of the Release build's, where -O1 took 1.4x as long)
+#   asan-suite  every CTest suite in build-asan/ (GPU tests skip cleanly without a GPU); the
+#               exhaustive fuzz loops take every 7th case and the chaos test 3 seeds per stage
+#               there (tests/sanitized.h)
+# and, when asked for (STRATA_TEST_STAGES):
+#   build       build/ in Release, as scripts/bootstrap.sh builds it
+#   suite       every CTest suite in build/
+# The suite runs once, in the sanitized build: two full builds of the tree do not fit CI's budget
+# (2 cores: a cold build is about 30 minutes), and the sanitized one runs the same tests with
+# every heap access, leak and undefined behaviour checked.
+#
+#   scripts/test.sh [extra ctest arguments, e.g. -L unit]   # they apply to every suite
+# Environment: STRATA_TEST_STAGES (default "apt asan"; "build suite" for the Release suite in
+# build/, every fuzz case and chaos seed included), BUILD_DIR (default build), ASAN_BUILD_DIR
+# (build-asan), STRATA_JOBS (build and ctest parallelism, default nproc). A failed build skips its suite; a failed suite does not stop the next stages; the exit
+# status is that of the first stage that failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh
-ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" --timeout 600 "$@"
+
+stages=" ${STRATA_TEST_STAGES:-apt asan} "
+jobs=${STRATA_JOBS:-$(nproc)}
+build_dir=${BUILD_DIR:-build}
+asan_dir=${ASAN_BUILD_DIR:-build-asan}
+ctest_args=("$@")
+
+declare -a table=()
+status=0
+t_all=$(date +%s)
+
+minutes() { awk -v s="$1" 'BEGIN { printf "%.1f", s / 60 }'; }
+# stage NAME COMMAND...: runs it, prints and records its minutes and its exit status.
+stage() {
+  local name=$1
+  shift
+  echo "=== test.sh: $name"
+  local t0 rc
+  t0=$(date +%s)
+  "$@"
+  rc=$?
+  local took=$(($(date +%s) - t0))
+  echo "=== test.sh: $name took $(minutes "$took") min (exit $rc)"
+  table+=("$(printf '%-11s %5s min  %s' "$name" "$(minutes "$took")" \
+               "$([[ $rc == 0 ]] && echo ok || echo "FAILED (exit $rc)")")")
+  ((rc != 0 && status == 0)) && status=$rc
+  return "$rc"
+}
+want() { [[ "$stages" == *" $1 "* ]]; }
+
+run_ctest() {  # run_ctest DIR [ctest arguments]
+  local dir=$1
+  shift
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 600 "$@" "${ctest_args[@]}"
+}
+
+plain_build() { STRATA_SKIP_APT=1 BUILD_DIR="$build_dir" STRATA_JOBS="$jobs" scripts/bootstrap.sh; }
+configure_sanitized() {  # configure_sanitized DIR SANITIZERS
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O0 -g1 -DNDEBUG" -DSTRATA_SANITIZE="$2" >/dev/null
+}
+asan_build() { configure_sanitized "$asan_dir" address,undefined && cmake --build "$asan_dir" -j "$jobs"; }
+sanitized_suite() (  # sanitized_suite DIR [ctest arguments]: with the sanitizers' runtime options
+  # shellcheck source=sanitizers/env.sh
+  source scripts/sanitizers/env.sh
+  # LeakSanitizer stops the process's threads with ptrace; where a container forbids that it
+  # cannot run at all, and every test would fail for it: say so and check the rest.
+  if ! "$1/bin/strata-config" --version >/dev/null 2>&1; then
+    echo "test.sh: LeakSanitizer cannot run on this machine (no ptrace); leaks are not checked"
+    export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
+  fi
+  run_ctest "$@"
+)
+
+want apt && stage apt env STRATA_APT_ONLY=1 scripts/bootstrap.sh
+if want build; then
+  stage build plain_build && { want suite && stage suite run_ctest "$build_dir"; }
+elif want suite; then
+  stage suite run_ctest "$build_dir"
+fi
+if want asan; then
+  stage asan-build asan_build && stage asan-suite sanitized_suite "$asan_dir"
+fi
+
+echo "=== test.sh: minutes per stage"
+printf '  %s\n' "${table[@]}"
+echo "  total       $(minutes $(($(date +%s) - t_all))) min"
+exit "$status"

@@ -2,6 +2,9 @@
 // definitions win over libc's for every library of the process, and forward to the __libc_*
 // entry points, counting each block by malloc_usable_size. No other header of the C library
 // is included, so these declarations are the only ones (noexcept as glibc's __THROW is in C++).
+// Under AddressSanitizer or ThreadSanitizer, which own malloc, the sanitizer's allocator calls
+// hooks on every allocation and release instead, so the meter
+// counts there too.
 #include "tests/alloc_meter.h"
 
 #include <sys/resource.h>
@@ -11,21 +14,49 @@
 #include <cstddef>
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define STRATA_ALLOC_METER 0
+#define STRATA_SANITIZER_HOOKS 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define STRATA_ALLOC_METER 0
+#define STRATA_SANITIZER_HOOKS 1
 #endif
 #endif
-#ifndef STRATA_ALLOC_METER
-#define STRATA_ALLOC_METER 1
+#ifndef STRATA_SANITIZER_HOOKS
+#define STRATA_SANITIZER_HOOKS 0
 #endif
 
 namespace {
 std::atomic<int64_t> g_live{0}, g_peak{0}, g_base{0};
+
+void count(int64_t n) {
+  const int64_t live = g_live.fetch_add(n) + n;
+  int64_t peak = g_peak.load(std::memory_order_relaxed);
+  while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
+  }
+}
 }  // namespace
 
-#if STRATA_ALLOC_METER
+#if STRATA_SANITIZER_HOOKS
+// compiler-rt's allocator interface (sanitizer/allocator_interface.h, which GCC does not ship).
+extern "C" {
+int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void*, size_t),
+                                              void (*free_hook)(const volatile void*));
+size_t __sanitizer_get_allocated_size(const volatile void* p);
+}
+
+namespace {
+void on_malloc(const volatile void* p, size_t n) {
+  if (p) count(int64_t(n));
+}
+void on_free(const volatile void* p) {
+  // Called before the block is released: its size is still known.
+  if (p) g_live.fetch_sub(int64_t(__sanitizer_get_allocated_size(p)));
+}
+// Before main, so blocks allocated later and freed are counted both ways; blocks from before it
+// are freed uncounted (live may go below 0 then), which moves only the base, not a peak.
+const int g_hooks_installed = __sanitizer_install_malloc_and_free_hooks(on_malloc, on_free);
+}  // namespace
+
+#else
 extern "C" {
 void* __libc_malloc(size_t) noexcept;
 void __libc_free(void*) noexcept;
@@ -40,12 +71,7 @@ size_t malloc_usable_size(void*) noexcept;
 namespace {
 
 void held(void* p) {
-  if (!p) return;
-  const auto n = int64_t(malloc_usable_size(p));
-  const int64_t live = g_live.fetch_add(n) + n;
-  int64_t peak = g_peak.load(std::memory_order_relaxed);
-  while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
-  }
+  if (p) count(int64_t(malloc_usable_size(p)));
 }
 
 void released(void* p) {
@@ -113,11 +139,17 @@ void* pvalloc(size_t n) noexcept {
 }
 
 }  // extern "C"
-#endif  // STRATA_ALLOC_METER
+#endif  // STRATA_SANITIZER_HOOKS
 
 namespace strata::test {
 
-bool AllocMeter::active() { return STRATA_ALLOC_METER != 0; }
+bool AllocMeter::active() {
+#if STRATA_SANITIZER_HOOKS
+  return g_hooks_installed != 0;
+#else
+  return true;
+#endif
+}
 
 void AllocMeter::reset_peak() {
   const int64_t live = g_live.load();

@@ -2,7 +2,8 @@
 // malloc and its kin and forwards to glibc's): operator new, nlohmann, std::string and
 // LibTorch's CPU allocator all end there, so a fuzz case's peak is every byte it made the
 // process hold. Link alloc_meter.cpp into the test binary. Under AddressSanitizer or
-// ThreadSanitizer, which own malloc, nothing is replaced and active() is false.
+// ThreadSanitizer, which own malloc, it counts through the sanitizer's allocation hooks instead
+// (the requested sizes: a sanitizer's redzones are not counted).
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,7 @@
 
 #include "runtime/error.h"
 #include "tests/alloc_meter.h"
+#include "tests/sanitized.h"
 
 namespace strata::test {
 
@@ -21,7 +22,8 @@ class FuzzTally {
  public:
   static constexpr int64_t kBytesPerFileByte = 64;  // JSON's DOM is ~10-40x its text
   static constexpr int64_t kSlackBytes = 4 << 20;   // LibTorch's zip reader, gtest, fmt
-  static constexpr double kCaseSeconds = 5.0;
+  // Under a sanitizer (scripts/test.sh builds them at -O0) code runs several times slower.
+  static constexpr double kCaseSeconds = kSanitized ? 20.0 : 5.0;
   static constexpr uint64_t kRatioFrom = 64 << 10;
 
   explicit FuzzTally(std::string reader) : reader_(std::move(reader)) {}

@@ -15,7 +15,7 @@
 //
 // Every process is started here in its own process group and found again by a marker (the run's
 // folder, in its command line), never by a global name. STRATA_CHAOS_RUNS=N runs N seeds per
-// stage instead of 10. A table per test goes to stdout: kill_s (the kill, seconds after the
+// stage instead of 10 (3 under a sanitizer). A table per test goes to stdout: kill_s (the kill, seconds after the
 // launch), phase (the last progress line seen then), end_s (from the kill to the end of the run's
 // last process), code (strata-run's exit code; bare: a survivor's), named, left (processes of the
 // run left over), latest (`latest` after the kill), torn (save folders the kill cut short),
@@ -53,6 +53,7 @@
 
 #include "tests/examples/train_gpt_runs.h"
 #include "tests/launcher/launcher_process.h"
+#include "tests/sanitized.h"
 
 extern char** environ;
 
@@ -488,7 +489,8 @@ void print_table(const std::string& title, const std::vector<Row>& rows) {
 
 int runs_per_stage() {
   const char* env = std::getenv("STRATA_CHAOS_RUNS");
-  return env && std::atoi(env) > 0 ? std::atoi(env) : 10;
+  // Under a sanitizer (tests/sanitized.h) 3: each run's five processes start at -O0 there.
+  return env && std::atoi(env) > 0 ? std::atoi(env) : strata::test::kSanitized ? 3 : 10;
 }
 
 // Under strata-run: kill, check the end, resume, compare.
