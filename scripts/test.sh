@@ -18,8 +18,9 @@
 #   scripts/test.sh [extra ctest arguments, e.g. -L unit]   # they apply to every suite
 # Environment: STRATA_TEST_STAGES (default "apt asan"; "build suite" for the Release suite in
 # build/, every fuzz case and chaos seed included), BUILD_DIR (default build), ASAN_BUILD_DIR
-# (build-asan), STRATA_JOBS (build and ctest parallelism, default nproc). A failed build skips its suite; a failed suite does not stop the next stages; the exit
-# status is that of the first stage that failed.
+# (build-asan), STRATA_JOBS (build and ctest parallelism, default nproc). A failed build skips
+# its suite; a failed suite does not stop the next stages; the exit status is that of the first
+# stage that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
