@@ -5,8 +5,8 @@
 //   - built-in: DeepSpeed's Experts of an MLP (Linear(d, ffn), GELU, Linear(ffn, d)), stored as
 //     stacked tensors w1 [E_local, d, ffn], b1 [E_local, ffn], w2 [E_local, ffn, d], b2
 //     [E_local, d] (ExpertsOptions::bias false: w1 and w2 only, as the PyTorch peer's and
-//     torchtitan's experts). Row i of each tensor is global expert first_expert() + i. Two kernels, no
-//     loop over experts and no host sync in either:
+//     torchtitan's experts). Row i of each tensor is global expert first_expert() + i. Two
+//     kernels, no loop over experts and no host sync in either:
 //       * batched: two batched GEMMs (torch::baddbmm) over every row, padding included;
 //       * grouped (forward(x, filled)): only the filled rows are computed. They are packed so
 //         that expert e's rows are contiguous, [offs[e-1], offs[e]) with offs the cumulative
@@ -23,9 +23,10 @@
 // Initialisation does not depend on ep_size: global expert g of layer L draws from a generator
 // keyed by (seed, L, g) (moe/keys.h), so an ep_size 2 run holds exactly the slices of an
 // ep_size 1 run. Built-in: each matrix uniform(+-1/sqrt(fan_in)) as torch::nn::Linear does,
-// drawn in the order w1, b1, w2, b2 (the biases drawn without bias too, so that w2 is the same). User: the factory runs with LibTorch's default CPU
-// generator seeded by that key (its previous state restored after), so a factory that builds
-// ordinary LibTorch modules gets the same property without doing anything.
+// drawn in the order w1, b1, w2, b2 (the biases drawn without bias too, so that w2 is the same).
+// User: the factory runs with LibTorch's default CPU generator seeded by that key (its previous
+// state restored after), so a factory that builds ordinary LibTorch modules gets the same property
+// without doing anything.
 #pragma once
 
 #include <cstdint>
@@ -97,8 +98,8 @@ class ExpertsImpl : public torch::nn::Module {
   // rows [n, d] -> [n, packed_width()]: with bias, a column of ones (the first bias's input) and
   // zero padding; without, the rows as they are.
   torch::Tensor with_bias_column(const torch::Tensor& rows) const;
-  // The grouped MLP over packed rows [N, packed_width()], group e's rows at [offs[e-1], offs[e]) with
-  // offs = cumsum(counts); rows past the last group are left unspecified.
+  // The grouped MLP over packed rows [N, packed_width()], group e's rows at [offs[e-1], offs[e])
+  // with offs = cumsum(counts); rows past the last group are left unspecified.
   torch::Tensor run_packed(const torch::Tensor& packed, const torch::Tensor& counts);
   void check_input(const torch::Tensor& x) const;
   torch::Tensor run_user(const torch::Tensor& x);

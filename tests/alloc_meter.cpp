@@ -2,10 +2,10 @@
 // definitions win over libc's for every library of the process, and forward to the __libc_*
 // entry points, counting each block by malloc_usable_size. No other header of the C library
 // is included, so these declarations are the only ones (noexcept as glibc's __THROW is in C++).
-// Under AddressSanitizer or ThreadSanitizer, which own malloc, the sanitizer's allocator calls
-// hooks on every allocation and release instead, so the meter
-// counts there too.
+// Under AddressSanitizer or ThreadSanitizer, which own malloc, the meter counts through the hooks
+// the sanitizer's allocator calls on every allocation and release instead.
 #include "tests/alloc_meter.h"
+#include "tests/sanitized.h"
 
 #include <sys/resource.h>
 
@@ -13,16 +13,6 @@
 #include <cerrno>
 #include <cstddef>
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define STRATA_SANITIZER_HOOKS 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define STRATA_SANITIZER_HOOKS 1
-#endif
-#endif
-#ifndef STRATA_SANITIZER_HOOKS
-#define STRATA_SANITIZER_HOOKS 0
-#endif
 
 namespace {
 std::atomic<int64_t> g_live{0}, g_peak{0}, g_base{0};
@@ -35,7 +25,7 @@ void count(int64_t n) {
 }
 }  // namespace
 
-#if STRATA_SANITIZER_HOOKS
+#if STRATA_TEST_SANITIZED
 // compiler-rt's allocator interface (sanitizer/allocator_interface.h, which GCC does not ship).
 extern "C" {
 int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void*, size_t),
@@ -139,12 +129,12 @@ void* pvalloc(size_t n) noexcept {
 }
 
 }  // extern "C"
-#endif  // STRATA_SANITIZER_HOOKS
+#endif  // STRATA_TEST_SANITIZED
 
 namespace strata::test {
 
 bool AllocMeter::active() {
-#if STRATA_SANITIZER_HOOKS
+#if STRATA_TEST_SANITIZED
   return g_hooks_installed != 0;
 #else
   return true;

@@ -1,18 +1,26 @@
-// Whether this test binary is built under a sanitizer (scripts/test.sh's build-asan/ and
-// build-tsan/, at -O0: code runs 3-25x slower there). The exhaustive fuzz loops then take a
-// sample (every kSanitizedStride-th case), so that the sanitized suite stays inside CI's time;
-// the Release build runs every case (STRATA_TEST_STAGES="build suite" scripts/test.sh).
+// Whether this test binary is built under a sanitizer (scripts/test.sh's build-asan/, at -O0:
+// code runs 3-25x slower there). The exhaustive fuzz loops then take a sample (every
+// kSanitizedStride-th case), so that the sanitized suite stays inside CI's time; the Release
+// build runs every case (STRATA_TEST_STAGES="build suite" scripts/test.sh).
 #pragma once
 
 #include <cstddef>
 
+// GCC defines __SANITIZE_*__; Clang answers __has_feature.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define STRATA_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define STRATA_TEST_SANITIZED 1
+#endif
+#endif
+#ifndef STRATA_TEST_SANITIZED
+#define STRATA_TEST_SANITIZED 0
+#endif
+
 namespace strata::test {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool kSanitized = true;
-#else
-inline constexpr bool kSanitized = false;
-#endif
+inline constexpr bool kSanitized = STRATA_TEST_SANITIZED != 0;
 // A prime, so that the sampled bytes fall at every offset within JSON tokens and 4-byte fields.
 inline constexpr size_t kSanitizedStride = kSanitized ? 7 : 1;
 

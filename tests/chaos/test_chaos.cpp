@@ -15,11 +15,12 @@
 //
 // Every process is started here in its own process group and found again by a marker (the run's
 // folder, in its command line), never by a global name. STRATA_CHAOS_RUNS=N runs N seeds per
-// stage instead of 10 (3 under a sanitizer). A table per test goes to stdout: kill_s (the kill, seconds after the
-// launch), phase (the last progress line seen then), end_s (from the kill to the end of the run's
-// last process), code (strata-run's exit code; bare: a survivor's), named, left (processes of the
-// run left over), latest (`latest` after the kill), torn (save folders the kill cut short),
-// resume (where the resumed run started), exact (its losses and learning rates bit for bit).
+// stage instead of 10 (3 under a sanitizer). A table per test goes to stdout: kill_s (the kill,
+// seconds after the launch), phase (the last progress line seen then), end_s (from the kill to
+// the end of the run's last process), code (strata-run's exit code; bare: a survivor's), named,
+// left (processes of the run left over), latest (`latest` after the kill), torn (save folders the
+// kill cut short), resume (where the resumed run started), exact (its losses and learning rates
+// bit for bit).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
