@@ -13,22 +13,21 @@ moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, ui
                                 const comm::GroupPtr& world) {
   if (model.experts < 1)
     throw Error(fmt::format("model '{}' has no experts (a dense model)", model.name));
+  MoeConfig own;  // without the config's block: DeepSpeed's MoE defaults, the model's gate
   if (moe.num_experts > 1) {
     if (moe.num_experts != model.experts)
       throw Error(fmt::format("the config's moe.num_experts is {} but model '{}' has {} experts per "
                               "block; make them agree (or drop num_experts from the config)",
                               moe.num_experts, model.name, model.experts));
-    auto options = moe::MoEOptions::from_config(moe, model.d_model, model.ffn, 0, seed, world);
-    options.expert_bias = model.expert_bias;
-    return options;
+  } else {
+    own.num_experts = model.experts;
+    own.top_k = model.top_k;
+    own.capacity_factor = model.capacity_factor;
+    own.eval_capacity_factor = model.capacity_factor;
+    own.aux_loss_coef = model.aux_loss_coef;
   }
-  MoeConfig own;  // DeepSpeed's MoE defaults, the model's gate
-  own.num_experts = model.experts;
-  own.top_k = model.top_k;
-  own.capacity_factor = model.capacity_factor;
-  own.eval_capacity_factor = model.capacity_factor;
-  own.aux_loss_coef = model.aux_loss_coef;
-  auto options = moe::MoEOptions::from_config(own, model.d_model, model.ffn, 0, seed, world);
+  auto options = moe::MoEOptions::from_config(moe.num_experts > 1 ? moe : own, model.d_model,
+                                              model.ffn, 0, seed, world);
   options.expert_bias = model.expert_bias;
   return options;
 }
