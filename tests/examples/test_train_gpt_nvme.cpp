@@ -7,9 +7,13 @@
 //     rank at stage 2 in host memory, with the uninterrupted losses;
 //   - with offload_param (cpu, nvme) too: the 16-bit shards in host memory or a swap file, read
 //     back for every gather, the step's new weights written there: the same losses;
-//   - the swap folders are gone after a normal exit; a bad nvme_path or an optimizer the swapper
-//     cannot step is refused before step 1, by name.
+//   - the swap folders are gone after a normal exit; a bad nvme_path (missing, a file, on a full
+//     or a read-only file system) or an optimizer the swapper cannot step is refused before
+//     step 1, by name.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -201,6 +205,64 @@ TEST_F(TrainGptNvme, RefusesWhatItCannotRunBeforeStepOne) {
   EXPECT_NE(r.output.find("offload_optimizer.device \"nvme\" steps Strata's Adam/AdamW"),
             std::string::npos) << r.output;
   EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << "the refused run left its swap folder";
+}
+
+// nvme_path on a file system too small for the swap files, and on a read-only one: each run is
+// refused before step 1 with the folder named, and leaves nothing there. The file systems are
+// small tmpfs mounts in a mount namespace of the test's own child (skipped where this process may
+// not mount); the store falls back to buffered I/O on tmpfs, which changes nothing here.
+TEST_F(TrainGptNvme, FullOrReadOnlyFileSystemIsRefusedBeforeStepOne) {
+  const fs::path mnt = dir_ / "small";
+  fs::create_directories(mnt);
+  const std::string metrics = jsonl("refused");
+  const std::string cfg = config(3, "nvme");
+  nlohmann::json c;
+  std::ifstream(cfg) >> c;
+  c["zero_optimization"]["offload_optimizer"]["nvme_path"] = mnt.string();
+  std::ofstream(cfg) << c.dump();
+  struct Case {
+    const char* what;
+    unsigned long flags;
+    const char* options;
+    const char* expected;
+  };
+  // tiny-tied's fp32 master and Adam's moments need about 1 MB: 128 KiB is full at once.
+  for (const Case& k : {Case{"full", 0, "size=128k", "available"},
+                        Case{"read-only", MS_RDONLY, "size=4m", "is not writable"}}) {
+    SCOPED_TRACE(k.what);
+    fs::remove(metrics);
+    int out[2];
+    ASSERT_EQ(pipe(out), 0);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(out[0]);
+      if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+          mount("tmpfs", mnt.c_str(), "tmpfs", k.flags, k.options) != 0)
+        _exit(77);
+      const auto r = train(1, "--config " + cfg + " --steps 2 --metrics-jsonl " + metrics);
+      const std::string report = std::to_string(r.exit_code) + "\n" + r.output;
+      const bool left_nothing = fs::is_empty(mnt);
+      if (write(out[1], report.data(), report.size()) < 0) _exit(2);
+      _exit(left_nothing ? 0 : 1);
+    }
+    close(out[1]);
+    std::string report;
+    char buf[4096];
+    for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) report.append(buf, size_t(n));
+    close(out[0]);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot mount a small tmpfs here (needs CAP_SYS_ADMIN)";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "the refused run left files on the small file system";
+    const auto newline = report.find('\n');
+    ASSERT_NE(newline, std::string::npos) << report;
+    EXPECT_NE(report.substr(0, newline), "0") << report;
+    EXPECT_NE(report.find(mnt.string()), std::string::npos) << report;
+    EXPECT_NE(report.find(k.expected), std::string::npos) << report;
+    EXPECT_TRUE(read_jsonl(metrics).empty()) << "a step ran before the refusal";
+  }
 }
 
 }  // namespace
