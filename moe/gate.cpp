@@ -9,6 +9,7 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -76,13 +77,10 @@ void check(const torch::Tensor& logits, const GateOptions& o) {
 }
 
 // Gumbel(0, 1) noise as torch.distributions.Gumbel samples it: -log(-log(u)), u uniform in
-// [tiny, 1 - eps]. Drawn in float32 on the CPU so it is the same on every device.
-// The uniform draws come from the CPU generator (the same stream on every device); the transform
-// runs where the logits are, so a GPU step does not wait for the host's logarithms (the device's
-// log may differ from the host's in the last bit).
+// [tiny, 1 - eps], drawn from `gen` (noise_generator: on the logits' device) in float32.
 torch::Tensor gumbel(at::Generator& gen, int64_t S, int64_t E, const torch::Tensor& like) {
   using lim = std::numeric_limits<float>;
-  const auto u = host_to_device(torch::rand({S, E}, gen, torch::kFloat), like.device())
+  const auto u = torch::rand({S, E}, gen, torch::dtype(torch::kFloat).device(like.device()))
                      .clamp(lim::min(), 1.0 - lim::epsilon());
   return (-torch::log(-torch::log(u))).to(like.scalar_type());
 }
@@ -133,12 +131,24 @@ torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& dev
   return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
+at::Generator noise_generator(uint64_t seed, const torch::Device& device) {
+  if (device.is_cpu()) return at::detail::createCPUGenerator(seed);
+  at::Generator global = at::globalContext().defaultGenerator(device);  // shares its state
+  at::Generator gen;
+  {
+    std::lock_guard<std::mutex> lock(global.mutex());
+    gen = global.clone();
+  }
+  gen.set_current_seed(seed);  // also rewinds the Philox offset to 0
+  return gen;
+}
+
 GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   check(logits, o);
   const int64_t S = logits.size(0), E = logits.size(1), k = o.k, R = S * k;
   const auto dev = logits.device();
   const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(dev);
-  auto gen = at::detail::createCPUGenerator(o.seed);
+  auto gen = noise_generator(o.seed, dev);
 
   const auto gates = torch::softmax(logits, 1);
   const auto plain = logits.detach();
@@ -205,7 +215,7 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   int64_t place_bound = R;
   bool place_is_slot_order = true;  // the survivors' order is the slots' order
   if (k == 1 && o.use_rts) {
-    const auto prio = host_to_device(torch::rand({S}, gen, torch::kFloat), dev);
+    const auto prio = torch::rand({S}, gen, torch::dtype(torch::kFloat).device(dev));
     place = priority_place(prio.index_select(0, token), token);
     place_is_slot_order = false;
   } else if (k == 2) {

@@ -39,11 +39,13 @@
 //   - between tokens competing for capacity at equal priority: the lowest token index survives.
 //
 // Randomness: all noise (RSample Gumbel, RTS priorities, 2nd-expert Gumbel) is drawn as uniform
-// numbers on the CPU from a generator created from `seed` alone, in that order, then moved to
-// the logits' device through page-locked memory by a copy queued on the stream (no host wait),
-// where the Gumbel transform -log(-log(u)) runs; so the noise does not depend on how experts are
-// spread over ranks, and across devices only in the last bit of a logarithm. The layer
-// derives the seed from (seed, step, micro-batch, layer). DeepSpeed draws from the global RNG.
+// numbers, in that order, from one generator created from `seed` alone for the logits' device
+// (noise_generator): LibTorch's CPU generator on the CPU, the device's own (Philox on CUDA) on a
+// GPU, where the draws and the Gumbel transform -log(-log(u)) run as kernels on the stream (no host
+// work, no copy). So the noise does not depend on how experts are spread over ranks; it depends
+// on the device type: a CPU run and a GPU run draw different noise. (Drawn on the host and
+// copied, the 2nd-expert Gumbel cost moe-8x 5% of its step on one H200.) The layer derives the
+// seed from (seed, step, micro-batch, layer). DeepSpeed draws from the global RNG.
 //
 // What differs from DeepSpeed, on purpose:
 //   - noisy_gate_policy Jitter multiplies the gate's INPUT (before W_g), so it belongs to the
@@ -125,6 +127,11 @@ GateOutput gate(const torch::Tensor& logits, const GateOptions& options);
 // `host` (a CPU tensor) on `device`; for CUDA through page-locked memory and a non-blocking copy
 // on the current stream, so the host does not wait.
 torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& device);
+
+// A fresh generator for `device`'s type seeded with `seed` alone (offset 0): the CPU's mt19937,
+// or a copy of the device's default generator (Philox on CUDA) reseeded, so draws from it run on
+// the device and do not touch the process's global random state.
+at::Generator noise_generator(uint64_t seed, const torch::Device& device);
 
 // DeepSpeed's _capacity: ceil(S / E * factor) evaluated in float32 as DeepSpeed's scripted
 // function does, raised to min_capacity.

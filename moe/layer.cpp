@@ -161,9 +161,9 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
   // 1. Gate, in float32 (DeepSpeed's TopKGate casts input and weight).
   auto gate_in = x.to(torch::kFloat);
   if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && o.k == 1 && is_training()) {
-    auto gen = at::detail::createCPUGenerator(layer_key(o, KeyTag::Jitter, c));
-    const auto u = torch::rand({S, d}, gen, torch::kFloat);
-    gate_in = gate_in * host_to_device(u * (2 * kJitterEps) + (1 - kJitterEps), gate_in.device());
+    auto gen = noise_generator(layer_key(o, KeyTag::Jitter, c), gate_in.device());
+    const auto u = torch::rand({S, d}, gen, gate_in.options());
+    gate_in = gate_in * (u * (2 * kJitterEps) + (1 - kJitterEps));
   }
   const auto logits = torch::nn::functional::linear(gate_in, gate->weight.to(torch::kFloat));
   GateOptions go = o.gate_options();
