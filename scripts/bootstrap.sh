@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 # libopenblas0-pthread: Debian's libtorch-dev links libblas.so.3 / liblapack.so.3, which without
 # it are the netlib reference code (fp32 matrix products ~10x slower on CPU); installing it
 # switches both alternatives to OpenBLAS.
-packages=(g++ cmake ninja-build ccache pkg-config libtorch-dev nlohmann-json3-dev libfmt-dev
+packages=(g++ cmake ninja-build ccache lld pkg-config libtorch-dev nlohmann-json3-dev libfmt-dev
           libgtest-dev libgloo-dev liburing-dev libopenblas0-pthread)
 if [[ "${STRATA_SKIP_APT:-0}" != 1 ]]; then
   missing=()

@@ -6,8 +6,13 @@
 #               (RelWithDebInfo keeping NDEBUG, at -O0 -g1: a translation unit compiles in the time
 #               of the Release build's, where -O1 took 1.4x as long)
 #   asan-suite  every CTest suite in build-asan/ (GPU tests skip cleanly without a GPU); the
-#               exhaustive fuzz loops take every 7th case and the chaos test 3 seeds per stage
+#               exhaustive fuzz loops take every 7th case and the chaos test 2 seeds per stage
 #               there (tests/sanitized.h)
+#   tsan-build  build-tsan/: ThreadSanitizer over comm and the launcher, the code of Strata's own
+#               threads (Gloo's and liveness's, the launcher's pumps): their test binaries and
+#               strata-run
+#   tsan-suite  their CTest suites (label tsan; scripts/sanitizers/tsan.supp says what is
+#               suppressed and why)
 # and, when asked for (STRATA_TEST_STAGES):
 #   build       build/ in Release, as scripts/bootstrap.sh builds it
 #   suite       every CTest suite in build/
@@ -16,18 +21,19 @@
 # every heap access, leak and undefined behaviour checked.
 #
 #   scripts/test.sh [extra ctest arguments, e.g. -L unit]   # they apply to every suite
-# Environment: STRATA_TEST_STAGES (default "apt asan"; "build suite" for the Release suite in
-# build/, every fuzz case and chaos seed included), BUILD_DIR (default build), ASAN_BUILD_DIR
-# (build-asan), STRATA_JOBS (build and ctest parallelism, default nproc). A failed build skips
-# its suite; a failed suite does not stop the next stages; the exit status is that of the first
-# stage that failed.
+# Environment: STRATA_TEST_STAGES (default "apt asan tsan"; "build suite" for the Release suite
+# in build/, every fuzz case and chaos seed included), BUILD_DIR (default build), ASAN_BUILD_DIR
+# (build-asan), TSAN_BUILD_DIR (build-tsan), STRATA_JOBS (build and ctest parallelism, default
+# nproc). A failed build skips its suite; a failed suite does not stop the next stages; the exit
+# status is that of the first stage that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-stages=" ${STRATA_TEST_STAGES:-apt asan} "
+stages=" ${STRATA_TEST_STAGES:-apt asan tsan} "
 jobs=${STRATA_JOBS:-$(nproc)}
 build_dir=${BUILD_DIR:-build}
 asan_dir=${ASAN_BUILD_DIR:-build-asan}
+tsan_dir=${TSAN_BUILD_DIR:-build-tsan}
 ctest_args=("$@")
 
 declare -a table=()
@@ -59,12 +65,30 @@ run_ctest() {  # run_ctest DIR [ctest arguments]
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 600 "$@" "${ctest_args[@]}"
 }
 
+# ThreadSanitizer's scope: comm's tests (Gloo, the store, liveness, a rank's threads) and the
+# launcher's (their CTest label: tsan), with strata-run. test_launcher_ssh is left out: it needs
+# train_gpt, i.e. the whole engine, whose threads run inside LibTorch, which is not instrumented.
+tsan_targets=(test_comm_unit test_comm_multirank test_launcher_parts test_hostfile_fuzz
+              test_launcher_run strata-run)
 plain_build() { STRATA_SKIP_APT=1 BUILD_DIR="$build_dir" STRATA_JOBS="$jobs" scripts/bootstrap.sh; }
 configure_sanitized() {  # configure_sanitized DIR SANITIZERS
   cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O0 -g1 -DNDEBUG" -DSTRATA_SANITIZE="$2" >/dev/null
 }
-asan_build() { configure_sanitized "$asan_dir" address,undefined && cmake --build "$asan_dir" -j "$jobs"; }
+asan_build() {
+  configure_sanitized "$asan_dir" address,undefined && cmake --build "$asan_dir" -j "$jobs"
+}
+tsan_build() {
+  configure_sanitized "$tsan_dir" thread &&
+    cmake --build "$tsan_dir" -j "$jobs" --target "${tsan_targets[@]}"
+}
+tsan_suite() (
+  # shellcheck source=sanitizers/env.sh
+  source scripts/sanitizers/env.sh
+  # Label tsan marks the suites of tsan_targets (tests/comm, tests/launcher); the tree's other
+  # suites are not built there.
+  run_ctest "$tsan_dir" -L tsan
+)
 sanitized_suite() (  # sanitized_suite DIR [ctest arguments]: with the sanitizers' runtime options
   # shellcheck source=sanitizers/env.sh
   source scripts/sanitizers/env.sh
@@ -85,6 +109,9 @@ elif want suite; then
 fi
 if want asan; then
   stage asan-build asan_build && stage asan-suite sanitized_suite "$asan_dir"
+fi
+if want tsan; then
+  stage tsan-build tsan_build && stage tsan-suite tsan_suite
 fi
 
 echo "=== test.sh: minutes per stage"

@@ -23,5 +23,9 @@ namespace strata::test {
 inline constexpr bool kSanitized = STRATA_TEST_SANITIZED != 0;
 // A prime, so that the sampled bytes fall at every offset within JSON tokens and 4-byte fields.
 inline constexpr size_t kSanitizedStride = kSanitized ? 7 : 1;
+// Added to a time bound that includes starting torch-linked processes: under a sanitizer each
+// starts 1.5-3 s later (LibTorch's static initializers through the sanitizer's allocator), more
+// when ranks share the 2 cores.
+inline constexpr double kSanitizedStartupSeconds = kSanitized ? 6.0 : 0.0;
 
 }  // namespace strata::test

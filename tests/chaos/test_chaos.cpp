@@ -490,8 +490,8 @@ void print_table(const std::string& title, const std::vector<Row>& rows) {
 
 int runs_per_stage() {
   const char* env = std::getenv("STRATA_CHAOS_RUNS");
-  // Under a sanitizer (tests/sanitized.h) 3: each run's five processes start at -O0 there.
-  return env && std::atoi(env) > 0 ? std::atoi(env) : strata::test::kSanitized ? 3 : 10;
+  // Under a sanitizer (tests/sanitized.h) 2: each run's five processes start at -O0 there.
+  return env && std::atoi(env) > 0 ? std::atoi(env) : strata::test::kSanitized ? 2 : 10;
 }
 
 // Under strata-run: kill, check the end, resume, compare.

@@ -237,7 +237,8 @@ TEST_F(TrainGptNvme, FullOrReadOnlyFileSystemIsRefusedBeforeStepOne) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       close(out[0]);
-      if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      if (unshare(CLONE_NEWNS) != 0 ||
+          mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
           mount("tmpfs", mnt.c_str(), "tmpfs", k.flags, k.options) != 0)
         _exit(77);
       const auto r = train(1, "--config " + cfg + " --steps 2 --metrics-jsonl " + metrics);
@@ -254,7 +255,8 @@ TEST_F(TrainGptNvme, FullOrReadOnlyFileSystemIsRefusedBeforeStepOne) {
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFEXITED(status)) << status;
-    if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "cannot mount a small tmpfs here (needs CAP_SYS_ADMIN)";
+    if (WEXITSTATUS(status) == 77)
+      GTEST_SKIP() << "cannot mount a small tmpfs here (needs CAP_SYS_ADMIN)";
     EXPECT_EQ(WEXITSTATUS(status), 0) << "the refused run left files on the small file system";
     const auto newline = report.find('\n');
     ASSERT_NE(newline, std::string::npos) << report;
