@@ -44,7 +44,7 @@
 // GPU, where the draws and the Gumbel transform -log(-log(u)) run as kernels on the stream (no host
 // work, no copy). So the noise does not depend on how experts are spread over ranks; it depends
 // on the device type: a CPU run and a GPU run draw different noise. (Drawn on the host and
-// copied, the 2nd-expert Gumbel cost moe-8x 5% of its step on one H200.) The layer derives the
+// copied, the 2nd-expert Gumbel cost moe-8x 4% of its step on one H200.) The layer derives the
 // seed from (seed, step, micro-batch, layer). DeepSpeed draws from the global RNG.
 //
 // What differs from DeepSpeed, on purpose:

@@ -8,9 +8,10 @@
 #   asan-suite  every CTest suite in build-asan/ (GPU tests skip cleanly without a GPU); the
 #               exhaustive fuzz loops take every 7th case and the chaos test 2 seeds per stage
 #               there (tests/sanitized.h)
-#   tsan-build  build-tsan/: ThreadSanitizer over comm and the launcher, the code of Strata's own
-#               threads (Gloo's and liveness's, the launcher's pumps): their test binaries and
-#               strata-run
+#   tsan-build  build-tsan/: ThreadSanitizer over the code of Strata's own threads: comm (Gloo's
+#               worker, liveness, the store), the launcher (its pumps, strata-run) and the NVMe
+#               store with the optimizer swapper (io_uring workers, pipelined tiles): their test
+#               binaries and strata-run
 #   tsan-suite  their CTest suites (label tsan; scripts/sanitizers/tsan.supp says what is
 #               suppressed and why)
 # and, when asked for (STRATA_TEST_STAGES):
@@ -65,11 +66,12 @@ run_ctest() {  # run_ctest DIR [ctest arguments]
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 600 "$@" "${ctest_args[@]}"
 }
 
-# ThreadSanitizer's scope: comm's tests (Gloo, the store, liveness, a rank's threads) and the
-# launcher's (their CTest label: tsan), with strata-run. test_launcher_ssh is left out: it needs
-# train_gpt, i.e. the whole engine, whose threads run inside LibTorch, which is not instrumented.
-tsan_targets=(test_comm_unit test_comm_multirank test_launcher_parts test_hostfile_fuzz
-              test_launcher_run strata-run)
+# ThreadSanitizer's scope (the suites labelled tsan): comm's tests (Gloo, the store, liveness, a
+# rank's threads), the launcher's with strata-run, and the NVMe store's and optimizer swapper's
+# (torch-free). Left out: test_launcher_ssh (it needs train_gpt, the whole engine) and the
+# engine's threads (the CPU Adam's, weight arrival's), which run inside LibTorch: not instrumented.
+tsan_targets=(test_comm_unit test_comm_multirank test_launcher_parts
+              test_launcher_run strata-run test_nvme_store test_optimizer_swapper)
 plain_build() { STRATA_SKIP_APT=1 BUILD_DIR="$build_dir" STRATA_JOBS="$jobs" scripts/bootstrap.sh; }
 configure_sanitized() {  # configure_sanitized DIR SANITIZERS
   cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -8,7 +8,6 @@
 #include <iostream>
 
 #include "ranks.h"
-#include "../sanitized.h"
 
 namespace strata::test {
 namespace {
@@ -63,33 +62,33 @@ TEST(CommMultirank, SlurmEnvironmentWithMasterFromNodeList) {
 }
 
 TEST(CommMultirank, AbsentRankTimesOutNamingIt) {
-  auto r = run("timeout_absent", 3, {}, "torchrun", "3");
+  auto r = run("timeout_absent", 3, {}, "torchrun", std::to_string(kScenarioTimeoutS));
   EXPECT_TRUE(r.all_ok()) << r.report();
-  EXPECT_LT(r.seconds, 15 + strata::test::kSanitizedStartupSeconds) << r.report();
+  EXPECT_LT(r.seconds, 15 + kScenarioExtraS + kSanitizedStartupSeconds) << r.report();
 }
 
 TEST(CommMultirank, DeadRankIsNamed) {
-  auto r = run("timeout_dead", 3, {}, "torchrun", "3");
+  auto r = run("timeout_dead", 3, {}, "torchrun", std::to_string(kScenarioTimeoutS));
   EXPECT_TRUE(r.all_ok()) << r.report();
-  EXPECT_LT(r.seconds, 12 + strata::test::kSanitizedStartupSeconds) << r.report();
+  EXPECT_LT(r.seconds, 12 + kScenarioExtraS + kSanitizedStartupSeconds) << r.report();
 }
 
 TEST(CommMultirank, RankMissingAtRendezvous) {
-  auto r = run("rendezvous_absent", 3, {0, 1}, "torchrun", "3");
+  auto r = run("rendezvous_absent", 3, {0, 1}, "torchrun", std::to_string(kScenarioTimeoutS));
   EXPECT_TRUE(r.all_ok()) << r.report();
-  EXPECT_LT(r.seconds, 10 + strata::test::kSanitizedStartupSeconds) << r.report();
+  EXPECT_LT(r.seconds, 10 + kScenarioExtraS + kSanitizedStartupSeconds) << r.report();
 }
 
 TEST(CommMultirank, StoreServerMissingAtRendezvous) {
-  auto r = run("rendezvous_no_server", 3, {1, 2}, "torchrun", "3");
+  auto r = run("rendezvous_no_server", 3, {1, 2}, "torchrun", std::to_string(kScenarioTimeoutS));
   EXPECT_TRUE(r.all_ok()) << r.report();
-  EXPECT_LT(r.seconds, 10 + strata::test::kSanitizedStartupSeconds) << r.report();
+  EXPECT_LT(r.seconds, 10 + kScenarioExtraS + kSanitizedStartupSeconds) << r.report();
 }
 
 TEST(CommMultirank, RankMissingAtNewGroup) {
-  auto r = run("new_group_absent", 3, {}, "torchrun", "3");
+  auto r = run("new_group_absent", 3, {}, "torchrun", std::to_string(kScenarioTimeoutS));
   EXPECT_TRUE(r.all_ok()) << r.report();
-  EXPECT_LT(r.seconds, 12 + strata::test::kSanitizedStartupSeconds) << r.report();
+  EXPECT_LT(r.seconds, 12 + kScenarioExtraS + kSanitizedStartupSeconds) << r.report();
 }
 
 // Different sizes, dtypes, roots, splits or collectives on the ranks: an error on every rank at

@@ -9,7 +9,15 @@
 #include <utility>
 #include <vector>
 
+#include "../sanitized.h"
+
 namespace strata::test {
+
+// STRATA_TIMEOUT of the timeout scenarios: 3 s; under a sanitizer 8 s, where each rank takes 2-4 s
+// to start (LibTorch's initializers through the sanitizer's runtime, 3 ranks on 2 cores) and a
+// 3 s rendezvous timed out before the last rank arrived. kScenarioExtraS shifts their bounds.
+inline constexpr int kScenarioTimeoutS = kSanitized ? 8 : 3;
+inline constexpr int kScenarioExtraS = kScenarioTimeoutS - 3;
 
 struct LaunchSpec {
   std::string scenario;

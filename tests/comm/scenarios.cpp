@@ -318,21 +318,22 @@ STRATA_SCENARIO(env_slurm) {
   expect_close(t, torch::full({3}, double(e.world_size)), "all_reduce");
 }
 
-// The last rank is alive but never calls the collective. STRATA_TIMEOUT=3.
+// The last rank is alive but never calls the collective. STRATA_TIMEOUT=kScenarioTimeoutS.
 STRATA_SCENARIO(timeout_absent) {
   auto pg = init_process_group();
-  check(pg->timeout() == std::chrono::seconds(3), "timeout from STRATA_TIMEOUT");
+  check(pg->timeout() == std::chrono::seconds(kScenarioTimeoutS), "timeout from STRATA_TIMEOUT");
   const int n = pg->size(), r = pg->rank(), missing = n - 1;
   auto warm = on_device(torch::ones({4}), torch::kFloat);
   pg->all_reduce(warm);  // everyone is here (and NCCL is connected)
   if (r == missing) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(6000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(6000 + 1000 * kScenarioExtraS));
     return;
   }
   auto t = on_device(torch::ones({4}), torch::kFloat);
   const auto start = Clock::now();
   const std::vector<std::string> needles = {
-      "all_reduce timed out after 3 s on rank " + std::to_string(r) + " of " + std::to_string(n),
+      "all_reduce timed out after " + std::to_string(kScenarioTimeoutS) + " s on rank " +
+          std::to_string(r) + " of " + std::to_string(n),
       "rank " + std::to_string(missing) + " did not take part (alive"};
   const char* blocking = std::getenv("STRATA_NCCL_BLOCKING_WAIT");
   if (!on_cuda() || (blocking && std::string(blocking) == "1")) {
@@ -345,13 +346,14 @@ STRATA_SCENARIO(timeout_absent) {
     expect_error([&] { w->wait(); }, needles, "wait() on the all_reduce with a rank absent");
   }
   const double took = seconds_since(start);
-  check(took > 2.5 && took < 8, "failed after " + std::to_string(took) + " s");
+  check(took > kScenarioTimeoutS - 0.5 && took < 8 + kScenarioExtraS,
+        "failed after " + std::to_string(took) + " s");
   expect_error([&] { pg->barrier(); }, {"barrier on group world: the group is broken",
                                         "all_reduce timed out"},
                "later calls");
 }
 
-// The last rank dies after the first collective. STRATA_TIMEOUT=3.
+// The last rank dies after the first collective. STRATA_TIMEOUT=kScenarioTimeoutS.
 STRATA_SCENARIO(timeout_dead) {
   auto pg = init_process_group();
   const int n = pg->size(), r = pg->rank(), dead = n - 1;
@@ -388,45 +390,47 @@ STRATA_SCENARIO(timeout_dead) {
     expect_error([&] { w->wait(); }, needles, "wait() on the all_gather with a rank dead");
   }
   const double took = seconds_since(start);
-  check(took < 8, "failed after " + std::to_string(took) + " s");
+  check(took < 8 + kScenarioExtraS, "failed after " + std::to_string(took) + " s");
 }
 
-// Started without the last rank. STRATA_TIMEOUT=3.
+// Started without the last rank. STRATA_TIMEOUT=kScenarioTimeoutS.
 STRATA_SCENARIO(rendezvous_absent) {
   const RankEnv e = read_rank_env();
   const auto start = Clock::now();
   expect_error([] { init_process_group(); },
-               {"rendezvous timed out after 3 s on rank " + std::to_string(e.rank) + " of " +
-                    std::to_string(e.world_size),
+               {"rendezvous timed out after " + std::to_string(kScenarioTimeoutS) + " s on rank " +
+                    std::to_string(e.rank) + " of " + std::to_string(e.world_size),
                 "rank " + std::to_string(e.world_size - 1) + " never arrived"},
                "init without the last rank");
-  check(seconds_since(start) < 6, "took " + std::to_string(seconds_since(start)) + " s");
+  check(seconds_since(start) < 6 + kScenarioExtraS,
+        "took " + std::to_string(seconds_since(start)) + " s");
 }
 
-// Started without rank 0, which serves the store. STRATA_TIMEOUT=3.
+// Started without rank 0, which serves the store. STRATA_TIMEOUT=kScenarioTimeoutS.
 STRATA_SCENARIO(rendezvous_no_server) {
   const RankEnv e = read_rank_env();
   const auto start = Clock::now();
   expect_error([] { init_process_group(); },
                {"rendezvous failed on rank " + std::to_string(e.rank), "rank 0"},
                "init without rank 0");
-  check(seconds_since(start) < 6, "took " + std::to_string(seconds_since(start)) + " s");
+  check(seconds_since(start) < 6 + kScenarioExtraS,
+        "took " + std::to_string(seconds_since(start)) + " s");
 }
 
-// The last rank never calls new_group. STRATA_TIMEOUT=3.
+// The last rank never calls new_group. STRATA_TIMEOUT=kScenarioTimeoutS.
 STRATA_SCENARIO(new_group_absent) {
   auto pg = init_process_group();
   const int n = pg->size(), missing = n - 1;
   pg->barrier();
   if (pg->rank() == missing) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(6500));
+    std::this_thread::sleep_for(std::chrono::milliseconds(6500 + 1000 * kScenarioExtraS));
     return;
   }
   std::vector<int> all;
   for (int k = 0; k < n; ++k) all.push_back(k);
   expect_error([&] { pg->new_group(all); },
-               {"new_group timed out after 3 s", "rank " + std::to_string(missing) +
-                                                     " (alive, but it did not call new_group"},
+               {"new_group timed out after " + std::to_string(kScenarioTimeoutS) + " s",
+                "rank " + std::to_string(missing) + " (alive, but it did not call new_group"},
                "new_group with a rank absent");
 }
 
