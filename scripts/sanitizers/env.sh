@@ -8,7 +8,7 @@ export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_ord
 detect_stack_use_after_return=0:print_summary=1:color=never"
 # UBSan: every check is fatal at compile time already (-fno-sanitize-recover=all); stacks printed.
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:color=never"
-# TSan (the tsan stage: comm and the launcher): every report is fatal; the suppressions file
-# lists the false reports of uninstrumented libraries, each with its reason.
+# TSan (the tsan stage: comm, the launcher, the NVMe store): every report is fatal; tsan.supp
+# lists the false reports caused by uninstrumented libraries, each with its reason.
 export TSAN_OPTIONS="suppressions=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/tsan.supp:\
 halt_on_error=1:second_deadlock_stack=1:print_suppressions=0:color=never"
