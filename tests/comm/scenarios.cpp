@@ -326,7 +326,8 @@ STRATA_SCENARIO(timeout_absent) {
   auto warm = on_device(torch::ones({4}), torch::kFloat);
   pg->all_reduce(warm);  // everyone is here (and NCCL is connected)
   if (r == missing) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(6000 + 1000 * kScenarioExtraS));
+    // Alive well past the others' timeout.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2000 * kScenarioTimeoutS));
     return;
   }
   auto t = on_device(torch::ones({4}), torch::kFloat);
@@ -402,7 +403,7 @@ STRATA_SCENARIO(rendezvous_absent) {
                     std::to_string(e.rank) + " of " + std::to_string(e.world_size),
                 "rank " + std::to_string(e.world_size - 1) + " never arrived"},
                "init without the last rank");
-  check(seconds_since(start) < 6 + kScenarioExtraS,
+  check(seconds_since(start) < 6 + 2 * kScenarioExtraS,
         "took " + std::to_string(seconds_since(start)) + " s");
 }
 
@@ -413,7 +414,7 @@ STRATA_SCENARIO(rendezvous_no_server) {
   expect_error([] { init_process_group(); },
                {"rendezvous failed on rank " + std::to_string(e.rank), "rank 0"},
                "init without rank 0");
-  check(seconds_since(start) < 6 + kScenarioExtraS,
+  check(seconds_since(start) < 6 + 2 * kScenarioExtraS,
         "took " + std::to_string(seconds_since(start)) + " s");
 }
 
@@ -423,7 +424,7 @@ STRATA_SCENARIO(new_group_absent) {
   const int n = pg->size(), missing = n - 1;
   pg->barrier();
   if (pg->rank() == missing) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(6500 + 1000 * kScenarioExtraS));
+    std::this_thread::sleep_for(std::chrono::milliseconds(6500 + 2000 * kScenarioExtraS));
     return;
   }
   std::vector<int> all;
