@@ -89,8 +89,8 @@ tsan_build() {
 tsan_suite() (
   # shellcheck source=sanitizers/env.sh
   source scripts/sanitizers/env.sh
-  # Label tsan marks the suites of tsan_targets (tests/comm, tests/launcher); the tree's other
-  # suites are not built there.
+  # Label tsan marks the suites of tsan_targets (tests/comm, tests/launcher, tests/offload); the
+  # tree's other suites are not built there.
   run_ctest "$tsan_dir" -L tsan
 )
 sanitized_suite() (  # sanitized_suite DIR [ctest arguments]: with the sanitizers' runtime options
