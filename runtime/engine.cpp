@@ -2,6 +2,7 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -136,6 +137,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       throw Error(fmt::format("{}: the model was built inside a PartitionedInit (partitioned "
                               "parameters), which needs zero_optimization.stage 3 (it is {})",
                               config_.source, config_.zero_optimization.stage));
+    if (!experts_.empty())
+      throw Error(fmt::format("{}: the model has MoE layers (expert parameter '{}') and was built "
+                              "inside a PartitionedInit, which shards over the whole world; "
+                              "experts are sharded over their expert-data-parallel group: build "
+                              "the model outside it (stage 3 shards it at initialize)",
+                              config_.source, experts_.front().name));
     init->finish();
     // Buffers and other tensors the model keeps get their bytes back; parameters stay shards.
     std::vector<torch::Tensor> params;
@@ -220,8 +227,23 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       zero::ParamUnits::ValueOf value_of;
       if (init)
         value_of = [&](const torch::Tensor& p) { return partitioned(p) ? init->take_full_value(p) : p; };
-      units_ = std::make_shared<zero::ParamUnits>(zero::plan_units(*module_, options.stage3_units),
-                                                  group_, uo, value_of);
+      auto specs = zero::plan_units(*module_, options.stage3_units);
+      if (!experts_.empty()) {
+        // The experts are units of their own, over their own group (build_stage3_experts).
+        for (auto& spec : specs) {
+          zero::UnitSpec dense{spec.name, {}, {}};
+          for (size_t i = 0; i < spec.params.size(); ++i)
+            if (!is_expert(spec.params[i])) {
+              dense.param_names.push_back(spec.param_names[i]);
+              dense.params.push_back(spec.params[i]);
+            }
+          spec = std::move(dense);
+        }
+        specs.erase(std::remove_if(specs.begin(), specs.end(),
+                                   [](const zero::UnitSpec& s) { return s.params.empty(); }),
+                    specs.end());
+      }
+      units_ = std::make_shared<zero::ParamUnits>(std::move(specs), group_, uo, value_of);
       if (init) init->release();  // the units own the parameters now
       zero::CoordinatorOptions co;
       co.prefetch_numel = zero.stage3_prefetch_bucket_size.value;
@@ -229,7 +251,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       co.max_reuse_distance = zero.stage3_max_reuse_distance;
       coordinator_ = std::make_unique<zero::ParamCoordinator>(units_, group_, co);
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(units_, group_, po, build);
-      offload_parameters();  // after the optimizer read the partition
+      if (!experts_.empty()) build_stage3_experts(uo, co, po, options);
+      offload_parameters();  // after the optimizers read the partitions
     } else if (experts_.empty()) {
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(params_, group_, po, build);
     } else {
@@ -239,21 +262,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
         throw Error("strata::initialize: every trainable parameter is an MoE expert; the engine "
                     "needs the others (at least the gate) trainable too");
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(dense, group_, po, build);
-      // Experts: averaged over their expert-data-parallel group, scaled to the world's mean,
-      // their norm summed over the expert-parallel group (zero/partitioned_optimizer.h).
-      const auto& edp = expert_groups_.expert_data_parallel;
-      auto eo = po;
-      eo.gradient_factor = static_cast<double>(edp ? edp->size() : 1) / data_parallel_size();
-      eo.norm_group = expert_groups_.expert_parallel;
-      auto build_experts = [&](std::vector<torch::Tensor> master) {
-        if (!options.expert_optimizer_builder) return make_optimizer_over(master, options);
-        std::shared_ptr<torch::optim::Optimizer> built = options.expert_optimizer_builder(master);
-        if (!built) throw Error("strata::initialize: expert_optimizer_builder returned null");
-        return built;
-      };
-      expert_partitioned_ =
-          std::make_unique<zero::PartitionedOptimizer>(expert, edp, eo, build_experts);
-      expert_optimizer_ = expert_partitioned_->inner();
+      build_expert_optimizer(po, options, expert);
     }
     optimizer_ = partitioned_->inner();
     // Strata's Adam steps the flat master in one fused pass (a CUDA kernel on GPUs).
@@ -377,16 +386,24 @@ zero::ModelStateBytes Engine::model_state_bytes() const {
   return bytes;
 }
 
-std::optional<zero::ParamCoordinator::Scope> Engine::begin_forward() {
-  std::optional<zero::ParamCoordinator::Scope> scope;
-  if (!coordinator_) return scope;
-  coordinator_->rethrow_if_failed();
-  scope.emplace(coordinator_.get(), zero::ParamCoordinator::Phase::kForward);
-  return scope;
+std::vector<zero::ParamCoordinator*> Engine::coordinators() const {
+  std::vector<zero::ParamCoordinator*> out;
+  for (auto* c : {coordinator_.get(), expert_coordinator_.get()})
+    if (c) out.push_back(c);
+  return out;
+}
+
+std::vector<zero::ParamCoordinator::Scope> Engine::begin_forward() {
+  std::vector<zero::ParamCoordinator::Scope> scopes;
+  for (auto* c : coordinators()) {
+    c->rethrow_if_failed();
+    scopes.emplace_back(c, zero::ParamCoordinator::Phase::kForward);
+  }
+  return scopes;
 }
 
 void Engine::end_forward() {
-  if (coordinator_) coordinator_->rethrow_if_failed();
+  for (auto* c : coordinators()) c->rethrow_if_failed();
 }
 
 int64_t Engine::live_param_bytes_peak() const {
@@ -399,7 +416,6 @@ int64_t Engine::live_param_bytes_peak() const {
 
 std::shared_ptr<void> Engine::gathered_parameters() {
   if (!coordinator_) return std::make_shared<int>(0);
-  coordinator_->rethrow_if_failed();
   struct Gathered {
     explicit Gathered(zero::ParamCoordinator& c)
         : c(c), scope(&c, zero::ParamCoordinator::Phase::kGathered) {}
@@ -410,9 +426,13 @@ std::shared_ptr<void> Engine::gathered_parameters() {
     zero::ParamCoordinator& c;
     zero::ParamCoordinator::Scope scope;
   };
-  auto g = std::make_shared<Gathered>(*coordinator_);
-  coordinator_->pin({});
-  return g;
+  std::vector<std::shared_ptr<Gathered>> all;
+  for (auto* c : coordinators()) {
+    c->rethrow_if_failed();
+    all.push_back(std::make_shared<Gathered>(*c));
+    c->pin({});
+  }
+  return std::make_shared<decltype(all)>(std::move(all));
 }
 
 void Engine::backward(const torch::Tensor& loss) {
@@ -430,17 +450,17 @@ void Engine::backward(const torch::Tensor& loss) {
   if (expert_partitioned_) expert_partitioned_->begin_backward(boundary);
   // fp16: the loss scale; accumulation: 1/gas, so the window's gradients sum to the mean.
   const double factor = scaler_.cur_scale() / static_cast<double>(gradient_accumulation_steps());
-  std::optional<zero::ParamCoordinator::Scope> scope;
-  if (coordinator_) scope.emplace(coordinator_.get(), zero::ParamCoordinator::Phase::kBackward);
+  std::vector<zero::ParamCoordinator::Scope> scopes;
+  for (auto* c : coordinators()) scopes.emplace_back(c, zero::ParamCoordinator::Phase::kBackward);
   if (factor != 1.0)
     (loss * factor).backward();
   else
     loss.backward();
-  if (coordinator_) {
-    scope.reset();
-    coordinator_->release_all();  // the units backward used last (the first layers)
-    coordinator_->end_micro_step();
-    coordinator_->rethrow_if_failed();
+  scopes.clear();
+  for (auto* c : coordinators()) {
+    c->release_all();  // the units backward used last (the first layers)
+    c->end_micro_step();
+    c->rethrow_if_failed();
   }
 }
 
@@ -461,19 +481,20 @@ void Engine::clip_gradients() {
 }
 
 void Engine::step() {
-  if (coordinator_) coordinator_->rethrow_if_failed();
+  for (auto* c : coordinators()) c->rethrow_if_failed();
   if (partitioned_) partitioned_->end_micro_step();
   if (expert_partitioned_) expert_partitioned_->end_micro_step();
   if (is_gradient_accumulation_boundary()) {
     // Before any weight changes: did every rank gather the same units?
-    if (coordinator_) coordinator_->check_same_gathers();
+    for (auto* c : coordinators()) c->check_same_gathers();
     if (partitioned_)
       partitioned_step();
     else
       plain_step();
-    if (coordinator_) {
-      last_live_peak_ = coordinator_->live_bytes_peak();
-      coordinator_->reset_peak();
+    if (coordinator_) last_live_peak_ = 0;
+    for (auto* c : coordinators()) {  // experts and the rest: each one's peak (an upper bound)
+      last_live_peak_ += c->live_bytes_peak();
+      c->reset_peak();
     }
     ++global_steps_;
     if (monitored_) write_step_events();

@@ -129,9 +129,12 @@ class Engine {
     settle_step();
     return partitioned_ && partitioned_->offloads() ? &partitioned_->last_offload_times() : nullptr;
   }
-  // Stage 3: the units the parameters are cut into (null below stage 3).
+  // Stage 3: the units the parameters are cut into (null below stage 3); with MoE, the experts'
+  // units (one per MoE layer, sharded over the expert-data-parallel group) are apart.
   const zero::ParamUnits* stage3_units() const { return units_.get(); }
   zero::ParamCoordinator* stage3_coordinator() const { return coordinator_.get(); }
+  const zero::ParamUnits* stage3_expert_units() const { return expert_units_.get(); }
+  zero::ParamCoordinator* stage3_expert_coordinator() const { return expert_coordinator_.get(); }
   // Checkpoints (runtime/checkpoint's layout: DIR/TAG/ with a manifest, DIR/latest): model
   // states, this rank's master weights and optimizer state, the loss scaler, the LR schedule,
   // the step counters and the program's own `client_state` (e.g. its data position). Every rank
@@ -189,6 +192,14 @@ class Engine {
   void find_experts();
   void check_and_broadcast_experts();
   void follow_lr_schedule();
+  // The experts' partitioned optimizer (its options and inner optimizer follow `po` and the
+  // program's expert_optimizer_builder); at stage 3 the experts' units and coordinator first.
+  void build_expert_optimizer(const zero::PartitionedOptions& po, InitOptions& options,
+                              const std::vector<torch::Tensor>& experts);
+  void build_stage3_experts(const zero::UnitOptions& uo, const zero::CoordinatorOptions& co,
+                            const zero::PartitionedOptions& po, InitOptions& options);
+  // Stage 3: the dense units and the experts' (each coordinator gathers over its own group).
+  std::vector<zero::ParamCoordinator*> coordinators() const;
   bool is_expert(const torch::Tensor& p) const;
   std::unordered_set<std::string> expert_names() const;
   // Expert checkpoints (per expert, so that they load at another ep_size).
@@ -198,7 +209,7 @@ class Engine {
  protected:
   // Stage 3: the model may gather parameters while the returned scope lives; end_forward()
   // raises what went wrong inside (a failed gather).
-  std::optional<zero::ParamCoordinator::Scope> begin_forward();
+  std::vector<zero::ParamCoordinator::Scope> begin_forward();
   void end_forward();
   // fp16.auto_cast: the dtype the forward's floating-point inputs are cast to (the model's 16-bit
   // dtype), or none.
@@ -208,9 +219,11 @@ class Engine {
 
  private:
   void log_step() const;
-  // Stage 3 (collective): the module's parameters (every name) and buffers as host copies,
-  // gathered unit by unit; empty unless `keep` (only rank 0 keeps them).
-  std::vector<std::pair<std::string, torch::Tensor>> stage3_host_copies(bool keep);
+  // Stage 3 (collective): the module's parameters (every name; MoE experts only `with_experts`,
+  // else left out) and buffers as host copies, gathered unit by unit; empty unless `keep` (only
+  // rank 0 keeps them).
+  std::vector<std::pair<std::string, torch::Tensor>> stage3_host_copies(bool keep,
+                                                                        bool with_experts);
   // Stage 3: the saved parameters into the units' shards, the buffers into the module.
   template <class TensorFile>
   void install_stage3_weights(const TensorFile& states);
@@ -245,6 +258,8 @@ class Engine {
   std::vector<moe::ExpertParameter> experts_;
   comm::ParallelGroups expert_groups_;
   std::unique_ptr<zero::PartitionedOptimizer> expert_partitioned_;
+  std::shared_ptr<zero::ParamUnits> expert_units_;              // stage 3
+  std::unique_ptr<zero::ParamCoordinator> expert_coordinator_;  // stage 3
   std::shared_ptr<torch::optim::Optimizer> expert_optimizer_;
   double expert_lr_ratio_ = 1.0;  // experts' lr / the others' first group's, at construction
   LossScaler scaler_;

@@ -136,12 +136,15 @@ struct FlatLayout {
   int64_t part = 0;
 };
 
-FlatLayout flat_layout(torch::nn::Module& module, const zero::PartitionedOptimizer& partitioned) {
+// MoE experts (`skip`) are not in it: they have their own layout (runtime/engine_experts.cpp).
+FlatLayout flat_layout(torch::nn::Module& module, const zero::PartitionedOptimizer& partitioned,
+                       const Names& skip) {
   const auto* units = partitioned.units();
   if (!units) return {partitioned.flat().numel(), partitioned.shards(), partitioned.partition_index()};
   std::unordered_map<const c10::TensorImpl*, int64_t> offset;
   int64_t numel = 0;
   for (const auto& p : unique_parameters(module, true)) {
+    if (skip.count(p.name)) continue;
     offset[p.tensor.unsafeGetTensorImpl()] = numel;
     numel += p.tensor.numel();
   }
@@ -158,21 +161,28 @@ std::unordered_set<std::string> Engine::expert_names() const {
   return names;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> Engine::stage3_host_copies(bool keep) {
+std::vector<std::pair<std::string, torch::Tensor>> Engine::stage3_host_copies(bool keep,
+                                                                              bool with_experts) {
   std::unordered_map<const c10::TensorImpl*, torch::Tensor> copies;
-  for (size_t u = 0; u < units_->size(); ++u) {
-    coordinator_->pin({u});
-    if (keep)
-      for (const auto& p : units_->unit(u).params)
-        copies[p.unsafeGetTensorImpl()] = p.detach().to(torch::kCPU, /*non_blocking=*/false,
-                                                        /*copy=*/true);
-    coordinator_->unpin();
-    coordinator_->release_all();
-  }
+  auto copy = [&](const zero::ParamUnits& units, zero::ParamCoordinator& coordinator) {
+    for (size_t u = 0; u < units.size(); ++u) {
+      coordinator.pin({u});
+      if (keep)
+        for (const auto& p : units.unit(u).params)
+          copies[p.unsafeGetTensorImpl()] = p.detach().to(torch::kCPU, /*non_blocking=*/false,
+                                                          /*copy=*/true);
+      coordinator.unpin();
+      coordinator.release_all();
+    }
+  };
+  copy(*units_, *coordinator_);
+  if (with_experts && expert_units_) copy(*expert_units_, *expert_coordinator_);
   NamedTensors out;
   if (!keep) return out;
+  const auto skip = with_experts ? Names{} : expert_names();
   for (const auto& p : module_->named_parameters())
-    out.emplace_back("param." + p.key(), copies.at(p.value().unsafeGetTensorImpl()));
+    if (!skip.count(p.key()))
+      out.emplace_back("param." + p.key(), copies.at(p.value().unsafeGetTensorImpl()));
   for (const auto& b : module_->named_buffers()) out.emplace_back("buffer." + b.key(), b.value());
   return out;
 }
@@ -203,7 +213,8 @@ void Engine::save_16bit_model(const std::string& dir, const std::string& file) {
         config_.source, expert_groups_.expert_parallel->size()));
   NamedTensors params, buffers;
   const bool writer = data_parallel_rank() == 0;
-  const auto whole = coordinator_ ? stage3_host_copies(writer) : model_tensors(*module_, {});
+  const auto whole =
+      coordinator_ ? stage3_host_copies(writer, /*with_experts=*/true) : model_tensors(*module_, {});
   for (const auto& [key, t] : whole) {
     const bool param = key.rfind("param.", 0) == 0;
     (param ? params : buffers).emplace_back(key.substr(key.find('.') + 1), t.detach().cpu());
@@ -231,7 +242,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
   if (lr_scheduler_) engine_state["lr_scheduler"] = lr_scheduler_->state_dict();
   if (coordinator_) {
     // Stage 3: the units gathered one at a time; rank 0 keeps a host copy of each.
-    const auto whole = stage3_host_copies(/*keep=*/rank == 0);
+    const auto whole = stage3_host_copies(/*keep=*/rank == 0, /*with_experts=*/false);
     if (rank == 0) writer.write_shared("model_states", whole, engine_state);
   } else if (rank == 0) {
     writer.write_shared("model_states", model_tensors(*module_, expert_names()), engine_state);
@@ -240,7 +251,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
   NamedTensors optim;
   json scalars = json::object();
   if (partitioned_) {
-    const auto layout = flat_layout(*module_, *partitioned_);
+    const auto layout = flat_layout(*module_, *partitioned_, expert_names());
     scalars["layout"] = "flat";
     scalars["flat_numel"] = layout.numel;
     // Which parameter each range of the flat layout is (strata-ckpt consolidates by it).
@@ -318,7 +329,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   std::optional<std::string> archive;
   std::vector<optim::ParamState> param_states;
   if (partitioned_) {
-    const auto layout = flat_layout(*module_, *partitioned_);
+    const auto layout = flat_layout(*module_, *partitioned_, expert_names());
     const auto& shards = layout.shards;
     const int64_t part = layout.part;
     const auto first = optim_file(shards.parts() == saved_parts ? static_cast<int>(part) : 0);

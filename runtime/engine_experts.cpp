@@ -1,7 +1,10 @@
 // The engine's MoE side (DeepSpeed-MoE's engine and ZeRO handling of expert parameters):
 //   - the expert parameters of the model's strata::moe::MoE layers differ across the ranks of an
 //     expert-parallel group; they are checked and broadcast within their expert-data-parallel
-//     group, and trained by a second partitioned optimizer over that group (engine.cpp);
+//     group, and trained by a second partitioned optimizer over that group; at ZeRO stage 3 they
+//     are also sharded over it: one unit per MoE layer (its local experts), gathered on use by a
+//     second coordinator and offloaded with offload_param like the others (DeepSpeed refuses MoE
+//     at stage 3; this is what lets experts larger than the devices' memory train);
 //   - checkpoints hold them per expert: every rank's partition of the expert master weights,
 //     optimizer state and 16-bit weights is saved with its place in a global layout that does
 //     not depend on ep_size (layer, then global expert, then the expert's parameters), so a
@@ -45,8 +48,41 @@ std::string per_expert_name(const moe::ExpertParameter& e) {
   return rest;
 }
 
+// This rank's expert elements in one local flat layout, and its partition of that layout:
+// stages 0-2 the experts' FlatParams; stage 3 the experts' units' trainable parameters laid out
+// one after another (the partition's pieces of it from ParamUnits::shards_over).
+struct LocalExperts {
+  std::vector<torch::Tensor> params;
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+  zero::ShardMap shards;
+  int64_t part = 0;
+};
+
+LocalExperts local_experts(const zero::PartitionedOptimizer& ep) {
+  LocalExperts out;
+  out.part = ep.partition_index();
+  if (const auto* units = ep.units()) {
+    for (const auto& p : units->trainable_params()) {
+      out.params.push_back(p);
+      out.offsets.push_back(out.numel);
+      out.numel += p.numel();
+    }
+    out.shards = units->shards_over(out.offsets);
+    return out;
+  }
+  const auto& flat = ep.flat();
+  for (size_t i = 0; i < flat.params().size(); ++i) {
+    out.params.push_back(flat.params()[i]);
+    out.offsets.push_back(flat.offset(i));
+  }
+  out.numel = flat.padded_numel();
+  out.shards = ep.shards();
+  return out;
+}
+
 ExpertLayout expert_layout(const std::vector<moe::ExpertParameter>& experts,
-                           const zero::FlatParams& flat) {
+                           const LocalExperts& local) {
   struct Layer {
     int64_t experts = 0, expert_numel = 0, base = 0;
     json described = json::array();         // per parameter: name, per-expert shape, stacked
@@ -86,12 +122,12 @@ ExpertLayout expert_layout(const std::vector<moe::ExpertParameter>& experts,
   }
   std::unordered_map<const c10::TensorImpl*, const moe::ExpertParameter*> by_impl;
   for (const auto& e : experts) by_impl[e.param.unsafeGetTensorImpl()] = &e;
-  for (size_t i = 0; i < flat.params().size(); ++i) {
-    const auto& e = *by_impl.at(flat.params()[i].unsafeGetTensorImpl());
+  for (size_t i = 0; i < local.params.size(); ++i) {
+    const auto& e = *by_impl.at(local.params[i].unsafeGetTensorImpl());
     const auto& l = layers[e.layer_prefix];
     const int64_t per = e.param.numel() / e.num_experts;
     for (int64_t j = 0; j < e.num_experts; ++j)
-      out.segments.push_back({flat.offset(i) + j * per, per,
+      out.segments.push_back({local.offsets[i] + j * per, per,
                               l.base + (e.first_expert + j) * l.expert_numel +
                                   l.offset.at(per_expert_name(e))});
   }
@@ -141,11 +177,6 @@ void Engine::find_experts() {
     return;
   }
   const auto& first = experts_.front();
-  if (config_.zero_optimization.stage == 3)
-    throw Error(fmt::format(
-        "{}: the model has MoE layers (expert parameter '{}') and zero_optimization.stage is 3: "
-        "MoE with ZeRO stage 3 is not run by this build yet; use stage 0, 1 or 2",
-        config_.source, first.name));
   for (const auto& e : experts_) {
     if (e.ep_size != first.ep_size)
       throw Error(fmt::format("strata::initialize: MoE layers with different ep_size: '{}' has {}, "
@@ -178,6 +209,46 @@ void Engine::find_experts() {
             experts_.size(), moe::moe_layers(*module_).size(), ep, edp ? edp->size() : 1);
 }
 
+void Engine::build_expert_optimizer(const zero::PartitionedOptions& po, InitOptions& options,
+                                    const std::vector<torch::Tensor>& experts) {
+  // Averaged over their expert-data-parallel group, scaled to the world's mean, their norm
+  // summed over the expert-parallel group (zero/partitioned_optimizer.h).
+  const auto& edp = expert_groups_.expert_data_parallel;
+  auto eo = po;
+  eo.gradient_factor = static_cast<double>(edp ? edp->size() : 1) / data_parallel_size();
+  eo.norm_group = expert_groups_.expert_parallel;
+  eo.offload.swap_name = "expert-optimizer";  // beside the others' files in one NVMe store
+  auto build = [&](std::vector<torch::Tensor> master) {
+    if (!options.expert_optimizer_builder) return make_optimizer_over(master, options);
+    std::shared_ptr<torch::optim::Optimizer> built = options.expert_optimizer_builder(master);
+    if (!built) throw Error("strata::initialize: expert_optimizer_builder returned null");
+    return built;
+  };
+  if (expert_units_)
+    expert_partitioned_ = std::make_unique<zero::PartitionedOptimizer>(expert_units_, edp, eo, build);
+  else
+    expert_partitioned_ = std::make_unique<zero::PartitionedOptimizer>(experts, edp, eo, build);
+  expert_optimizer_ = expert_partitioned_->inner();
+}
+
+void Engine::build_stage3_experts(const zero::UnitOptions& uo, const zero::CoordinatorOptions& co,
+                                  const zero::PartitionedOptions& po, InitOptions& options) {
+  // One unit per MoE layer: this rank's experts of it, sharded over the ranks that hold the same
+  // experts (the expert-data-parallel group; with ep_size = world size nobody else does, and the
+  // unit is whole here, released and read back between uses like any other).
+  std::vector<zero::UnitSpec> specs;
+  for (const auto& e : experts_) {
+    const std::string name = e.layer_prefix + "experts";
+    if (specs.empty() || specs.back().name != name) specs.push_back({name, {}, {}});
+    specs.back().param_names.push_back(e.name);
+    specs.back().params.push_back(e.param);
+  }
+  const auto& edp = expert_groups_.expert_data_parallel;
+  expert_units_ = std::make_shared<zero::ParamUnits>(std::move(specs), edp, uo);
+  expert_coordinator_ = std::make_unique<zero::ParamCoordinator>(expert_units_, edp, co);
+  build_expert_optimizer(po, options, {});
+}
+
 void Engine::check_and_broadcast_experts() {
   const auto& edp = expert_groups_.expert_data_parallel;
   if (experts_.empty() || !edp || edp->size() == 1) return;
@@ -198,9 +269,10 @@ void Engine::follow_lr_schedule() {
 void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   if (!expert_partitioned_) return;
   const auto& ep = *expert_partitioned_;
-  const auto layout = expert_layout(experts_, ep.flat());
-  const auto& shards = ep.shards();
-  const int64_t part = ep.partition_index();
+  const auto local = local_experts(ep);
+  const auto layout = expert_layout(experts_, local);
+  const auto& shards = local.shards;
+  const int64_t part = local.part;
   // Unpartitioned (stage 0), every rank of an expert-data-parallel group holds the same experts:
   // its first rank writes them.
   const auto& edp = expert_groups_.expert_data_parallel;
@@ -212,7 +284,13 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
     pieces = to_global(shards.pieces(part), layout);
     auto [master, state] = export_master_state(ep, *expert_optimizer_);
     tensors.emplace_back("master", master);
-    tensors.emplace_back("weights", shards.gather(ep.flat().data(), part));
+    // The 16-bit weights of the partition: stage 3 keeps them as the units' shards (on NVMe
+    // they have no bytes here, and equal the master cast, which is how every step writes them).
+    const auto* units = ep.units();
+    tensors.emplace_back("weights", !units ? shards.gather(ep.flat().data(), part)
+                                    : units->partition_offload() == "nvme"
+                                        ? master.to(units->partition().scalar_type())
+                                        : units->partition());
     if (!state)
       throw Error("save_checkpoint: the experts' optimizer state cannot be saved per expert (only "
                   "Strata's Adam and SGD state can); use one of them for MoE models");
@@ -236,20 +314,19 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
     throw Error(fmt::format("{}: the checkpoint holds no MoE experts and this model has MoE layers",
                             reader.folder()));
   const auto& ep = *expert_partitioned_;
-  const auto layout = expert_layout(experts_, ep.flat());
+  const auto local = local_experts(ep);
+  const auto layout = expert_layout(experts_, local);
   // Every rank's file: the partitions that cover the global layout, each expert once.
   const checkpoint::SavedExperts saved(reader);
   if (saved.layout() != layout.describe)
     throw Error(fmt::format("{}: the checkpoint's MoE experts are not this model's: saved {}, this "
                             "model {}",
                             reader.folder(), saved.layout().dump(), layout.describe.dump()));
-  const int64_t flat_numel = ep.flat().padded_numel();
-  const int64_t part = ep.partition_index();
   auto mine = [&](const std::string& name) {
-    return ep.shards().gather(to_local(saved.assemble(name), layout, flat_numel), part);
+    return local.shards.gather(to_local(saved.assemble(name), layout, local.numel), local.part);
   };
   const auto master = mine("master");
-  const auto weights = to_local(saved.assemble("weights"), layout, flat_numel);
+  const auto weights = to_local(saved.assemble("weights"), layout, local.numel);
   optim::ParamState state;
   state.type = saved.scalars().at("state.type").get<std::string>();
   if (saved.scalars().contains("state.step")) state.scalars["step"] = saved.scalars().at("state.step");
@@ -259,9 +336,21 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
     throw Error(fmt::format("{}: the experts' master partition has shape {}, this rank's {}",
                             reader.folder(), c10::str(master.sizes()), c10::str(ep.master().sizes())));
   optim::check_param_state(*expert_optimizer_, ep.master(), state);
-  return [this, master, weights, state, layout] {
+  return [this, master, weights, state, layout, local] {
     auto& ep = *expert_partitioned_;
     install_master_state(ep, *expert_optimizer_, master, state);
+    if (auto* units = ep.units()) {  // stage 3: each unit's shard from its parameters' values
+      std::unordered_map<const c10::TensorImpl*, int64_t> offset;
+      for (size_t i = 0; i < local.params.size(); ++i)
+        offset[local.params[i].unsafeGetTensorImpl()] = local.offsets[i];
+      for (size_t u = 0; u < units->size(); ++u) {
+        std::vector<torch::Tensor> values;
+        for (const auto& p : units->unit(u).params)
+          values.push_back(weights.narrow(0, offset.at(p.unsafeGetTensorImpl()), p.numel()));
+        units->assign(u, values);
+      }
+      return;
+    }
     const auto& data = ep.flat().data();
     for (const auto& s : layout.segments)
       data.narrow(0, s.local, s.length).copy_(weights.narrow(0, s.local, s.length));

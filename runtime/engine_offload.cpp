@@ -51,7 +51,8 @@ zero::OffloadOptions Engine::optimizer_offload_options() {
   o.pin_memory = oo.pin_memory;
   o.tile_numel = zero.sub_group_size;
   if (oo.device != "nvme") return o;
-  // The schema allows NVMe at stage 3 only (as DeepSpeed), where MoE is refused: one optimizer.
+  // The schema allows NVMe at stage 3 only (as DeepSpeed). One store: MoE experts' optimizer
+  // keeps its files beside the others' under its own swap name.
   nvme_store_ = make_nvme_store(oo.nvme_path);
   o.nvme = nvme_store_;
   o.pipeline_read = oo.pipeline_read;
@@ -88,11 +89,14 @@ void Engine::offload_parameters() {
         "(offload_optimizer.device \"cpu\" or \"nvme\"): Strata's CPU step writes the new "
         "16-bit weights straight to where the parameters live",
         config_.source, op.device));
-  units_->offload_partition(op.device, op.pin_memory,
-                            op.device == "nvme" ? make_nvme_store(op.nvme_path) : nullptr);
-  log::info("[strata] parameter offload: this rank's {} trainable 16-bit shard elements in {}; "
+  const auto store = op.device == "nvme" ? make_nvme_store(op.nvme_path) : nullptr;
+  units_->offload_partition(op.device, op.pin_memory, store);
+  if (expert_units_) expert_units_->offload_partition(op.device, op.pin_memory, store, "expert-params");
+  log::info("[strata] parameter offload: this rank's {} trainable 16-bit shard elements{} in {}; "
             "each unit is {} for its gather",
             units_->partition().numel(),
+            expert_units_ ? fmt::format(" (and {} of MoE experts)", expert_units_->partition().numel())
+                          : std::string(),
             op.device == "cpu" ? (units_->partition().is_pinned() ? "page-locked host memory"
                                                                   : "host memory")
                                : "an NVMe swap file under " + op.nvme_path,
@@ -114,6 +118,17 @@ void Engine::finish_optimizer_offload() {
           "Adam/AdamW, or offload_optimizer.device \"cpu\"",
           config_.source));
     partitioned_->use_swapped_step([adam](double scale) { return adam->next_flat_scalars(scale); });
+    if (expert_partitioned_) {
+      auto expert_adam = std::dynamic_pointer_cast<optim::Adam>(expert_optimizer_);
+      if (!expert_adam || !expert_adam->can_step_flat())
+        throw Error(fmt::format(
+            "{}: zero_optimization.offload_optimizer.device \"nvme\" steps Strata's Adam/AdamW; "
+            "the MoE experts' optimizer (InitOptions::expert_optimizer_builder) is another: give "
+            "the experts Adam/AdamW too, or use offload_optimizer.device \"cpu\"",
+            config_.source));
+      expert_partitioned_->use_swapped_step(
+          [expert_adam](double scale) { return expert_adam->next_flat_scalars(scale); });
+    }
     const auto* swapper = partitioned_->swapper();
     log::info("[strata] optimizer offload to NVMe: fp32 master and Adam state of {} elements in "
               "swap files under {}{}, stepped on the CPU ({}, {} thread(s)) in tiles of {} "

@@ -25,7 +25,8 @@ int64_t ParamUnits::swap_grain() const {
 }
 
 void ParamUnits::offload_partition(const std::string& device, bool pin,
-                                   std::shared_ptr<offload::NvmeStore> store) {
+                                   std::shared_ptr<offload::NvmeStore> store,
+                                   const std::string& file_name) {
   if (device == "none") return;
   if (offload_ != "none") throw Error("ParamUnits::offload_partition: the partition left already");
   if (device != "cpu" && device != "nvme")
@@ -56,7 +57,7 @@ void ParamUnits::offload_partition(const std::string& device, bool pin,
                               u.name, partition_offset(u) * element));
   store_ = std::move(store);
   const uint64_t bytes = uint64_t(partition_.numel() * element);
-  file_ = store_->create("params", bytes);
+  file_ = store_->create(file_name, bytes);
   bounce_ = offload::AlignedBuffer(size_t(largest * element));
   // Written a unit at a time through the bounce buffer, then the partition's bytes are freed.
   for (const auto& u : units_) {

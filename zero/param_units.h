@@ -126,12 +126,13 @@ class ParamUnits {
   // offload_param (ZeRO-Infinity; zero/param_offload.cpp), once the optimizer has read
   // partition(): the trainable shards leave the model's device. "cpu": into host memory
   // (page-locked when `pin` and the model is on a GPU), copied to the device for each gather.
-  // "nvme": into one swap file ("params") of `store`, read back for each gather (the persistent
+  // "nvme": into one swap file (`file_name`) of `store`, read back for each gather (the persistent
   // unit's after each step); partition() then keeps its shape and no bytes. Frozen units' shards
   // and the persistent unit's whole copy stay where they are. The step's new weights come in
   // through write_partition().
   void offload_partition(const std::string& device, bool pin,
-                         std::shared_ptr<offload::NvmeStore> store);
+                         std::shared_ptr<offload::NvmeStore> store,
+                         const std::string& file_name = "params");
   const std::string& partition_offload() const { return offload_; }
   // New weights for partition elements [lo, lo + values.numel()) from host memory (the
   // optimizer's tiles): copied into the partition, or written to its swap file, where lo is a

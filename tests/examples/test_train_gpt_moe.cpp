@@ -1,14 +1,17 @@
 // train_gpt --model tiny-moe (Strata's MoE layer in every block: 4 experts, top-2) on real
 // processes: expert parallelism gives the losses of one rank, whatever the ep_size, world size
-// and ZeRO stage, and its checkpoints move between ep_sizes.
+// and ZeRO stage (stage 3 and NVMe offload included), and its checkpoints move between ep_sizes
+// and stages.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "train_gpt_runs.h"
 
@@ -155,6 +158,58 @@ TEST(TrainGptMoE, CheckpointAtOneEpSizeResumesAtAnother) {
   expect_same_losses(straight, at1, "resumed at ep_size 1", kSteps / 2);
 }
 
+// ZeRO stage 3 with experts: each MoE layer's experts are a unit sharded over the expert-data-
+// parallel group (ep_size 1 on 2 ranks: over both; ep_size 2 on 4 ranks: over pairs; ep_size 4 on
+// 4 ranks: not at all) and gathered on use; the losses, aux losses, drops and gradient norms are
+// one rank's at stage 2. Then the same with parameters and optimizer state of both the experts
+// and the rest on NVMe.
+TEST(TrainGptMoE, StageThreeShardsTheExpertsAndGivesOneRanksLosses) {
+  const auto one = train(1, moe_config(1, true, 2, 0.5), "s3_ref");
+  auto stage3 = [](int ep) {
+    auto c = moe_config(ep, true, 3, 0.5);
+    c["zero_optimization"]["stage3_param_persistence_threshold"] = 0;  // experts gathered too
+    return c;
+  };
+  for (const auto& [ranks, ep] : {std::pair{2, 1}, std::pair{4, 2}, std::pair{4, 4}}) {
+    const std::string tag = "s3_" + std::to_string(ranks) + "ep" + std::to_string(ep);
+    expect_same_losses(one, train(ranks, stage3(ep), tag), tag);
+  }
+  const std::string nvme = testing::TempDir() + "/moe_nvme_" + std::to_string(getpid());
+  ASSERT_EQ(system(("mkdir -p " + nvme).c_str()), 0);
+  auto offloaded = stage3(2);
+  offloaded["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", nvme}};
+  offloaded["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", nvme}};
+  offloaded["zero_optimization"]["sub_group_size"] = 5000;
+  expect_same_losses(one, train(4, offloaded, "s3_nvme"), "stage 3, experts on NVMe");
+  // Every swap folder (the experts' files among them) is gone with the run.
+  EXPECT_EQ(capture("ls -A " + nvme).output, "");
+}
+
+// Checkpoints between stage 3 and the others: saved at stage 3 (ep_size 2 on 4 ranks, experts
+// sharded over pairs) it resumes at stage 2 with ep_size 4; saved at stage 2 with ep_size 2 it
+// resumes at stage 3 with ep_size 1 on 2 ranks.
+TEST(TrainGptMoE, StageThreeCheckpointsMoveToOtherStagesAndEpSizes) {
+  const auto straight = train(1, moe_config(1, true, 2), "s3ck_straight");
+  auto stage3 = [](int ep) {
+    auto c = moe_config(ep, true, 3);
+    c["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    return c;
+  };
+  const std::string resume_from[] = {testing::TempDir() + "/moe_s3ck_a_" + std::to_string(getpid()),
+                                     testing::TempDir() + "/moe_s3ck_b_" + std::to_string(getpid())};
+  const std::string half = " --steps " + std::to_string(kSteps / 2) + " --save-dir ";
+  ASSERT_EQ(launch(4, "--model tiny-moe --config " + write_config(stage3(2), "s3ck_save3") + half +
+                          resume_from[0]),
+            "");
+  expect_same_losses(straight, train(4, moe_config(4, true, 2), "s3ck_to2", "--resume " + resume_from[0]),
+                     "saved at stage 3, resumed at stage 2", kSteps / 2);
+  ASSERT_EQ(launch(2, "--model tiny-moe --config " + write_config(moe_config(2, true, 2), "s3ck_save2") +
+                          half + resume_from[1]),
+            "");
+  expect_same_losses(straight, train(2, stage3(1), "s3ck_to3", "--resume " + resume_from[1]),
+                     "saved at stage 2, resumed at stage 3", kSteps / 2);
+}
+
 // Bad MoE set-ups are refused before training, by name.
 TEST(TrainGptMoE, MismatchedSetUpsAreClearErrors) {
   // ep_size that does not divide the world.
@@ -163,10 +218,11 @@ TEST(TrainGptMoE, MismatchedSetUpsAreClearErrors) {
                          write_config(moe_config(2, true, 0), "bad_world"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("ep_size"), std::string::npos) << r.output;
-  // MoE with ZeRO stage 3.
-  const auto s3 = run("--model tiny-moe --steps 1 --config " + write_config(moe_config(1, true, 3), "bad_s3"));
+  // An MoE model built in shards (--zero-init: PartitionedInit shards over the whole world).
+  const auto s3 = run("--model tiny-moe --steps 1 --zero-init --config " +
+                      write_config(moe_config(1, true, 3), "bad_s3"));
   EXPECT_NE(s3.exit_code, 0);
-  EXPECT_NE(s3.output.find("stage 3"), std::string::npos) << s3.output;
+  EXPECT_NE(s3.output.find("PartitionedInit"), std::string::npos) << s3.output;
   // A config naming another number of experts than the model has.
   auto other = moe_config(1, true, 0);
   other["moe"]["num_experts"] = 8;

@@ -640,6 +640,49 @@ TEST(EngineGpu, MoEExpertParallelGivesTheLossesOfOneGpu) {
     EXPECT_LE(relative(b[i], a[i]), 1e-4) << "step " << i + 1 << ": " << b[i] << " vs " << a[i];
 }
 
+// MoE at ZeRO stage 3 on GPUs (tiny-moe, fp32): the experts' own units gathered on use give the
+// losses of stage 2 on one GPU (to 1e-5), and so do they with the parameters and optimizer state
+// of experts and the rest in host memory; on 2 GPUs, ep_size 2 at stage 3 gives ep_size 1's
+// losses (1e-4).
+TEST(EngineGpu, MoEAtStageThreeGivesTheLossesOfStageTwo) {
+  REQUIRE_GPUS(1);
+  ScratchDir dir;
+  const int64_t steps = 8;
+  auto moe = [&](int ep, int stage) {
+    auto c = gpt_config(stage, "fp32", steps);
+    c.erase("gradient_accumulation_steps");
+    c["train_micro_batch_size_per_gpu"] = 8;
+    c["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    c["moe"] = {{"num_experts", 4}, {"ep_size", ep}, {"top_k", 2}, {"capacity_factor", 1.0},
+                {"drop_tokens", true}, {"aux_loss_coef", 0.01}};
+    return c;
+  };
+  const std::string args = "--steps " + std::to_string(steps) + " --seed 3 --metrics-jsonl ";
+  auto losses = [&](int gpus, const json& config, const std::string& name) {
+    const std::string jsonl = dir.str() + "/" + name + ".jsonl";
+    const auto r = train_gpt(gpus, write_config(dir, name, config), args + jsonl, "tiny-moe");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const auto rows = r.exit_code == 0 ? column(read_jsonl(jsonl), "loss") : std::vector<double>{};
+    EXPECT_EQ(rows.size(), size_t(steps)) << name;
+    return rows;
+  };
+  const auto two = losses(1, moe(1, 2), "s2");
+  auto offloaded = moe(1, 3);
+  offloaded["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  offloaded["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  for (const auto& [name, config] : {std::pair{std::string("s3"), moe(1, 3)},
+                                     std::pair{std::string("s3_offload"), offloaded}}) {
+    const auto three = losses(1, config, name);
+    for (size_t i = 0; i < three.size() && i < two.size(); ++i)
+      EXPECT_LE(relative(three[i], two[i]), 1e-5) << name << ", step " << i + 1;
+  }
+  if (!missing_gpus(2).empty()) return;
+  // One GPU accumulates 2 micro-batches of 8: the gate calls of 2 GPUs with 8 each.
+  const auto b = losses(2, moe(2, 3), "ep2_s3");
+  for (size_t i = 0; i < two.size() && i < b.size(); ++i)
+    EXPECT_LE(relative(b[i], two[i]), 1e-4) << "step " << i + 1 << ": " << b[i] << " vs " << two[i];
+}
+
 // fp32 stage 0: 2 GPUs with 8 samples each give the losses of 1 GPU with all 16 (to 1e-4,
 // relative: only the order of the gradient sums differs).
 TEST(EngineGpu, TwoGpusFp32GiveTheLossesOfOneGpuWithTheSameGlobalBatch) {

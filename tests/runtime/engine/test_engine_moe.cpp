@@ -1,14 +1,17 @@
 // The engine with Strata's MoE layer, in one process: the experts' own optimizer (DeepSpeed's
-// separate MoE parameter groups) and the set-ups it refuses. The multi-rank equivalences (ep_size
+// separate MoE parameter groups), the experts' own units at ZeRO stage 3, and the set-ups it
+// refuses. The multi-rank equivalences (ep_size
 // 1, 2 and 4, expert data parallelism, checkpoints across ep_size) run the real trainer:
 // tests/examples/test_train_gpt_moe.cpp.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <string>
 
 #include "moe/layer.h"
 #include "runtime/engine.h"
+#include "zero/partitioned_init.h"
 #include "runtime/error.h"
 #include "runtime/optim/adam.h"
 
@@ -40,17 +43,18 @@ TORCH_MODULE(MoENet);
 
 json config(int stage) {
   return {{"train_batch_size", 4},
+          {"gradient_clipping", 0.5},
           {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}}}}},
           {"scheduler",
            {{"type", "WarmupLR"},
             {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 1e-2}, {"warmup_num_steps", 4}}}}},
-          {"zero_optimization", {{"stage", stage}}}};
+          {"zero_optimization", {{"stage", stage}, {"stage3_param_persistence_threshold", 0}}}};
 }
 
 // The experts take their own optimizer (here half the lr): the schedule moves both, keeping
 // the ratio.
 TEST(EngineMoE, ExpertsTakeTheirOwnOptimizerAndFollowTheSchedule) {
-  for (int stage : {0, 2}) {
+  for (int stage : {0, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     torch::manual_seed(0);
     MoENet net;
@@ -76,33 +80,77 @@ TEST(EngineMoE, ExpertsTakeTheirOwnOptimizerAndFollowTheSchedule) {
   }
 }
 
-// lr 0 for the experts: they do not move while the rest trains.
+// lr 0 for the experts: they do not move while the rest trains (at stage 3 too, where both are
+// read inside a gathered scope).
 TEST(EngineMoE, ExpertOptimizerIsTheOneThatStepsTheExperts) {
-  torch::manual_seed(0);
-  MoENet net;
-  const auto w1 = net->moe->experts->w1.detach().clone();
-  const auto head = net->head->weight.detach().clone();
-  strata::InitOptions init;
-  init.expert_optimizer_builder = [](std::vector<torch::Tensor> params) {
-    return std::make_unique<strata::optim::Adam>(
-        std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(params)},
-        strata::optim::AdamOptions(0.0).weight_decay(0.0));
-  };
-  json c = config(2);
-  c.erase("scheduler");
-  auto engine = strata::initialize(net, c, init);
-  const auto x = torch::randint(0, 16, {4, 6}), y = torch::randint(0, 16, {4, 6});
-  for (int step = 0; step < 3; ++step) {
-    engine->backward(engine->forward(x, y));
-    engine->step();
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    torch::manual_seed(0);
+    MoENet net;
+    const auto w1 = net->moe->experts->w1.detach().clone();
+    const auto head = net->head->weight.detach().clone();
+    strata::InitOptions init;
+    init.expert_optimizer_builder = [](std::vector<torch::Tensor> params) {
+      return std::make_unique<strata::optim::Adam>(
+          std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(params)},
+          strata::optim::AdamOptions(0.0).weight_decay(0.0));
+    };
+    json c = config(stage);
+    c.erase("scheduler");
+    auto engine = strata::initialize(net, c, init);
+    const auto x = torch::randint(0, 16, {4, 6}), y = torch::randint(0, 16, {4, 6});
+    for (int step = 0; step < 3; ++step) {
+      engine->backward(engine->forward(x, y));
+      engine->step();
+    }
+    const auto gathered = engine->gathered_parameters();
+    EXPECT_TRUE(torch::equal(net->moe->experts->w1.detach(), w1));
+    EXPECT_FALSE(torch::equal(net->head->weight.detach(), head));
+    EXPECT_GT(engine->last_grad_norm(), 0.0);
   }
-  EXPECT_TRUE(torch::equal(net->moe->experts->w1.detach(), w1));
-  EXPECT_FALSE(torch::equal(net->head->weight.detach(), head));
-  EXPECT_GT(engine->last_grad_norm(), 0.0);
 }
 
-// Refused by name: MoE at ZeRO stage 3, frozen experts, a config whose moe block disagrees with
-// the layers.
+// ZeRO stage 3: the experts form a unit of their own (the layer's local experts), outside the
+// others' units, released between uses like them; training gives the losses and gradient norms
+// of stage 2 (one process: only the layout differs).
+TEST(EngineMoE, StageThreeKeepsTheExpertsInTheirOwnUnit) {
+  std::vector<double> losses[2], norms[2];
+  const auto x = torch::randint(0, 16, {4, 6}), y = torch::randint(0, 16, {4, 6});
+  for (int run = 0; run < 2; ++run) {
+    torch::manual_seed(0);
+    MoENet net;
+    auto engine = strata::initialize(net, config(run == 0 ? 2 : 3));
+    for (int step = 0; step < 4; ++step) {
+      const auto loss = engine->forward(x, y);
+      losses[run].push_back(loss.item<double>());
+      engine->backward(loss);
+      engine->step();
+      norms[run].push_back(engine->last_grad_norm());
+    }
+    if (run == 0) continue;
+    const auto* experts = engine->stage3_expert_units();
+    ASSERT_NE(experts, nullptr);
+    ASSERT_EQ(experts->size(), 1u);
+    EXPECT_EQ(experts->unit(0).name, "moe.experts");
+    EXPECT_EQ(experts->unit(0).params.size(), 4u);  // w1, b1, w2, b2
+    EXPECT_FALSE(experts->unit(0).gathered);         // released after its last use
+    // Gathered for every step's forward and kept into backward (the layer is the last expert
+    // unit forward touches and the first backward does).
+    EXPECT_GE(experts->unit(0).gathers, 4);
+    const auto* dense = engine->stage3_units();
+    for (size_t u = 0; u < dense->size(); ++u)
+      for (const auto& name : dense->unit(u).names)
+        EXPECT_EQ(name.find("experts"), std::string::npos) << name;
+  }
+  for (size_t i = 0; i < losses[0].size(); ++i) {
+    EXPECT_NEAR(losses[1][i], losses[0][i], 1e-6 * std::abs(losses[0][i])) << "step " << i + 1;
+    EXPECT_NEAR(norms[1][i], norms[0][i], 1e-5 * norms[0][i]) << "step " << i + 1;
+  }
+}
+
+// Refused by name: an MoE model built in shards (PartitionedInit shards over the world, experts
+// belong to their expert-data-parallel group), frozen experts, a config whose moe block disagrees
+// with the layers.
 TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
   auto message = [](const std::function<void()>& f) {
     try {
@@ -113,9 +161,11 @@ TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
     return std::string("no error");
   };
   {
+    strata::InitOptions options;
+    options.partitioned_init = strata::zero::PartitionedInit::create(nullptr);
     MoENet net;
-    const auto m = message([&] { strata::initialize(net, config(3)); });
-    EXPECT_NE(m.find("stage 3"), std::string::npos) << m;
+    const auto m = message([&] { strata::initialize(net, config(3), options); });
+    EXPECT_NE(m.find("PartitionedInit"), std::string::npos) << m;
     EXPECT_NE(m.find("moe.experts.w1"), std::string::npos) << m;
   }
   {
