@@ -28,13 +28,26 @@ std::vector<PartitionedInit*> live_inits() {
   return registry();
 }
 
+// The storages of an op's tensor inputs, from its start to its end.
+struct Inputs : at::ObserverContext {
+  std::vector<const c10::StorageImpl*> storages;
+};
+
 std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
-  for (auto* init : live_inits()) init->on_op_start(fn);
-  return nullptr;
+  auto inputs = std::make_unique<Inputs>();
+  for (const auto& input : fn.inputs()) {
+    if (!input.isTensor()) continue;
+    const auto& t = input.toTensor();
+    if (t.defined() && t.has_storage()) inputs->storages.push_back(t.storage().unsafeGetStorageImpl());
+  }
+  for (auto* init : live_inits()) init->on_op_start(fn, inputs->storages);
+  return inputs;
 }
 
-void end(const at::RecordFunction& fn, at::ObserverContext*) {
-  for (auto* init : live_inits()) init->on_op_end(fn);
+void end(const at::RecordFunction& fn, at::ObserverContext* context) {
+  static const std::vector<const c10::StorageImpl*> none;
+  const auto* inputs = static_cast<const Inputs*>(context);
+  for (auto* init : live_inits()) init->on_op_end(fn, inputs ? inputs->storages : none);
 }
 
 // The ops that bring a new tensor into the world.
@@ -79,38 +92,51 @@ PartitionedInit::~PartitionedInit() {
   }
 }
 
-void PartitionedInit::on_op_start(const at::RecordFunction& fn) {
+void PartitionedInit::on_op_start(const at::RecordFunction& fn,
+                                  const std::vector<const c10::StorageImpl*>& inputs) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (!active_) return;
+  held_.insert(inputs.begin(), inputs.end());
   // A new tensor: the construction has moved past the ones recorded so far.
   if (creates_tensor(fn.name())) seal_pending();
-  for (const auto& input : fn.inputs()) {
-    if (!input.isTensor()) continue;
-    const auto& t = input.toTensor();
-    if (t.defined() && t.has_storage()) regather(t.storage().unsafeGetStorageImpl());
-  }
+  for (const auto* storage : inputs) regather(storage);
 }
 
-void PartitionedInit::on_op_end(const at::RecordFunction& fn) {
+void PartitionedInit::on_op_end(const at::RecordFunction& fn,
+                                const std::vector<const c10::StorageImpl*>& inputs) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (!active_) return;
+  for (const auto* storage : inputs)  // (an op that started before this scope held nothing)
+    if (auto it = held_.find(storage); it != held_.end()) held_.erase(it);
   // Once the construction is over, a tensor an op had to gather is partitioned right after it.
   if (finished_) return seal_pending();
-  if (creates_tensor(fn.name()))
-    for (const auto& output : fn.outputs())
-      if (output.isTensor()) {
-        const auto& t = output.toTensor();
-        if (t.defined() && t.is_floating_point() && t.numel() >= options_.min_numel)
-          pending_.push_back(c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-              t.getIntrusivePtr()));
-      }
+  // What a factory op made, and what any other op made in a storage of its own (`randn(...) *
+  // 0.02` kept as a parameter; not a view of something else): a temporary is gone by the time
+  // it would be partitioned, a kept tensor is partitioned as the construction moves on.
+  const bool factory = creates_tensor(fn.name());
+  for (const auto& output : fn.outputs())
+    if (output.isTensor()) {
+      const auto& t = output.toTensor();
+      if (t.defined() && t.has_storage() && t.is_floating_point() && t.numel() >= options_.min_numel &&
+          (factory || t.storage().use_count() == 1))
+        pending_.push_back(c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+            t.getIntrusivePtr()));
+    }
 }
 
 void PartitionedInit::seal_pending() {
   auto pending = std::move(pending_);
   pending_.clear();
-  for (auto& weak : pending)
-    if (auto impl = weak.lock()) seal(torch::Tensor(std::move(impl)));
+  for (auto& weak : pending) {
+    auto impl = weak.lock();
+    if (!impl) continue;
+    // An input of an op still running stays whole until a later op (the op reads it).
+    if (impl->has_storage() && held_.count(impl->storage().unsafeGetStorageImpl())) {
+      pending_.push_back(std::move(weak));
+      continue;
+    }
+    seal(torch::Tensor(std::move(impl)));
+  }
 }
 
 void PartitionedInit::seal(torch::Tensor t) {
@@ -225,6 +251,7 @@ void PartitionedInit::release() {
   active_ = false;
   sealed_.clear();
   pending_.clear();
+  held_.clear();
 }
 
 int64_t PartitionedInit::shard_bytes() const {

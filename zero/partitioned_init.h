@@ -8,7 +8,7 @@
 //   auto engine = strata::initialize(model, config, {.partitioned_init = init, ...});
 //
 // How, without hooks: an op callback records the tensors that factory ops (empty, zeros, randn,
-// ...) create. When the next factory op starts, the construction has moved past the tensors
+// ...) create, and those other ops create in storages of their own (`randn(...) * 0.02`). When the next factory op starts, the construction has moved past the tensors
 // recorded so far: each one at least `min_numel` elements large is broadcast from rank 0 (the
 // ranks agree whatever their RNG did), cast to the model's dtype, cut to this rank's chunk, and
 // its bytes are released (the tensor keeps its TensorImpl, as ZeRO-3's units do). An op that
@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <c10/util/intrusive_ptr.h>
@@ -72,8 +73,11 @@ class PartitionedInit {
   // Bytes of shards held now.
   int64_t shard_bytes() const;
 
-  void on_op_start(const at::RecordFunction& fn);
-  void on_op_end(const at::RecordFunction& fn);
+  // `inputs`: the storages of the op's tensor inputs. While an op runs, its inputs are not
+  // partitioned: a factory op inside it (the output TensorIterator allocates) must not free the
+  // bytes the op is about to read (`torch::rand(...) * scale` would read freed memory).
+  void on_op_start(const at::RecordFunction& fn, const std::vector<const c10::StorageImpl*>& inputs);
+  void on_op_end(const at::RecordFunction& fn, const std::vector<const c10::StorageImpl*>& inputs);
 
  private:
   PartitionedInit(comm::GroupPtr group, PartitionedInitOptions options);
@@ -93,6 +97,7 @@ class PartitionedInit {
     uint64_t order = 0;  // when it was partitioned: the same on every rank
   };
   std::unordered_map<const c10::StorageImpl*, Entry> sealed_;
+  std::unordered_multiset<const c10::StorageImpl*> held_;  // inputs of the ops running now
   uint64_t sealed_count_ = 0;
   bool active_ = false;
   bool finished_ = false;

@@ -1,0 +1,45 @@
+// PartitionedInit (DeepSpeed's zero.Init) in one process, with every tensor partitioned: a
+// construction that reads what it just made in an out-of-place op, or a tensor partitioned
+// earlier, sees the values it would see outside the scope, and a parameter made by an
+// out-of-place op (`randn(...) * 0.02`) is partitioned like one made by a factory. (An out-of-place op allocates its
+// output through a factory op, which partitions what the construction moved past: once that
+// freed the op's own input before the kernel read it.) The multi-rank behaviour and the engine's
+// side: tests/runtime/engine/test_engine_stage3.cpp.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "zero/partitioned_init.h"
+
+namespace {
+
+struct InitLikeUsersImpl : torch::nn::Module {
+  InitLikeUsersImpl() {
+    torch::NoGradGuard no_grad;
+    a = register_parameter("a", torch::randn({64, 32}) * 0.02);  // a fresh tensor, scaled
+    b = register_parameter("b", torch::empty({32}));
+    b.copy_(torch::rand({32}) * 2.0 - 1.0);  // Linear's uniform init, written out
+    c = register_parameter("c", a * 3.0 + 1.0);  // `a` was partitioned by then: gathered, read
+    fc = register_module("fc", torch::nn::Linear(32, 16));
+  }
+  torch::Tensor a, b, c;
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(InitLikeUsers);
+
+TEST(PartitionedInit, OpsReadingFreshOrPartitionedTensorsSeeTheirValues) {
+  torch::manual_seed(5);
+  InitLikeUsers plain;
+  torch::manual_seed(5);
+  strata::zero::PartitionedInitOptions options;
+  options.min_numel = 0;
+  auto init = strata::zero::PartitionedInit::create(nullptr, options);
+  InitLikeUsers built;
+  init->finish();
+  const auto expected = plain->named_parameters();
+  for (const auto& p : built->named_parameters()) {
+    ASSERT_TRUE(init->shard_of(p.value())) << p.key() << " was not partitioned";
+    EXPECT_TRUE(torch::equal(init->full_value(p.value()), expected[p.key()])) << p.key();
+  }
+}
+
+}  // namespace
