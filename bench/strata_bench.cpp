@@ -160,12 +160,28 @@ void compare_with_stage0(const Args& args, strata::Engine& stage3, Stage3Step& s
   auto config = nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
   config["zero_optimization"]["stage"] = 0;
   const auto cfg = GPTConfig::by_name(args.model);
+  strata::InitOptions init;
+  init.group = stage3.data_parallel_group();
+  auto resolved = strata::load_engine_config(config, init);
   torch::manual_seed(0);
-  GPT model(cfg);
+  GPT model = make_gpt(cfg, resolved.moe, 0, init.group);  // with MoE layers when the config has
   model->to(device);
-  auto coordinator = stage3.stage3_coordinator();
-  coordinator->pause();  // the stage-0 engine's ops must not pay for stage 3's callback
-  auto engine0 = strata::initialize(model, config);
+  // The stage-0 engine's ops must not pay for stage 3's callback (the experts' coordinator's too).
+  struct Coordinators {
+    std::vector<strata::zero::ParamCoordinator*> all;
+    void pause() { for (auto* c : all) c->pause(); }
+    void resume() { for (auto* c : all) c->resume(); }
+    int64_t ops_seen() const { return all.front()->ops_seen(); }  // each sees every op
+    int64_t gathers() const {
+      int64_t n = 0;
+      for (auto* c : all) n += c->gathers();
+      return n;
+    }
+  } coordinators{{stage3.stage3_coordinator()}};
+  if (auto* experts = stage3.stage3_expert_coordinator()) coordinators.all.push_back(experts);
+  auto* coordinator = &coordinators;
+  coordinator->pause();
+  auto engine0 = std::make_shared<strata::ModelEngine<GPT>>(model, std::move(resolved), std::move(init));
   const auto tokens = torch::randint(0, cfg.vocab, {engine0->train_micro_batch_size_per_gpu(), cfg.seq_len},
                                      torch::TensorOptions().dtype(torch::kLong).device(device));
   auto step0 = [&] {
