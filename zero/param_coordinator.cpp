@@ -261,6 +261,7 @@ void ParamCoordinator::release_unit(size_t u) {
 }
 
 void ParamCoordinator::prefetch() {
+  if (options_.prefetch_numel <= 0) return;
   int64_t ahead = 0, live = 0;
   for (size_t u = 0; u < units_->size(); ++u) {
     const auto& unit = units_->unit(u);
@@ -271,7 +272,10 @@ void ParamCoordinator::prefetch() {
     const size_t v = size_t(trace_[k]);
     const auto& unit = units_->unit(v);
     if (unit.gathered) continue;
-    if (ahead + unit.numel > options_.prefetch_numel || live + unit.numel > options_.max_live_numel)
+    // As DeepSpeed: the bucket bounds what joins gathers already in flight, so a unit larger
+    // than the bucket (an MoE layer's experts) is still fetched ahead when nothing else is.
+    if ((ahead > 0 && ahead + unit.numel > options_.prefetch_numel) ||
+        live + unit.numel > options_.max_live_numel)
       break;
     try {
       inflight_[v] = units_->gather_async(v);

@@ -17,7 +17,8 @@
 // Prefetch: the order in which units come into use (a "use" starts when an op touches a unit the
 // previous unit-touching op did not) is recorded over a micro-step; the next micro-steps follow
 // that trace and launch the gathers of the next units ahead (stage3_prefetch_bucket_size
-// elements in flight, bounded by stage3_max_live_parameters), and keep a unit whose next use
+// elements in flight, or one unit larger than that, bounded by stage3_max_live_parameters), and
+// keep a unit whose next use
 // comes within stage3_max_reuse_distance elements. A micro-step that leaves the trace (a branch
 // taken the same way on every rank) falls back to gather-on-use, says so once, and is recorded
 // as the new trace.
@@ -46,7 +47,7 @@ class RecordFunction;
 namespace strata::zero {
 
 struct CoordinatorOptions {
-  int64_t prefetch_numel = 0;          // elements gathered ahead, at most (0: no prefetch)
+  int64_t prefetch_numel = 0;  // elements gathered ahead, at most, or one larger unit (0: none)
   int64_t max_live_numel = INT64_MAX;  // gathered elements (persistent ones aside), at most
   int64_t max_reuse_distance = 0;      // keep a unit used again within this many elements
 };
