@@ -92,9 +92,9 @@ void Engine::offload_parameters() {
   const auto store = op.device == "nvme" ? make_nvme_store(op.nvme_path) : nullptr;
   units_->offload_partition(op.device, op.pin_memory, store);
   if (expert_units_) expert_units_->offload_partition(op.device, op.pin_memory, store, "expert-params");
-  log::info("[strata] parameter offload: this rank's {} trainable 16-bit shard elements{} in {}; "
+  log::info("[strata] parameter offload: this rank's {} trainable {} shard elements{} in {}; "
             "each unit is {} for its gather",
-            units_->partition().numel(),
+            units_->partition().numel(), c10::toString(units_->partition().scalar_type()),
             expert_units_ ? fmt::format(" (and {} of MoE experts)", expert_units_->partition().numel())
                           : std::string(),
             op.device == "cpu" ? (units_->partition().is_pinned() ? "page-locked host memory"
