@@ -214,6 +214,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     auto build = [&](std::vector<torch::Tensor> master) {
       return make_optimizer_over(master, options);
     };
+    if (!experts_.empty() && std::all_of(params_.begin(), params_.end(),
+                                         [&](const torch::Tensor& p) { return is_expert(p); }))
+      throw Error("strata::initialize: every trainable parameter is an MoE expert; the engine "
+                  "needs the others (at least the gate) trainable too");
     if (zero.stage == 3) {
       // Every parameter, frozen ones too, is cut into units and sharded; from here on a unit's
       // bytes exist only while the model uses it (zero/param_coordinator.h).
@@ -258,9 +262,6 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     } else {
       std::vector<torch::Tensor> dense, expert;
       for (const auto& p : params_) (is_expert(p) ? expert : dense).push_back(p);
-      if (dense.empty())
-        throw Error("strata::initialize: every trainable parameter is an MoE expert; the engine "
-                    "needs the others (at least the gate) trainable too");
       partitioned_ = std::make_unique<zero::PartitionedOptimizer>(dense, group_, po, build);
       build_expert_optimizer(po, options, expert);
     }

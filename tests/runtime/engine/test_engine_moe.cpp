@@ -168,6 +168,14 @@ TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
     EXPECT_NE(m.find("PartitionedInit"), std::string::npos) << m;
     EXPECT_NE(m.find("moe.experts.w1"), std::string::npos) << m;
   }
+  for (int stage : {2, 3}) {  // nothing trainable but experts
+    MoENet net;
+    for (auto& p : net->named_parameters())
+      if (p.key().find("experts") == std::string::npos) p.value().set_requires_grad(false);
+    const auto m = message([&] { strata::initialize(net, config(stage)); });
+    EXPECT_NE(m.find("every trainable parameter is an MoE expert"), std::string::npos)
+        << "stage " << stage << ": " << m;
+  }
   {
     MoENet net;
     net->moe->experts->b2.set_requires_grad(false);
