@@ -44,7 +44,12 @@ uint32_t zero_page_crc() {
   return crc;
 }
 
-std::string gib(uint64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes) / (1ull << 30)); }
+// A size for people beside the exact byte count: GiB, or MiB / KiB where GiB would print 0.00.
+std::string human_size(uint64_t bytes) {
+  if (bytes >= (1ull << 30) / 100) return fmt::format("{:.2f} GiB", double(bytes) / (1ull << 30));
+  if (bytes >= (1ull << 20) / 100) return fmt::format("{:.2f} MiB", double(bytes) / (1ull << 20));
+  return fmt::format("{:.2f} KiB", double(bytes) / 1024);
+}
 
 }  // namespace
 
@@ -420,7 +425,7 @@ void NvmeStore::check_space(uint64_t bytes, const char* what) const {
   if (bytes > avail)
     throw Error(fmt::format("nvme store: {} needs {} bytes ({}) but the file system of '{}' has "
                             "{} bytes ({}) available: free space there or choose another nvme_path",
-                            what, bytes, gib(bytes), folder_, avail, gib(avail)));
+                            what, bytes, human_size(bytes), folder_, avail, human_size(avail)));
 }
 
 NvmeStore::FileId NvmeStore::create(const std::string& name, uint64_t bytes) {
