@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # moe-8x on the GPUs of this machine: Strata's MoE layer (strata-bench gpt --model moe-8x, bf16,
-# ZeRO-2) beside the PyTorch peer's grouped-GEMM MoE (../shared/bench/peer_torch_gpt.py --grouped)
-# and DeepSpeed-MoE (peer_deepspeed_gpt.py --moe, when DS_PEER names it and DeepSpeed imports), in
-# the same run, with the ratios. On two GPUs: ep_size 2 for both, and the all_to_all bandwidth
+# ZeRO-2, and ZeRO-3 with the experts in units of their own) beside the PyTorch peer's grouped-GEMM
+# MoE (../shared/bench/peer_torch_gpt.py --grouped) and DeepSpeed-MoE (peer_deepspeed_gpt.py
+# --moe, when DS_PEER names it and DeepSpeed imports), in the same run, with the ratios. On two GPUs: ep_size 2 for both, and the all_to_all bandwidth
 # through Strata's process group beside NCCL's own through PyTorch (NCCL_BW names nccl_bw.py).
 # Also the dispatch memory of a 64-expert layer over 4k-16k tokens (strata-bench moe-dispatch).
 #   bench/run_moe.sh PEER_SCRIPT [BUILD_DIR]      (BUILD_DIR default: build)
@@ -18,6 +18,8 @@ CUDA_VISIBLE_DEVICES=0 "$bin/strata-bench" moe-dispatch --experts 64 --tokens 16
   --ffn 1024 | tee "$out/dispatch.jsonl"
 CUDA_VISIBLE_DEVICES=0 "$bin/strata-bench" gpt --config configs/bench_moe8x_bf16_zero2.json \
   --model moe-8x | tee "$out/strata1.jsonl"
+CUDA_VISIBLE_DEVICES=0 "$bin/strata-bench" gpt --config configs/bench_moe8x_bf16_zero3.json \
+  --model moe-8x | tee "$out/strata1_zero3.jsonl"
 CUDA_VISIBLE_DEVICES=0 python3 "$peer" --grouped | tee "$out/peer1.jsonl"
 if have_ds; then
   CUDA_VISIBLE_DEVICES=0 TORCH_CUDA_ARCH_LIST=9.0 torchrun --nproc-per-node 1 "$DS_PEER" --stage 2 \
@@ -26,6 +28,9 @@ fi
 if [[ $gpus -ge 2 ]]; then
   "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model moe-8x \
     --config configs/bench_moe8x_bf16_zero2_ep2.json | tee "$out/strata2.jsonl"
+  # ZeRO-3 with experts (DeepSpeed refuses MoE at stage 3): each GPU's experts in units of their own.
+  "$bin/strata-run" --num_gpus 2 -- "$bin/strata-bench" gpt --model moe-8x \
+    --config configs/bench_moe8x_bf16_zero3_ep2.json | tee "$out/strata2_zero3.jsonl"
   if have_ds; then
     TORCH_CUDA_ARCH_LIST=9.0 torchrun --nproc-per-node 2 "$DS_PEER" --stage 2 --moe --ep 2 \
       | tee "$out/ds2.jsonl"
@@ -44,6 +49,7 @@ def pick(name, key): return bench_rows.pick(out, name, key)
 def ratio(a, b):
     return f"{a['tok_s'] / b['tok_s']:.3f}" if a and b else "n/a"
 s1, s2 = pick("strata1.jsonl", "moe-8x"), pick("strata2.jsonl", "moe-8x")
+z1, z2 = pick("strata1_zero3.jsonl", "moe-8x"), pick("strata2_zero3.jsonl", "moe-8x")
 g1 = pick("peer1.jsonl", "moe-8x grouped_mm")
 d1, d2 = pick("ds1.jsonl", "moe-8x"), pick("ds2.jsonl", "moe-8x")
 def show(label, r):
@@ -51,12 +57,15 @@ def show(label, r):
                 + (f"  dropped {r['moe_dropped_route_fraction']:.3f}" if 'moe_dropped_route_fraction' in r else ""))
 print("\nmoe-8x, bf16, 8 x 2048 tokens per GPU, tokens/s per GPU")
 show("1 GPU  Strata (ZeRO-2, ep 1)", s1)
+show("1 GPU  Strata (ZeRO-3, ep 1)", z1)
 show("1 GPU  PyTorch grouped_mm MoE", g1)
 show("1 GPU  DeepSpeed-MoE (ZeRO-2, ep 1)", d1)
 show("2 GPUs Strata (ZeRO-2, ep 2)", s2)
+show("2 GPUs Strata (ZeRO-3, ep 2)", z2)
 show("2 GPUs DeepSpeed-MoE (ZeRO-2, ep 2)", d2)
 print(f"1 GPU : Strata / grouped_mm {ratio(s1, g1)}   Strata / DeepSpeed-MoE {ratio(s1, d1)}")
 print(f"2 GPUs: Strata / DeepSpeed-MoE {ratio(s2, d2)}   Strata 2 GPUs / Strata 1 GPU {ratio(s2, s1)}")
+print(f"ZeRO-3 / ZeRO-2: 1 GPU {ratio(z1, s1)}   2 GPUs {ratio(z2, s2)}")
 nccl = {}
 p = os.path.join(out, "nccl_bw.txt")
 if os.path.exists(p):
