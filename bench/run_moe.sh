@@ -2,8 +2,9 @@
 # moe-8x on the GPUs of this machine: Strata's MoE layer (strata-bench gpt --model moe-8x, bf16,
 # ZeRO-2, and ZeRO-3 with the experts in units of their own) beside the PyTorch peer's grouped-GEMM
 # MoE (../shared/bench/peer_torch_gpt.py --grouped) and DeepSpeed-MoE (peer_deepspeed_gpt.py
-# --moe, when DS_PEER names it and DeepSpeed imports), in the same run, with the ratios. On two GPUs: ep_size 2 for both, and the all_to_all bandwidth
-# through Strata's process group beside NCCL's own through PyTorch (NCCL_BW names nccl_bw.py).
+# --moe, when DS_PEER names it and DeepSpeed imports), in the same run, with the ratios. On two
+# GPUs: ep_size 2 for both, and the all_to_all bandwidth through Strata's process group beside
+# NCCL's own through PyTorch (NCCL_BW names nccl_bw.py).
 # Also the dispatch memory of a 64-expert layer over 4k-16k tokens (strata-bench moe-dispatch).
 #   bench/run_moe.sh PEER_SCRIPT [BUILD_DIR]      (BUILD_DIR default: build)
 set -uo pipefail
