@@ -109,26 +109,24 @@ void Engine::finish_optimizer_offload() {
   const int64_t numel = partitioned_->master().numel() +
                         (expert_partitioned_ ? expert_partitioned_->master().numel() : 0);
   if (partitioned_->swaps()) {
-    auto adam = std::dynamic_pointer_cast<optim::Adam>(optimizer_);
-    if (!adam || !adam->can_step_flat())
-      throw Error(fmt::format(
-          "{}: zero_optimization.offload_optimizer.device \"nvme\" steps Strata's Adam/AdamW "
-          "(optimizer.type \"Adam\" or \"AdamW\", one param group), whose state it streams "
-          "through the swap files; this optimizer keeps state the swapper does not know. Use "
-          "Adam/AdamW, or offload_optimizer.device \"cpu\"",
-          config_.source));
-    partitioned_->use_swapped_step([adam](double scale) { return adam->next_flat_scalars(scale); });
-    if (expert_partitioned_) {
-      auto expert_adam = std::dynamic_pointer_cast<optim::Adam>(expert_optimizer_);
-      if (!expert_adam || !expert_adam->can_step_flat())
+    // Both partitioned optimizers (the experts' too) stream Strata's Adam through the files.
+    auto use_swapped_adam = [&](zero::PartitionedOptimizer& partitioned,
+                                const std::shared_ptr<torch::optim::Optimizer>& optimizer,
+                                const char* whose) {
+      auto adam = std::dynamic_pointer_cast<optim::Adam>(optimizer);
+      if (!adam || !adam->can_step_flat())
         throw Error(fmt::format(
-            "{}: zero_optimization.offload_optimizer.device \"nvme\" steps Strata's Adam/AdamW; "
-            "the MoE experts' optimizer (InitOptions::expert_optimizer_builder) is another: give "
-            "the experts Adam/AdamW too, or use offload_optimizer.device \"cpu\"",
-            config_.source));
-      expert_partitioned_->use_swapped_step(
-          [expert_adam](double scale) { return expert_adam->next_flat_scalars(scale); });
-    }
+            "{}: zero_optimization.offload_optimizer.device \"nvme\" steps Strata's Adam/AdamW "
+            "(optimizer.type \"Adam\" or \"AdamW\", one param group), whose state it streams "
+            "through the swap files; {} keeps state the swapper does not know. Use Adam/AdamW, "
+            "or offload_optimizer.device \"cpu\"",
+            config_.source, whose));
+      partitioned.use_swapped_step([adam](double scale) { return adam->next_flat_scalars(scale); });
+    };
+    use_swapped_adam(*partitioned_, optimizer_, "this optimizer");
+    if (expert_partitioned_)
+      use_swapped_adam(*expert_partitioned_, expert_optimizer_,
+                       "the MoE experts' optimizer (InitOptions::expert_optimizer_builder)");
     const auto* swapper = partitioned_->swapper();
     log::info("[strata] optimizer offload to NVMe: fp32 master and Adam state of {} elements in "
               "swap files under {}{}, stepped on the CPU ({}, {} thread(s)) in tiles of {} "

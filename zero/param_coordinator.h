@@ -18,8 +18,7 @@
 // previous unit-touching op did not) is recorded over a micro-step; the next micro-steps follow
 // that trace and launch the gathers of the next units ahead (stage3_prefetch_bucket_size
 // elements in flight, or one unit larger than that, bounded by stage3_max_live_parameters), and
-// keep a unit whose next use
-// comes within stage3_max_reuse_distance elements. A micro-step that leaves the trace (a branch
+// keep a unit whose next use comes within stage3_max_reuse_distance elements. A micro-step that leaves the trace (a branch
 // taken the same way on every rank) falls back to gather-on-use, says so once, and is recorded
 // as the new trace.
 //

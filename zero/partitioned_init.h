@@ -8,14 +8,15 @@
 //   auto engine = strata::initialize(model, config, {.partitioned_init = init, ...});
 //
 // How, without hooks: an op callback records the tensors that factory ops (empty, zeros, randn,
-// ...) create, and those other ops create in storages of their own (`randn(...) * 0.02`). When the next factory op starts, the construction has moved past the tensors
-// recorded so far: each one at least `min_numel` elements large is broadcast from rank 0 (the
-// ranks agree whatever their RNG did), cast to the model's dtype, cut to this rank's chunk, and
-// its bytes are released (the tensor keeps its TensorImpl, as ZeRO-3's units do). An op that
-// touches a released tensor later in the construction (LibTorch's Linear allocates its bias
-// before it initialises its weight) all-gathers it first and records it again. Every rank runs
-// the same constructor, so every rank makes the same collectives in the same order.
-// strata::initialize at stage 3 then builds its units from the shards, one tensor at a time.
+// ...) create, and those other ops create in storages of their own (`randn(...) * 0.02`). When the
+// next factory op starts, the construction has moved past the tensors recorded so far: each one at
+// least `min_numel` elements large is broadcast from rank 0 (the ranks agree whatever their RNG
+// did), cast to the model's dtype, cut to this rank's chunk, and its bytes are released (the tensor
+// keeps its TensorImpl, as ZeRO-3's units do). An op that touches a released tensor later in the
+// construction (LibTorch's Linear allocates its bias before it initialises its weight) all-gathers
+// it first and records it again. Every rank runs the same constructor, so every rank makes the same
+// collectives in the same order. strata::initialize at stage 3 then builds its units from the
+// shards, one tensor at a time.
 #pragma once
 
 #include <cstdint>
