@@ -429,10 +429,14 @@ STRATA_SCENARIO(new_group_absent) {
   }
   std::vector<int> all;
   for (int k = 0; k < n; ++k) all.push_back(k);
+  const auto start = Clock::now();
   expect_error([&] { pg->new_group(all); },
                {"new_group timed out after " + std::to_string(kScenarioTimeoutS) + " s",
                 "rank " + std::to_string(missing) + " (alive, but it did not call new_group"},
                "new_group with a rank absent");
+  const double took = seconds_since(start);
+  check(took > kScenarioTimeoutS - 0.5 && took < 5 + kScenarioTimeoutS,
+        "failed after " + std::to_string(took) + " s");
 }
 
 }  // namespace strata::test
