@@ -1,5 +1,6 @@
 #include "examples/gpt_moe.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -13,21 +14,19 @@ moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, ui
                                 const comm::GroupPtr& world) {
   if (model.experts < 1)
     throw Error(fmt::format("model '{}' has no experts (a dense model)", model.name));
-  MoeConfig own;  // without the config's block: DeepSpeed's MoE defaults, the model's gate
-  if (moe.num_experts > 1) {
-    if (moe.num_experts != model.experts)
-      throw Error(fmt::format("the config's moe.num_experts is {} but model '{}' has {} experts per "
-                              "block; make them agree (or drop num_experts from the config)",
-                              moe.num_experts, model.name, model.experts));
-  } else {
-    own.num_experts = model.experts;
-    own.top_k = model.top_k;
-    own.capacity_factor = model.capacity_factor;
-    own.eval_capacity_factor = model.capacity_factor;
-    own.aux_loss_coef = model.aux_loss_coef;
-  }
-  auto options = moe::MoEOptions::from_config(moe.num_experts > 1 ? moe : own, model.d_model,
-                                              model.ffn, 0, seed, world);
+  MoeConfig merged = moe;  // the block's keys, the model's gate where the block is silent
+  auto given = [&](const char* key) { return moe.given.count(key) != 0; };
+  if (!given("num_experts"))
+    merged.num_experts = model.experts;
+  else if (moe.num_experts != model.experts)
+    throw Error(fmt::format("the config's moe.num_experts is {} but model '{}' has {} experts per "
+                            "block; make them agree (or drop num_experts from the config)",
+                            moe.num_experts, model.name, model.experts));
+  if (!given("top_k")) merged.top_k = std::min(model.top_k, merged.num_experts);
+  if (!given("capacity_factor")) merged.capacity_factor = model.capacity_factor;
+  if (!given("eval_capacity_factor")) merged.eval_capacity_factor = model.capacity_factor;
+  if (!given("aux_loss_coef")) merged.aux_loss_coef = model.aux_loss_coef;
+  auto options = moe::MoEOptions::from_config(merged, model.d_model, model.ffn, 0, seed, world);
   options.expert_bias = model.expert_bias;
   return options;
 }
@@ -60,7 +59,7 @@ GPT make_moe_gpt(const GPTConfig& config, const moe::MoEOptions& options) {
 
 GPT make_gpt(GPTConfig config, const MoeConfig& moe, uint64_t seed, const comm::GroupPtr& world) {
   if (config.experts == 0) return GPT(config);
-  if (moe.num_experts > 1) config.aux_loss_coef = moe.aux_loss_coef;
+  if (moe.given.count("aux_loss_coef")) config.aux_loss_coef = moe.aux_loss_coef;
   return make_moe_gpt(config, moe_options_for(config, moe, seed, world));
 }
 

@@ -10,11 +10,11 @@
 
 namespace strata::examples {
 
-// The layers' options for model `model` (experts, width) from a config's moe block, when it
-// names experts (num_experts > 1, which must then be the model's), else from the model's own
-// gate (top_k, capacity_factor; DeepSpeed's MoE defaults for the rest; ep_size 1). `world` is
-// the data-parallel group (null: one process); the expert-parallel group comes from
-// comm::expert_groups(world, ep_size), the engine's.
+// The layers' options for model `model` (experts, width) from a config's moe block: each key the
+// block gives wins (num_experts must then be the model's); the model's gate fills those it leaves
+// out (num_experts, top_k, capacity_factor for training and eval), DeepSpeed's MoE defaults the
+// rest. `world` is the data-parallel group (null: one process); the expert-parallel group comes
+// from comm::expert_groups(world, ep_size), the engine's.
 moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, uint64_t seed,
                                 const comm::GroupPtr& world);
 
@@ -24,8 +24,8 @@ moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, ui
 GPT make_moe_gpt(const GPTConfig& config, const moe::MoEOptions& options);
 
 // The model a program builds for a config file: with experts, make_moe_gpt with
-// moe_options_for's options (and the moe block's aux_loss_coef when the block names experts);
-// else the plain GPT of gpt.h.
+// moe_options_for's options (and the moe block's aux_loss_coef when it gives one); else the plain
+// GPT of gpt.h.
 GPT make_gpt(GPTConfig config, const MoeConfig& moe, uint64_t seed, const comm::GroupPtr& world);
 
 }  // namespace strata::examples

@@ -59,6 +59,27 @@ constexpr int64_t kBiasPad = 8;
 
 }  // namespace
 
+torch::nn::AnyModule build_seeded(const ExpertFactory& factory, int64_t index, uint64_t seed) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  const auto saved = gen.get_state();
+  torch::nn::AnyModule m;
+  try {
+    gen.set_current_seed(seed);
+    m = factory(index);
+  } catch (...) {
+    gen.set_state(saved);
+    throw;
+  }
+  gen.set_state(saved);
+  if (m.is_empty()) {
+    throw Error(fmt::format("moe: the expert factory returned an empty module for {}; return "
+                            "torch::nn::AnyModule(YourModule(...))",
+                            index < 0 ? std::string("the residual MLP (index -1)")
+                                      : fmt::format("expert {}", index)));
+  }
+  return m;
+}
+
 ExpertsImpl::ExpertsImpl(ExpertsOptions options) : options_(std::move(options)) {
   const auto& o = options_;
   if (o.hidden_size < 1 || o.local_experts < 1 || o.first_expert < 0) {
@@ -67,28 +88,12 @@ ExpertsImpl::ExpertsImpl(ExpertsOptions options) : options_(std::move(options)) 
                             o.hidden_size, o.local_experts, o.first_expert));
   }
   if (o.factory) {
-    // Seed LibTorch's default CPU generator per expert while the factory runs (see the header).
-    auto gen = at::detail::getDefaultCPUGenerator();
-    const auto saved = gen.get_state();
     for (int64_t i = 0; i < o.local_experts; ++i) {
       const int64_t g = o.first_expert + i;
-      gen.set_current_seed(expert_key(o, g));
-      torch::nn::AnyModule m;
-      try {
-        m = o.factory(g);
-      } catch (...) {
-        gen.set_state(saved);
-        throw;
-      }
-      if (m.is_empty()) {
-        gen.set_state(saved);
-        throw Error(fmt::format("moe::Experts: the expert factory returned an empty module for "
-                                "expert {}; return torch::nn::AnyModule(YourModule(...))", g));
-      }
+      auto m = build_seeded(o.factory, g, expert_key(o, g));
       register_module(std::to_string(g), m.ptr());
       user_.push_back(std::move(m));
     }
-    gen.set_state(saved);
     return;
   }
   if (o.ffn_size < 1) {

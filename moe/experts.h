@@ -48,6 +48,10 @@ struct PackedRoutes {
 // One module per global expert index; its forward maps [T, d] to [T, d].
 using ExpertFactory = std::function<torch::nn::AnyModule(int64_t global_expert)>;
 
+// factory(index) run with LibTorch's default CPU generator seeded by `seed` (its state restored
+// after, also when the factory throws); an empty module is refused by name.
+torch::nn::AnyModule build_seeded(const ExpertFactory& factory, int64_t index, uint64_t seed);
+
 struct ExpertsOptions {
   int64_t hidden_size = 0;    // d
   int64_t ffn_size = 0;       // built-in MLP only

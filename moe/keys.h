@@ -9,7 +9,13 @@
 namespace strata::moe {
 
 // Tags that keep the streams of one (seed, layer) apart.
-enum class KeyTag : uint64_t { GateInit = 1, ExpertInit = 2, GateNoise = 3, Jitter = 4 };
+enum class KeyTag : uint64_t {
+  GateInit = 1,
+  ExpertInit = 2,
+  GateNoise = 3,
+  Jitter = 4,
+  ResidualInit = 5,  // use_residual's MLP (part 0) and coefficient (part 1)
+};
 
 // SplitMix64's finaliser: a bijection on 64 bits that spreads every input bit.
 inline uint64_t mix64(uint64_t x) {

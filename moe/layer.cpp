@@ -3,6 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -45,6 +47,17 @@ void check(const MoEOptions& o) {
                             o.ep_size, o.ep_size));
   }
 }
+
+// use_residual's built-in dense MLP, one expert's shape: Linear(d, ffn) -> GELU -> Linear(ffn, d).
+struct DenseMlpImpl : torch::nn::Module {
+  DenseMlpImpl(int64_t d, int64_t ffn, bool bias) {
+    fc1 = register_module("fc1", torch::nn::Linear(torch::nn::LinearOptions(d, ffn).bias(bias)));
+    fc2 = register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(ffn, d).bias(bias)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::gelu(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(DenseMlp);
 
 }  // namespace
 
@@ -100,10 +113,38 @@ MoEOptions MoEOptions::from_config(const MoeConfig& c, int64_t hidden, int64_t f
   o.router_z_loss_coef = c.router_z_loss_coef;
   o.seed = seed;
   o.layer_id = layer_id;
+  o.use_residual = c.use_residual;
   o.ep_size = c.ep_size;
   // comm's expert layout refuses an ep_size that does not divide the world, naming both.
   o.ep_group = comm::expert_groups(world, static_cast<int>(c.ep_size)).expert_parallel;
   return o;
+}
+
+std::string MoEOptions::differs_from(const MoeConfig& c) const {
+  auto policy = [](NoisyGatePolicy p) {
+    return p == NoisyGatePolicy::Jitter ? "Jitter" : p == NoisyGatePolicy::RSample ? "RSample" : "None";
+  };
+  // Each key as the config writes it, beside these options' value in the same form.
+  const std::vector<std::tuple<const char*, json, json>> keys = {
+      {"num_experts", c.num_experts, num_experts},
+      {"ep_size", c.ep_size, ep_size},
+      {"top_k", c.top_k, k},
+      {"capacity_factor", c.capacity_factor, capacity_factor},
+      {"eval_capacity_factor", c.eval_capacity_factor, eval_capacity_factor},
+      {"min_capacity", c.min_capacity, min_capacity},
+      {"drop_tokens", c.drop_tokens, drop_tokens},
+      {"use_rts", c.use_rts, use_rts},
+      {"noisy_gate_policy", c.noisy_gate_policy, policy(noisy_gate_policy)},
+      {"top2_2nd_expert_sampling", c.top2_2nd_expert_sampling, top2_2nd_expert_sampling},
+      {"drop_policy", c.drop_policy, drop_policy == DropPolicy::Position ? "position" : "probs"},
+      {"router_z_loss_coef", c.router_z_loss_coef, router_z_loss_coef},
+      {"use_residual", c.use_residual, use_residual},
+  };
+  for (const auto& [key, in_config, here] : keys)
+    if (c.given.count(key) && in_config != here)
+      return fmt::format("moe.{} is {} in the config, the layer's is {}", key, in_config.dump(),
+                         here.dump());
+  return {};
 }
 
 MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
@@ -130,6 +171,42 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   eo.layer_id = o.layer_id;
   eo.factory = o.expert_factory;
   experts = register_module("experts", Experts(std::move(eo)));
+  if (!o.use_residual) return;
+  // Residual MoE, drawn from named keys as the experts are: Linear's init bounds for the built-in
+  // MLP and the coefficient; a factory's MLP under a seeded default generator (build_seeded).
+  namespace nn = torch::nn;
+  torch::NoGradGuard no_grad;
+  auto init = [](nn::Linear& l, at::Generator& gen) {  // weight, then bias: U(+-1/sqrt(fan_in))
+    const double bound = 1.0 / std::sqrt(double(l->weight.size(1)));
+    l->weight.copy_(torch::rand(l->weight.sizes(), gen, torch::kFloat) * (2 * bound) - bound);
+    if (l->bias.defined())
+      l->bias.copy_(torch::rand(l->bias.sizes(), gen, torch::kFloat) * (2 * bound) - bound);
+  };
+  const uint64_t mlp_key = layer_key(o, KeyTag::ResidualInit, 0);
+  if (o.expert_factory) {
+    mlp = build_seeded(o.expert_factory, kResidualMLP, mlp_key);
+  } else {
+    if (o.ffn_size < 1)
+      throw Error(fmt::format("moe::MoE: use_residual with the built-in MLP needs ffn_size >= 1 "
+                              "(it is {})", o.ffn_size));
+    DenseMlp dense(o.hidden_size, o.ffn_size, o.expert_bias);
+    auto gen = at::detail::createCPUGenerator(mlp_key);
+    init(dense->fc1, gen);
+    init(dense->fc2, gen);
+    mlp = nn::AnyModule(dense);
+  }
+  register_module("mlp", mlp.ptr());
+  coefficient = register_module("coefficient", nn::Linear(o.hidden_size, 2));
+  auto gen = at::detail::createCPUGenerator(layer_key(o, KeyTag::ResidualInit, 1));
+  init(coefficient, gen);
+}
+
+torch::Tensor MoEImpl::mix_residual(const torch::Tensor& x, const torch::Tensor& y) {
+  if (!options_.use_residual) return y;
+  // DeepSpeed's MoE.forward: softmax over the two, in the model's dtype.
+  const auto dense = mlp.forward<torch::Tensor>(x);
+  const auto coef = torch::softmax(coefficient->forward(x), -1);
+  return y * coef.narrow(-1, 0, 1) + dense * coef.narrow(-1, 1, 1);
 }
 
 int64_t MoEStats::dropped_count() const {
@@ -187,7 +264,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
     const auto out = experts->forward_routes(x, o.k, g.expert, g.slot, g.kept, g.kept_counts);
     const auto y = combine_tokens(out.rows, o.k, out.position, g.weight, g.kept);
     record(g, C, {});
-    return y.view(input.sizes());
+    return mix_residual(x, y).view(input.sizes());
   }
 
   // 2. Dispatch into [E * C, d] (rows expert * C + slot; dropped routes to scratch row E * C).
@@ -211,7 +288,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
   const auto y = combine_tokens(back, o.k, position, g.weight, g.kept);
 
   record(g, C, expert_in.sizes().vec());
-  return y.view(input.sizes());
+  return mix_residual(x, y).view(input.sizes());
 }
 
 void MoEImpl::record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape) {

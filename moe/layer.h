@@ -91,6 +91,11 @@ struct MoEOptions {
   comm::GroupPtr ep_group;
   ExpertFactory expert_factory;  // empty: the built-in MLP (d -> ffn -> GELU -> d)
   bool expert_bias = true;       // the built-in MLP's biases (DeepSpeed's Linear default)
+  // DeepSpeed's Residual MoE (use_residual, PR-MoE): a dense MLP of the experts' shape ("mlp":
+  // the built-in MLP, or expert_factory(kResidualMLP)) runs on every token beside the experts,
+  // and y = moe(x) * c0 + mlp(x) * c1 with [c0, c1] = softmax(coefficient(x)), coefficient a
+  // Linear(d, 2) ("coefficient"). Both are ordinary data-parallel parameters.
+  bool use_residual = false;
 
   // The gate's options for one call (training flag and seed filled by the layer).
   GateOptions gate_options() const;
@@ -100,7 +105,14 @@ struct MoEOptions {
   // the engine uses for the same ep_size. A collective the first time an ep_size is seen.
   static MoEOptions from_config(const MoeConfig& config, int64_t hidden_size, int64_t ffn_size,
                                 int64_t layer_id, uint64_t seed, const comm::GroupPtr& world);
+  // The first key the config's moe block gives (MoeConfig::given) with another value than these
+  // options, as "moe.KEY is A in the config, the layer's is B"; empty when they all agree.
+  // aux_loss_coef is the program's (it weighs the loss), not the layer's: never compared.
+  std::string differs_from(const MoeConfig& config) const;
 };
+
+// The index expert_factory is called with for use_residual's dense MLP.
+inline constexpr int64_t kResidualMLP = -1;
 
 // What the last forward did, for losses and monitoring.
 struct MoEStats {
@@ -137,8 +149,13 @@ class MoEImpl : public torch::nn::Module {
 
   torch::nn::Linear gate{nullptr};  // "gate.weight" [E, d]
   Experts experts{nullptr};         // "experts.*"
+  // use_residual only (else empty / null): "mlp.*" and "coefficient.{weight,bias}".
+  torch::nn::AnyModule mlp;
+  torch::nn::Linear coefficient{nullptr};
 
  private:
+  // use_residual: the experts' output y [S, d] mixed with the dense MLP's on x [S, d].
+  torch::Tensor mix_residual(const torch::Tensor& x, const torch::Tensor& y);
   // Keeps what the last forward did (expert_input_shape empty: no padded buffer was built).
   void record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape);
 

@@ -169,11 +169,10 @@ bool Engine::is_expert(const torch::Tensor& p) const {
 void Engine::find_experts() {
   experts_ = moe::expert_parameters(*module_);
   if (experts_.empty()) {
-    if (config_.moe.num_experts > 1)
-      log::info("[strata] note: the config's moe block describes {} experts, but the model has no "
-                "strata::moe::MoE layer; the block is read by programs that build their layers "
-                "from it (moe::MoEOptions::from_config)",
-                config_.moe.num_experts);
+    if (!config_.moe.given.empty())
+      log::info("[strata] note: the config has a moe block, but the model has no strata::moe::MoE "
+                "layer; the block is read by programs that build their layers from it "
+                "(moe::MoEOptions::from_config)");
     return;
   }
   const auto& first = experts_.front();
@@ -189,11 +188,15 @@ void Engine::find_experts() {
                               e.name));
   }
   const int64_t ep = first.ep_size;
-  if (config_.moe.num_experts > 1 && config_.moe.ep_size != ep)
-    throw Error(fmt::format("{}: moe.ep_size is {} but the model's MoE layers were built with "
-                            "ep_size {}; build them from the same config "
-                            "(moe::MoEOptions::from_config)",
-                            config_.source, config_.moe.ep_size, ep));
+  // The layers are the program's, built before the engine saw the config: a key of the moe block
+  // they do not follow would do nothing.
+  for (auto* layer : moe::moe_layers(*module_)) {
+    const std::string differs = layer->options().differs_from(config_.moe);
+    if (!differs.empty())
+      throw Error(fmt::format("{}: {} (MoE layer {}); build the layers from the config "
+                              "(moe::MoEOptions::from_config) or drop the key from its moe block",
+                              config_.source, differs, layer->options().layer_id));
+  }
   // An ep_size that does not divide the world is refused here, by comm's expert layout.
   expert_groups_ = comm::expert_groups(group_, static_cast<int>(ep));
   for (auto* layer : moe::moe_layers(*module_)) {

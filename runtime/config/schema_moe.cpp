@@ -48,21 +48,30 @@ Block make_moe() {
       .min(0)
       .describe("Weight of the router z-loss (ST-MoE: mean squared logsumexp of the gate's logits) added to "
                 "the auxiliary loss; 0 turns it off");
+  b.add(&MoeConfig::use_residual, "use_residual")
+      .describe("Residual MoE (PR-MoE): a dense MLP beside the experts, mixed with their output by a "
+                "learned softmax coefficient per token");
   Block block = b.build();
   block.finish = [](void* obj, Ctx& ctx, const std::string& path) {
-    const auto& m = *static_cast<MoeConfig*>(obj);
-    if (m.num_experts % m.ep_size != 0)
+    auto& m = *static_cast<MoeConfig*>(obj);
+    const std::string prefix = path + ".";
+    for (auto it = ctx.present.lower_bound(prefix);
+         it != ctx.present.end() && it->compare(0, prefix.size(), prefix) == 0; ++it)
+      m.given.insert(it->substr(prefix.size()));
+    // A key left out is the program's to fill (from its model): no check against it.
+    const bool experts = m.given.count("num_experts") != 0, k = m.given.count("top_k") != 0;
+    if (experts && m.num_experts % m.ep_size != 0)
       ctx.error(join(path, "ep_size"),
                 fmt::format("{}.ep_size = {} must divide num_experts = {} (each expert-parallel rank holds "
                             "num_experts / ep_size experts)", path, m.ep_size, m.num_experts));
-    if (m.top_k > m.num_experts)
+    if (experts && k && m.top_k > m.num_experts)
       ctx.error(join(path, "top_k"),
                 fmt::format("{}.top_k = {} exceeds num_experts = {}", path, m.top_k, m.num_experts));
-    if (m.top_k >= 2 && m.noisy_gate_policy != "None")
+    if (k && m.top_k >= 2 && m.noisy_gate_policy != "None")
       ctx.warn(join(path, "noisy_gate_policy"),
                fmt::format("{}.noisy_gate_policy = \"{}\" is applied by top-1 gating only (as in DeepSpeed); "
                            "with top_k = {} it does nothing", path, m.noisy_gate_policy, m.top_k));
-    if (m.top_k <= 2 && m.drop_policy != "probs")
+    if (k && m.top_k <= 2 && m.drop_policy != "probs")
       ctx.warn(join(path, "drop_policy"),
                fmt::format("{}.drop_policy = \"{}\" applies to top-k gating with k >= 3; with top_k = {} "
                            "DeepSpeed's rule for k = {} decides who is dropped", path, m.drop_policy,

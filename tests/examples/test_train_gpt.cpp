@@ -430,7 +430,9 @@ TEST(StrataCkpt, MoECheckpointConsolidatesIntoTheWholeModel) {
 
   using namespace strata::examples;
   const auto model_config = GPTConfig::by_name("tiny-moe");
-  const auto options = moe_options_for(model_config, strata::MoeConfig{}, 1, nullptr);
+  // The layers of the ep_size 1 config (the engine refuses layers that ignore one of its keys).
+  const auto options = moe_options_for(
+      model_config, strata::parse_config_text(config(1).dump(), path1, {}).moe, 1, nullptr);
   const auto data = TokenData::synthetic(1 << 16);
   const auto batch = data.batch(99, 0, 0, 8, model_config.seq_len);
   auto loss_of = [&](GPT& model) {

@@ -210,6 +210,42 @@ TEST(TrainGptMoE, StageThreeCheckpointsMoveToOtherStagesAndEpSizes) {
                      "saved at stage 2, resumed at stage 3", kSteps / 2);
 }
 
+// Residual MoE (moe.use_residual, DeepSpeed's PR-MoE): the dense MLP and its coefficient are
+// ordinary parameters beside the experts; ep_size 2 on 2 ranks gives one rank's losses at stage 2
+// and at stage 3 (where they live in the dense units and the experts in theirs).
+TEST(TrainGptMoE, ResidualMoEGivesOneRanksLossesAtStagesTwoAndThree) {
+  auto residual = [](int ep, int stage) {
+    auto c = moe_config(ep, true, stage, 0.5);
+    c["moe"]["use_residual"] = true;
+    c["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    return c;
+  };
+  const auto one = train(1, residual(1, 2), "residual_ep1");
+  const auto without = train(1, moe_config(1, true, 2, 0.5), "residual_without");
+  ASSERT_EQ(one.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(without.size(), one.size());
+  EXPECT_NE(one[0].at("loss").get<double>(), without[0].at("loss").get<double>())
+      << "the residual MLP must change the model";
+  expect_same_losses(one, train(2, residual(2, 2), "residual_ep2_s2"), "residual, ep 2, stage 2");
+  expect_same_losses(one, train(2, residual(2, 3), "residual_ep2_s3"), "residual, ep 2, stage 3");
+}
+
+// A moe block that gives some keys and not num_experts: the model's gate fills the others and
+// the given ones act (the engine would refuse layers that ignore one): here top_k 1 without drops
+// gives the run whose block spells out every value.
+TEST(TrainGptMoE, ABlockWithoutNumExpertsSetsTheKeysItGives) {
+  auto partial = moe_config(1, true, 0);
+  partial["moe"] = {{"top_k", 1}, {"drop_tokens", false}};
+  const auto some = train(1, partial, "partial_block");
+  ASSERT_EQ(some.size(), static_cast<size_t>(kSteps));
+  for (const auto& row : some) EXPECT_EQ(row.at("dropped_tokens").get<int64_t>(), 0);
+  auto full = moe_config(1, true, 0);
+  full["moe"] = {{"num_experts", 4},          {"top_k", 1},
+                 {"capacity_factor", 1.25},   {"eval_capacity_factor", 1.25},
+                 {"drop_tokens", false},      {"aux_loss_coef", 0.01}};
+  expect_same_losses(some, train(1, full, "partial_full"), "keys given vs spelled out");
+}
+
 // Bad MoE set-ups are refused before training, by name.
 TEST(TrainGptMoE, MismatchedSetUpsAreClearErrors) {
   // ep_size that does not divide the world.

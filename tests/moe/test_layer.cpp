@@ -7,6 +7,7 @@
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -410,6 +411,98 @@ TEST(MoeLayer, OptionsFromGateOptionsAndUserExpertNames) {
   EXPECT_EQ(found[4].first_expert, 3);
   EXPECT_FALSE(found[0].stacked);
   EXPECT_EQ(found[0].num_experts, 1);
+}
+
+// use_residual (DeepSpeed's Residual MoE): the experts' output of the same layer without it
+// (the same named draws give the same gate and experts), mixed per token with the dense MLP's
+// by softmax(coefficient(x)), written out here; gradients reach the MLP and the coefficient,
+// which are ordinary parameters (not experts). The dense MLP's draws do not depend on ep_size.
+TEST(MoeLayer, ResidualMixesTheDenseMlpByItsCoefficient) {
+  for (bool user : {false, true}) {
+    SCOPED_TRACE(user ? "user experts" : "built-in experts");
+    auto o = options(2, true);
+    std::vector<int64_t> built;
+    if (user)
+      o.expert_factory = [&built](int64_t g) {
+        built.push_back(g);
+        return torch::nn::AnyModule(UserMlp());
+      };
+    auto plain_options = o;
+    o.use_residual = true;
+    MoE plain(plain_options), residual(o);
+    if (user) {
+      EXPECT_EQ(built.back(), kResidualMLP) << "the factory builds the residual MLP last";
+      EXPECT_EQ(std::count(built.begin(), built.end(), kResidualMLP), 1);
+    }
+    const auto names = residual->named_parameters().keys();
+    for (const char* n : {"coefficient.weight", "coefficient.bias"})
+      EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+    if (!user)
+      for (const char* n : {"mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"})
+        EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+    EXPECT_EQ(expert_parameters(*residual).size(), expert_parameters(*plain).size());
+
+    torch::manual_seed(5);
+    const auto x = torch::randn({3, 7, kD});
+    const auto y = residual->forward(x);
+    torch::Tensor want;
+    {
+      torch::NoGradGuard no_grad;
+      const auto flat = x.reshape({-1, kD});
+      const auto moe = plain->forward(x).reshape({-1, kD});
+      const auto dense = residual->mlp.forward<torch::Tensor>(flat);
+      const auto c = torch::softmax(F::linear(flat, residual->coefficient->weight,
+                                              residual->coefficient->bias), -1);
+      want = (moe * c.select(1, 0).unsqueeze(1) + dense * c.select(1, 1).unsqueeze(1)).view(x.sizes());
+      EXPECT_GT((want - moe.view(x.sizes())).abs().max().item<double>(), 1e-3)
+          << "the residual must change the output";
+    }
+    expect_close(y, want, "residual MoE output");
+    y.square().sum().backward();
+    for (const auto& p : residual->named_parameters()) {
+      if (p.key().rfind("experts.", 0) == 0) continue;  // experts without tokens get none
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_GT(p.value().grad().abs().sum().item<double>(), 0) << p.key();
+    }
+  }
+  // The dense MLP and coefficient are drawn from the layer's keys alone: the same at ep_size 2.
+  auto o = options(1, true);
+  o.use_residual = true;
+  auto o2 = o;
+  o2.ep_size = 2;
+  o2.ep_group = std::make_shared<FakeGroup>(1, 2);
+  MoE one(o), two(o2);
+  auto a = one->named_parameters(), b = two->named_parameters();
+  for (const char* n : {"mlp.fc1.weight", "mlp.fc2.bias", "coefficient.weight", "coefficient.bias"})
+    EXPECT_TRUE(torch::equal(a[n], b[n])) << n;
+  EXPECT_FALSE(torch::equal(a["mlp.fc1.weight"], one->experts->w1[0].t())) << "its own draws";
+}
+
+// The config's moe keys against the options a layer was built with: only the keys it gives.
+TEST(MoeLayer, OptionsSayWhichGivenConfigKeyTheyDoNotFollow) {
+  strata::MoeConfig c;
+  c.num_experts = kE;
+  c.top_k = 1;
+  c.use_residual = true;
+  auto o = options(2, true);
+  EXPECT_EQ(o.differs_from(c), "") << "no key given";
+  c.given = {"num_experts", "use_residual"};
+  EXPECT_EQ(o.differs_from(c), "moe.use_residual is true in the config, the layer's is false");
+  o.use_residual = true;
+  EXPECT_EQ(o.differs_from(c), "");
+  c.given.insert("top_k");
+  EXPECT_EQ(o.differs_from(c), "moe.top_k is 1 in the config, the layer's is 2");
+  o.k = 1;
+  c.given.insert("noisy_gate_policy");
+  c.noisy_gate_policy = "Jitter";
+  EXPECT_EQ(o.differs_from(c), "moe.noisy_gate_policy is \"Jitter\" in the config, the layer's is \"None\"");
+  o.noisy_gate_policy = NoisyGatePolicy::Jitter;
+  c.given.insert("aux_loss_coef");  // the program's
+  c.aux_loss_coef = 0.5;
+  EXPECT_EQ(o.differs_from(c), "");
+  o = MoEOptions::from_config(c, kD, kFfn, 0, 1, nullptr);
+  EXPECT_TRUE(o.use_residual);
+  EXPECT_EQ(o.differs_from(c), "") << "from_config follows every key";
 }
 
 TEST(MoeLayer, ErrorsSayWhatToChange) {

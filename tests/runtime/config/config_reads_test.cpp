@@ -1,6 +1,7 @@
 // What a valid config turns into: defaults, legacy spellings, built-in optimizer and scheduler
 // params, Hugging Face "auto" resolution, the batch triangle, the printout, pending features.
 #include <filesystem>
+#include <set>
 
 #include "tests/runtime/config/config_test_util.h"
 
@@ -343,6 +344,25 @@ TEST(ConfigReads, NothingTheSchemaAcceptsIsPending) {
   EXPECT_TRUE(pending_features(c).empty());
   EXPECT_TRUE(pending_features(load(with(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}})"))).empty());
   EXPECT_TRUE(pending_features(load(with(R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}})"))).empty());
+}
+
+// The moe block remembers which keys the file gave: a program that builds its layers from its
+// own model fills the others from it, and num_experts' checks wait for a block that gives it.
+TEST(ConfigReads, MoeBlockKnowsTheKeysItGives) {
+  const Config c = load(with(R"("moe": {"top_k": 1, "use_residual": true, "drop_tokens": false})"));
+  EXPECT_EQ(c.moe.given, (std::set<std::string>{"drop_tokens", "top_k", "use_residual"}));
+  EXPECT_TRUE(c.moe.use_residual);
+  EXPECT_EQ(c.moe.top_k, 1);
+  EXPECT_TRUE(load(with("")).moe.given.empty());
+  LoadOptions two;
+  two.world_size = 2;
+  const Config ep = load(R"({"train_batch_size": 8, "moe": {"ep_size": 2}})", two);
+  EXPECT_EQ(ep.moe.given, (std::set<std::string>{"ep_size"}));
+  EXPECT_CONTAINS(load_error(R"({"train_batch_size": 8, "moe": {"ep_size": 2, "num_experts": 3}})", two),
+                  "moe.ep_size = 2 must divide num_experts = 3");
+  EXPECT_CONTAINS(load_error(with(R"("moe": {"top_k": 3, "num_experts": 2})")),
+                  "moe.top_k = 3 exceeds num_experts = 2");
+  EXPECT_CONTAINS(load_error(with(R"("moe": {"use_residual": 1})")), "moe.use_residual");
 }
 
 // fp16.auto_cast and torch_autocast run (runtime/autocast.h): DeepSpeed's names and defaults.

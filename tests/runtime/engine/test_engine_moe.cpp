@@ -190,6 +190,20 @@ TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
     const auto m = message([&] { strata::initialize(net, c); });
     EXPECT_NE(m.find("ep_size"), std::string::npos) << m;
   }
+  {  // any key of the block the layers were built without would do nothing
+    MoENet net;  // k = 2
+    json c = config(2);
+    c["moe"] = {{"top_k", 1}};
+    const auto m = message([&] { strata::initialize(net, c); });
+    EXPECT_NE(m.find("moe.top_k is 1 in the config, the layer's is 2 (MoE layer 0)"),
+              std::string::npos) << m;
+  }
+  {  // the keys it follows, and aux_loss_coef (the program's): no error
+    MoENet net;
+    json c = config(2);
+    c["moe"] = {{"top_k", 2}, {"capacity_factor", 2.0}, {"aux_loss_coef", 0.5}};
+    EXPECT_EQ(message([&] { strata::initialize(net, c); }), "no error");
+  }
 }
 
 }  // namespace
