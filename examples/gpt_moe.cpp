@@ -1,6 +1,5 @@
 #include "examples/gpt_moe.h"
 
-#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -22,7 +21,7 @@ moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, ui
     throw Error(fmt::format("the config's moe.num_experts is {} but model '{}' has {} experts per "
                             "block; make them agree (or drop num_experts from the config)",
                             moe.num_experts, model.name, model.experts));
-  if (!given("top_k")) merged.top_k = std::min(model.top_k, merged.num_experts);
+  if (!given("top_k")) merged.top_k = model.top_k;
   if (!given("capacity_factor")) merged.capacity_factor = model.capacity_factor;
   if (!given("eval_capacity_factor")) merged.eval_capacity_factor = model.capacity_factor;
   if (!given("aux_loss_coef")) merged.aux_loss_coef = model.aux_loss_coef;

@@ -115,7 +115,9 @@ ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOp
   }
 
   // Units: each spec's trainable and frozen parameters, then the persistent ones.
-  Unit kept_trainable{"(persistent)"}, kept_frozen{"(persistent, frozen)"};
+  Unit kept_trainable, kept_frozen;
+  kept_trainable.name = "(persistent)";
+  kept_frozen.name = "(persistent, frozen)";
   kept_trainable.persistent = kept_frozen.persistent = true;
   kept_frozen.trainable = false;
   auto add = [](Unit& u, const torch::Tensor& p, const std::string& name) {

@@ -184,7 +184,7 @@ struct MoeConfig {
   bool top2_2nd_expert_sampling = true;  // DeepSpeed's TopKGate default
   std::string drop_policy = "probs";     // probs | position (top-k >= 3)
   double router_z_loss_coef = 0.0;       // ST-MoE's router z-loss; 0: off
-  bool use_residual = false;             // DeepSpeed's Residual MoE (PR-MoE): a dense MLP beside
+  bool use_residual = false;             // DeepSpeed's Residual MoE (PR-MoE)
   // The block's keys the file gave (canonical names). A program that builds its layers from its
   // own model fills the others from the model (examples/gpt_moe.cpp); the engine checks that the
   // model's MoE layers follow every given key (runtime/engine_experts.cpp).

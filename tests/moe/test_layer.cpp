@@ -437,9 +437,10 @@ TEST(MoeLayer, ResidualMixesTheDenseMlpByItsCoefficient) {
     const auto names = residual->named_parameters().keys();
     for (const char* n : {"coefficient.weight", "coefficient.bias"})
       EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
-    if (!user)
+    if (!user) {
       for (const char* n : {"mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"})
         EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+    }
     EXPECT_EQ(expert_parameters(*residual).size(), expert_parameters(*plain).size());
 
     torch::manual_seed(5);
