@@ -127,7 +127,9 @@ ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOp
     u.numel += p.numel();
   };
   for (const auto& s : specs) {
-    Unit trainable{s.name}, frozen{s.name + " (frozen)"};
+    Unit trainable, frozen;
+    trainable.name = s.name;
+    frozen.name = s.name + " (frozen)";
     frozen.trainable = false;
     for (size_t i = 0; i < s.params.size(); ++i) {
       const auto& p = s.params[i];
