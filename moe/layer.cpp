@@ -48,6 +48,16 @@ void check(const MoEOptions& o) {
   }
 }
 
+// Linear's own init bounds (kaiming_uniform, a = sqrt(5): U(+-1/sqrt(fan_in))), weight then bias,
+// from a named generator.
+void init_linear(torch::nn::Linear& l, at::Generator& gen) {
+  torch::NoGradGuard no_grad;
+  const double bound = 1.0 / std::sqrt(double(l->weight.size(1)));
+  l->weight.copy_(torch::rand(l->weight.sizes(), gen, torch::kFloat) * (2 * bound) - bound);
+  if (l->bias.defined())
+    l->bias.copy_(torch::rand(l->bias.sizes(), gen, torch::kFloat) * (2 * bound) - bound);
+}
+
 // use_residual's built-in dense MLP, one expert's shape: Linear(d, ffn) -> GELU -> Linear(ffn, d).
 struct DenseMlpImpl : torch::nn::Module {
   DenseMlpImpl(int64_t d, int64_t ffn, bool bias) {
@@ -154,12 +164,8 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   gate = register_module(
       "gate", torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size, o.num_experts).bias(false)));
   {
-    // Linear's own init bound (kaiming_uniform, a = sqrt(5)), from a named seed.
-    torch::NoGradGuard no_grad;
     auto gen = at::detail::createCPUGenerator(layer_key(o, KeyTag::GateInit, 0));
-    const double bound = 1.0 / std::sqrt(double(o.hidden_size));
-    gate->weight.copy_(torch::rand({o.num_experts, o.hidden_size}, gen, torch::kFloat) *
-                           (2 * bound) - bound);
+    init_linear(gate, gen);
   }
   ExpertsOptions eo;
   eo.hidden_size = o.hidden_size;
@@ -175,13 +181,6 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   // Residual MoE, drawn from named keys as the experts are: Linear's init bounds for the built-in
   // MLP and the coefficient; a factory's MLP under a seeded default generator (build_seeded).
   namespace nn = torch::nn;
-  torch::NoGradGuard no_grad;
-  auto init = [](nn::Linear& l, at::Generator& gen) {  // weight, then bias: U(+-1/sqrt(fan_in))
-    const double bound = 1.0 / std::sqrt(double(l->weight.size(1)));
-    l->weight.copy_(torch::rand(l->weight.sizes(), gen, torch::kFloat) * (2 * bound) - bound);
-    if (l->bias.defined())
-      l->bias.copy_(torch::rand(l->bias.sizes(), gen, torch::kFloat) * (2 * bound) - bound);
-  };
   const uint64_t mlp_key = layer_key(o, KeyTag::ResidualInit, 0);
   if (o.expert_factory) {
     mlp = build_seeded(o.expert_factory, kResidualMLP, mlp_key);
@@ -191,14 +190,14 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
                               "(it is {})", o.ffn_size));
     DenseMlp dense(o.hidden_size, o.ffn_size, o.expert_bias);
     auto gen = at::detail::createCPUGenerator(mlp_key);
-    init(dense->fc1, gen);
-    init(dense->fc2, gen);
+    init_linear(dense->fc1, gen);
+    init_linear(dense->fc2, gen);
     mlp = nn::AnyModule(dense);
   }
   register_module("mlp", mlp.ptr());
   coefficient = register_module("coefficient", nn::Linear(o.hidden_size, 2));
   auto gen = at::detail::createCPUGenerator(layer_key(o, KeyTag::ResidualInit, 1));
-  init(coefficient, gen);
+  init_linear(coefficient, gen);
 }
 
 torch::Tensor MoEImpl::mix_residual(const torch::Tensor& x, const torch::Tensor& y) {

@@ -18,9 +18,9 @@
 // previous unit-touching op did not) is recorded over a micro-step; the next micro-steps follow
 // that trace and launch the gathers of the next units ahead (stage3_prefetch_bucket_size
 // elements in flight, or one unit larger than that, bounded by stage3_max_live_parameters), and
-// keep a unit whose next use comes within stage3_max_reuse_distance elements. A micro-step that leaves the trace (a branch
-// taken the same way on every rank) falls back to gather-on-use, says so once, and is recorded
-// as the new trace.
+// keep a unit whose next use comes within stage3_max_reuse_distance elements. A micro-step that
+// leaves the trace (a branch taken the same way on every rank) falls back to gather-on-use, says
+// so once, and is recorded as the new trace.
 //
 // Every use is recorded: check_same_gathers() compares, across the ranks, the sequence of units
 // used since the last check, and names the first unit on which the ranks differ (ranks that take
