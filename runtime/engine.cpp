@@ -232,21 +232,21 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       if (init)
         value_of = [&](const torch::Tensor& p) { return partitioned(p) ? init->take_full_value(p) : p; };
       auto specs = zero::plan_units(*module_, options.stage3_units);
-      if (!experts_.empty()) {
-        // The experts are units of their own, over their own group (build_stage3_experts).
-        for (auto& spec : specs) {
-          zero::UnitSpec dense{spec.name, {}, {}};
-          for (size_t i = 0; i < spec.params.size(); ++i)
-            if (!is_expert(spec.params[i])) {
-              dense.param_names.push_back(spec.param_names[i]);
-              dense.params.push_back(spec.params[i]);
-            }
-          spec = std::move(dense);
-        }
-        specs.erase(std::remove_if(specs.begin(), specs.end(),
-                                   [](const zero::UnitSpec& s) { return s.params.empty(); }),
-                    specs.end());
+      // The experts are units of their own, over their own group (build_stage3_experts). A
+      // parameter that is not floating point (a frozen index table) is never trained or cast:
+      // it stays whole on every rank, as DeepSpeed keeps what it does not partition.
+      for (auto& spec : specs) {
+        zero::UnitSpec kept{spec.name, {}, {}};
+        for (size_t i = 0; i < spec.params.size(); ++i)
+          if (!is_expert(spec.params[i]) && spec.params[i].is_floating_point()) {
+            kept.param_names.push_back(spec.param_names[i]);
+            kept.params.push_back(spec.params[i]);
+          }
+        spec = std::move(kept);
       }
+      specs.erase(std::remove_if(specs.begin(), specs.end(),
+                                 [](const zero::UnitSpec& s) { return s.params.empty(); }),
+                  specs.end());
       units_ = std::make_shared<zero::ParamUnits>(std::move(specs), group_, uo, value_of);
       if (init) init->release();  // the units own the parameters now
       zero::CoordinatorOptions co;
@@ -377,6 +377,7 @@ zero::ModelStateBytes Engine::model_state_bytes() const {
     if (expert_partitioned_) {
       const auto e = expert_partitioned_->state_bytes();
       bytes.params += e.params, bytes.grads += e.grads, bytes.master += e.master;
+      bytes.nvme += e.nvme;
     }
   } else {
     for (const auto& p : params_) bytes.params += p.numel() * p.element_size();

@@ -134,6 +134,10 @@ class Engine {
   const zero::ParamUnits* stage3_units() const { return units_.get(); }
   zero::ParamCoordinator* stage3_coordinator() const { return coordinator_.get(); }
   const zero::ParamUnits* stage3_expert_units() const { return expert_units_.get(); }
+  // The dense parameters' gradient reducer (its bucket counters), or null when none reduces.
+  const zero::GradientReducer* gradient_reducer() const {
+    return reducer_ ? reducer_.get() : partitioned_ ? partitioned_->reducer() : nullptr;
+  }
   zero::ParamCoordinator* stage3_expert_coordinator() const { return expert_coordinator_.get(); }
   // Checkpoints (runtime/checkpoint's layout: DIR/TAG/ with a manifest, DIR/latest): model
   // states, this rank's master weights and optimizer state, the loss scaler, the LR schedule,

@@ -180,9 +180,12 @@ std::vector<std::pair<std::string, torch::Tensor>> Engine::stage3_host_copies(bo
   NamedTensors out;
   if (!keep) return out;
   const auto skip = with_experts ? Names{} : expert_names();
-  for (const auto& p : module_->named_parameters())
-    if (!skip.count(p.key()))
-      out.emplace_back("param." + p.key(), copies.at(p.value().unsafeGetTensorImpl()));
+  for (const auto& p : module_->named_parameters()) {
+    if (skip.count(p.key())) continue;
+    // Not in a unit (a parameter that is not floating point): whole on every rank.
+    const auto it = copies.find(p.value().unsafeGetTensorImpl());
+    out.emplace_back("param." + p.key(), it != copies.end() ? it->second : p.value().detach().cpu());
+  }
   for (const auto& b : module_->named_buffers()) out.emplace_back("buffer." + b.key(), b.value());
   return out;
 }
@@ -194,6 +197,8 @@ void Engine::install_stage3_weights(const TensorFile& states) {
     for (const auto& name : units_->unit(u).names) values.push_back(states.at("param." + name));
     units_->assign(u, values);
   }
+  for (const auto& p : module_->named_parameters())
+    if (!p.value().is_floating_point()) p.value().copy_(states.at("param." + p.key()));
   for (const auto& b : module_->named_buffers()) b.value().copy_(states.at("buffer." + b.key()));
 }
 
@@ -231,11 +236,24 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
   torch::NoGradGuard no_grad;
   settle_step();
   if (tag.empty()) tag = fmt::format("global_step{}", global_steps_);
+  // Inside an accumulation window the partial gradient lives only in this process: a resume
+  // would step on part of a window (at another world size, on a window of another length).
+  if (micro_steps_ % gradient_accumulation_steps() != 0)
+    throw Error(fmt::format(
+        "save_checkpoint({}, {}): called inside a gradient accumulation window (micro-step {} "
+        "of {}: the window's partial gradients are not saved, so a resume would step on part "
+        "of a window); save after the engine->step() that ends a window "
+        "(is_gradient_accumulation_boundary() true before it)",
+        dir, tag, micro_steps_ % gradient_accumulation_steps(), gradient_accumulation_steps()));
   const int rank = data_parallel_rank(), world = data_parallel_size();
   checkpoint::CheckpointWriter writer(dir, tag, rank, world);
 
+  // The position is global steps and samples (DeepSpeed's); micro-steps follow from them and
+  // this run's accumulation, which another world size changes.
   json engine_state = {{"global_steps", global_steps_},
                        {"micro_steps", micro_steps_},
+                       {"gradient_accumulation_steps", gradient_accumulation_steps()},
+                       {"global_samples", global_samples()},
                        {"skipped_steps", skipped_steps_},
                        {"loss_scaler", scaler_.state()},
                        {"client_state", client_state}};
@@ -308,7 +326,22 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   const auto states = reader.load_shared("model_states", checkpoint::specs_of(model));
   const json& engine_state = states.scalars;
   const auto global_steps = engine_state.at("global_steps").get<int64_t>();
-  const auto micro_steps = engine_state.at("micro_steps").get<int64_t>();
+  const auto saved_micro_steps = engine_state.at("micro_steps").get<int64_t>();
+  // Checkpoints before the accumulation was recorded: a boundary is micro = global x gas.
+  const int64_t saved_gas =
+      engine_state.contains("gradient_accumulation_steps")
+          ? engine_state.at("gradient_accumulation_steps").get<int64_t>()
+          : (global_steps > 0 && saved_micro_steps % global_steps == 0
+                 ? saved_micro_steps / global_steps
+                 : (global_steps == 0 && saved_micro_steps == 0 ? 1 : 0));
+  if (saved_gas <= 0 || saved_micro_steps != global_steps * saved_gas)
+    throw Error(fmt::format(
+        "{}: saved inside a gradient accumulation window (micro-step {} after {} optimizer "
+        "steps): its partial gradients are not in the checkpoint, so no resume continues that "
+        "window exactly; resume from a checkpoint saved after an optimizer step",
+        reader.folder(), saved_micro_steps, global_steps));
+  // This run's accumulation, whatever the saved run's was (another world size changes it).
+  const int64_t micro_steps = global_steps * gradient_accumulation_steps();
   const auto skipped_steps = engine_state.at("skipped_steps").get<int64_t>();
   LossScaler scaler = scaler_;
   scaler.load_state(engine_state.at("loss_scaler"));

@@ -82,8 +82,17 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
       accumulates_in_place_ = accumulates_in_place_ && (options_.comm_dtype == p.scalar_type() ||
                                                         options_.comm_dtype == torch::kFloat);
   }
+  if (!options_.staged_when_complete.empty() && options_.staged_when_complete.size() != plan.size())
+    throw Error("GradientReducer: staged_when_complete needs one entry per bucket of the plan");
   where_.resize(params_.size());
   staged_.assign(params_.size(), false);
+  arrived_.assign(params_.size(), false);
+  // Until the first backward teaches the order: the plan's, the buckets staged when complete
+  // (spread over the model) last.
+  for (int late = 0; late < 2; ++late)
+    for (size_t b = 0; b < plan.size(); ++b)
+      if ((!options_.staged_when_complete.empty() && options_.staged_when_complete[b]) == bool(late))
+        launch_order_.push_back(b);
   for (size_t b = 0; b < plan.size(); ++b) {
     auto& bucket = buckets_.emplace_back();
     const auto& first = params_.at(plan[b].front());
@@ -132,6 +141,13 @@ void GradientReducer::attach_hooks() {
 
 void GradientReducer::begin_backward(bool boundary) {
   active_ = options_.mode == Mode::kPartition || boundary;
+  if (active_) launched_during_backward_ = 0;
+}
+
+void GradientReducer::make_room(int64_t numel) {
+  if (options_.max_live_numel <= 0) return;
+  while (live_numel_ + numel > options_.max_live_numel && next_deliver_ < next_launch_)
+    deliver(buckets_[launch_order_[next_deliver_++]]);
 }
 
 void GradientReducer::stage(size_t k) {
@@ -153,6 +169,7 @@ void GradientReducer::stage(size_t k) {
   if (!bucket.flat.defined()) {
     // Allocated when its first gradient arrives and freed once delivered: only the buckets in
     // flight hold memory, not a second full-size gradient.
+    make_room(bucket.numel);
     bucket.flat = torch::empty({bucket.numel}, bucket.options);
     live_numel_ += bucket.numel;
     peak_numel_ = std::max(peak_numel_, live_numel_);
@@ -174,26 +191,38 @@ void GradientReducer::stage(size_t k) {
 
 void GradientReducer::on_gradient(size_t k) {
   if (!active_) return;  // accumulating locally inside the window
-  if (staged_[k])
+  if (arrived_[k])
     throw Error(fmt::format(
         "parameter {} received a second gradient in one reducing backward; call "
         "engine->backward() once per micro-step",
         k));
-  stage(k);
-  auto& bucket = buckets_[where_[k].first];
+  arrive(k);
+}
+
+void GradientReducer::arrive(size_t k) {
+  arrived_[k] = true;
+  ++arrivals_;
+  const size_t b = where_[k].first;
+  auto& bucket = buckets_[b];
+  ++bucket.arrived;
+  const bool late = !options_.staged_when_complete.empty() && options_.staged_when_complete[b];
+  if (!late)
+    stage(k);
+  else if (bucket.arrived == bucket.params.size())
+    for (size_t p : bucket.params) stage(p);  // all at once: the buffer lives from here on
   if (bucket.ready != bucket.params.size()) return;
+  completed_.push_back(b);
   // One process: no collective whose order the ranks must agree on, so each bucket is delivered
-  // (and freed) as soon as it is complete. In plan order a bucket that completes last (a unit
-  // holding both the embedding and the head) would keep every other bucket alive until the end
-  // of backward: a whole gradient's worth of memory.
+  // (and freed) as soon as it is complete.
   if (!group_) deliver(bucket);
   launch_ready_buckets();
 }
 
 void GradientReducer::launch_ready_buckets() {
-  while (next_launch_ < buckets_.size() &&
-         buckets_[next_launch_].ready == buckets_[next_launch_].params.size()) {
-    auto& bucket = buckets_[next_launch_++];
+  while (next_launch_ < buckets_.size()) {
+    auto& bucket = buckets_[launch_order_[next_launch_]];
+    if (bucket.ready != bucket.params.size()) break;
+    ++next_launch_;
     if (group_) {
       if (options_.mode == Mode::kPartition)
         bucket.work = group_->reduce_scatter_async(
@@ -201,11 +230,33 @@ void GradientReducer::launch_ready_buckets() {
             comm::ReduceOp::Avg);
       else
         bucket.work = group_->all_reduce_async(bucket.flat, comm::ReduceOp::Avg);
+      if (arrivals_ < params_.size()) ++launched_during_backward_;
     }
   }
   // Deliver (and free) all but the last kInFlight launched buckets: their collectives have had
   // a bucket's worth of backward to finish, so waiting on them rarely holds the compute stream.
-  while (next_deliver_ + kInFlight < next_launch_) deliver(buckets_[next_deliver_++]);
+  while (next_deliver_ + kInFlight < next_launch_)
+    deliver(buckets_[launch_order_[next_deliver_++]]);
+}
+
+// The first backward over a group: rank 0's completion order becomes every rank's launch order
+// (a broadcast, once). Every bucket completes once per reducing backward, so it is a permutation.
+void GradientReducer::learn_launch_order() {
+  order_learnt_ = true;
+  if (!group_ || completed_.size() != buckets_.size()) return;
+  std::vector<int64_t> order(completed_.begin(), completed_.end());
+  auto t = torch::tensor(order, torch::kLong).to(buckets_.front().options.device());
+  group_->broadcast(t, 0);
+  t = t.cpu();
+  const auto* o = t.data_ptr<int64_t>();
+  std::vector<bool> seen(buckets_.size(), false);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const auto b = o[i];
+    if (b < 0 || size_t(b) >= buckets_.size() || seen[size_t(b)])
+      throw Error("GradientReducer: rank 0's bucket order is not a permutation of the buckets");
+    seen[size_t(b)] = true;
+    launch_order_[i] = size_t(b);
+  }
 }
 
 void GradientReducer::deliver(Bucket& bucket) {
@@ -244,11 +295,15 @@ void GradientReducer::finish() {
   if (!active_) return;
   active_ = false;
   for (size_t k = 0; k < params_.size(); ++k)
-    if (!staged_[k]) stage(k);  // no gradient this backward: contributes what .grad holds
+    if (!arrived_[k]) arrive(k);  // no gradient this backward: contributes what .grad holds
   launch_ready_buckets();
-  while (next_deliver_ < buckets_.size()) deliver(buckets_[next_deliver_++]);
-  for (auto& bucket : buckets_) bucket.ready = 0;
+  while (next_deliver_ < next_launch_) deliver(buckets_[launch_order_[next_deliver_++]]);
+  if (!order_learnt_ && group_) learn_launch_order();
+  for (auto& bucket : buckets_) bucket.ready = bucket.arrived = 0;
   std::fill(staged_.begin(), staged_.end(), false);
+  std::fill(arrived_.begin(), arrived_.end(), false);
+  completed_.clear();
+  arrivals_ = 0;
   next_launch_ = next_deliver_ = 0;
 }
 

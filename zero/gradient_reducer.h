@@ -3,8 +3,13 @@
 // A hook after each parameter's gradient accumulation (the AccumulateGrad node's post hook, as
 // LibTorch's DDP reducer uses) copies the gradient into its bucket, in the communication dtype;
 // a full bucket's collective is launched at once. Buckets launch strictly in bucket order on
-// every rank, since collectives must match across ranks; parameters are bucketed in reverse
-// registration order, roughly the order backward reaches them (plan()). finish() launches what is
+// every rank, since collectives must match across ranks. That order is the plan's (parameters
+// bucketed in reverse registration order, roughly the order backward reaches them: plan()) until
+// the first backward that reduces over a group has run; from then on it is the order in which
+// rank 0's buckets completed in that backward, broadcast at its end, so that every rank launches
+// in the same order and each bucket goes as soon as backward is done with it (ZeRO-3's
+// persistent unit, whose parameters are spread over the whole model, completes last though it
+// is first in the plan: in plan order it held every other bucket back). finish() launches what is
 // left (a parameter that got no gradient contributes what its .grad holds, or zeros), waits, and
 // delivers:
 //   - Mode::kFull (stage 0, 1): only on the micro-step that ends the accumulation window; one
@@ -16,7 +21,8 @@
 //     outlives its bucket, and each bucket moves half the bytes of an all-reduce.
 // A bucket's buffer exists from its first gradient until it is delivered; buckets are delivered
 // (the compute stream waits for their collective) as soon as kInFlight later ones have launched,
-// so a backward holds a few buckets' buffers at a time (DeepSpeed's double-buffered IPG
+// and, with Options::max_live_numel, whenever a new bucket's buffer would take the buffers held
+// past it: a backward holds a few buckets' buffers at a time (DeepSpeed's double-buffered IPG
 // bucket), not a second copy of every gradient.
 #pragma once
 
@@ -56,6 +62,13 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     // With copy_to_partition: where each reduced chunk goes instead of partition_grad (then
     // undefined), given its offset in the partition (ZeRO-Infinity's gradient swap file).
     std::function<void(int64_t offset, const torch::Tensor& chunk)> send_chunk;
+    // At most this many elements of bucket buffers at once (0: no bound but kInFlight): before
+    // a bucket's buffer is allocated, launched buckets are delivered, oldest first, until it fits.
+    int64_t max_live_numel = 0;
+    // Buckets (by plan index) whose parameters' gradients arrive spread over the whole backward
+    // (ZeRO-3's persistent unit): they keep their .grad until the last one has arrived and are
+    // staged then, so that their buffer does not live through the whole backward.
+    std::vector<bool> staged_when_complete;
   };
 
   // Parameter indices per bucket: reverse registration order, at most bucket_numel elements per
@@ -75,6 +88,11 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   // Elements of bucket buffers held now, and the most held at once since creation.
   int64_t live_bucket_numel() const { return live_numel_; }
   int64_t peak_bucket_numel() const { return peak_numel_; }
+  // Collectives launched while some parameter's gradient was still to come, in the last
+  // reducing backward: those that overlap backward.
+  size_t launched_during_backward() const { return launched_during_backward_; }
+  // The order buckets launch in (plan indices; the learnt one after the first reducing backward).
+  const std::vector<size_t>& launch_order() const { return launch_order_; }
 
  private:
   struct Bucket {
@@ -87,7 +105,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     torch::Tensor flat;          // allocated by the first gradient, freed when delivered
     torch::Tensor accumulator;   // kPartition: its place in the partition's gradient
     int64_t partition_offset = 0;  // kPartition: where that place starts
-    size_t ready = 0;
+    size_t ready = 0;    // parameters staged into the buffer
+    size_t arrived = 0;  // parameters whose gradient arrived (staged or, if late, waiting)
     comm::WorkPtr work;
   };
   static constexpr size_t kInFlight = 2;  // launched buckets not yet delivered, at most
@@ -95,18 +114,27 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   GradientReducer(std::vector<torch::Tensor> params, comm::GroupPtr group, Options options);
   void attach_hooks();
   void on_gradient(size_t param);
+  void arrive(size_t param);  // its gradient is final for this backward
   void stage(size_t param);  // copies the parameter's .grad (or zeros) into its bucket
   void launch_ready_buckets();
   void deliver(Bucket& bucket);
+  void make_room(int64_t numel);  // delivers launched buckets until `numel` more fits
+  void learn_launch_order();
 
   std::vector<torch::Tensor> params_;
   comm::GroupPtr group_;
   Options options_;
   std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, index in bucket)
-  std::vector<bool> staged_;
+  std::vector<bool> staged_, arrived_;
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
+  // Positions in launch_order_: the next bucket to launch, the next launched one to deliver.
   size_t next_launch_ = 0, next_deliver_ = 0;
+  std::vector<size_t> launch_order_;
+  std::vector<size_t> completed_;  // this backward's buckets in the order they completed
+  bool order_learnt_ = false;
+  size_t launched_during_backward_ = 0;
+  size_t arrivals_ = 0;  // parameters arrived in this backward
   int64_t live_numel_ = 0, peak_numel_ = 0;
   bool active_ = false;
   // kPartition in one process (no group, no host copy): stage() adds each gradient into the

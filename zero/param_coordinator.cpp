@@ -59,7 +59,8 @@ void add_units_of(const at::Tensor& t, const ParamUnits& units, std::vector<size
     out.push_back(size_t(u));
 }
 
-// FNV-1a over the gathered units' ids and sizes.
+// FNV-1a over the gathered units' ids, sizes and layouts (which parameters, at which offsets: a
+// unit of the same id and size laid out differently on two ranks would mix their weights).
 uint64_t fingerprint(const std::vector<int32_t>& record, const ParamUnits& units) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](uint64_t v) {
@@ -71,6 +72,7 @@ uint64_t fingerprint(const std::vector<int32_t>& record, const ParamUnits& units
   for (int32_t u : record) {
     mix(uint64_t(u));
     mix(uint64_t(units.unit(size_t(u)).numel));
+    mix(units.unit(size_t(u)).layout_digest);
   }
   return h >> 1;  // fits a non-negative int64
 }
@@ -357,22 +359,40 @@ void ParamCoordinator::check_same_gathers() {
   group_->all_reduce(summary, comm::ReduceOp::Max);
   const auto* s = summary.data_ptr<int64_t>();
   if (s[0] == -s[1] && s[2] == -s[3]) return;
-  // Someone differs: every rank's record, padded with -1, finds the first difference.
-  const int64_t longest = s[2], world = group_->size();
-  auto mine = torch::full({longest}, int64_t(-1), torch::kLong);
-  for (int64_t i = 0; i < n; ++i) mine[i] = record[size_t(i)];
-  auto all = torch::empty({world * longest}, torch::kLong);
+  // Someone differs: every rank's record (unit ids, then their layout digests), padded with -1,
+  // finds the first difference.
+  const int64_t longest = s[2], world = group_->size(), row = 2 * longest;
+  auto mine = torch::full({row}, int64_t(-1), torch::kLong);
+  for (int64_t i = 0; i < n; ++i) {
+    mine[i] = record[size_t(i)];
+    mine[longest + i] = int64_t(units_->unit(size_t(record[size_t(i)])).layout_digest >> 1);
+  }
+  auto all = torch::empty({world * row}, torch::kLong);
   group_->all_gather(all, mine);
   const auto* a = all.data_ptr<int64_t>();
   int64_t at = 0;
+  bool ids_agree = true;
   for (; at < longest; ++at) {
-    bool same = true;
-    for (int64_t r = 1; r < world; ++r) same = same && a[r * longest + at] == a[at];
-    if (!same) break;
+    bool ids = true, layouts = true;
+    for (int64_t r = 1; r < world; ++r) {
+      ids = ids && a[r * row + at] == a[at];
+      layouts = layouts && a[r * row + longest + at] == a[longest + at];
+    }
+    ids_agree = ids;
+    if (!ids || !layouts) break;
+  }
+  if (at < longest && ids_agree) {
+    const auto& unit = units_->unit(size_t(a[at]));
+    throw Error(fmt::format(
+        "ZeRO-3: unit '{}' ({} elements) holds different parameters on the ranks (gather {} of "
+        "the step; its parameter names, sizes or offsets differ): the ranks partitioned the "
+        "model differently and would mix their weights. Build the same model, with the same "
+        "parameter names and the same stage3_* thresholds, on every rank",
+        unit.name, unit.numel, at + 1));
   }
   std::string who;
   for (int64_t r = 0; r < world; ++r) {
-    const int64_t u = at < longest ? a[r * longest + at] : -1;
+    const int64_t u = at < longest ? a[r * row + at] : -1;
     who += fmt::format("{}rank {}: {}", r ? "; " : "", r,
                        u < 0 ? std::string("nothing more")
                              : fmt::format("'{}' ({} elements)", units_->unit(size_t(u)).name,

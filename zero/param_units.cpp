@@ -99,20 +99,23 @@ ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOp
     : group_(group && group->size() > 1 ? std::move(group) : nullptr),
       parts_(group_ ? group_->size() : 1),
       rank_(group_ ? group_->rank() : 0) {
-  // Persistent parameters: the smallest first, while under both thresholds.
-  std::vector<std::pair<int64_t, const c10::TensorImpl*>> small;
-  for (const auto& s : specs)
-    for (const auto& p : s.params)
-      if (p.numel() <= options.persistence_threshold)
-        small.emplace_back(p.numel(), p.unsafeGetTensorImpl());
-  std::sort(small.begin(), small.end());
+  // Persistent parameters, decided in module order (DeepSpeed's mark_persistent_parameters):
+  // each one at most persistence_threshold elements is kept whole while the total stays under
+  // model_persistence_threshold; one that would pass it is skipped, later smaller ones may still
+  // fit. The order is the model's, the same on every rank: nothing here may depend on where a
+  // rank's allocator put a tensor (ordering equal sizes by address let ranks keep different
+  // parameters whole and mix their weights).
   std::unordered_set<const c10::TensorImpl*> persistent;
   int64_t persistent_numel = 0;
-  for (const auto& [n, impl] : small) {
-    if (persistent_numel + n > options.model_persistence_threshold) break;
-    persistent_numel += n;
-    persistent.insert(impl);
-  }
+  for (const auto& s : specs)
+    for (const auto& p : s.params) {
+      const int64_t n = p.numel();
+      if (n > options.persistence_threshold ||
+          persistent_numel + n > options.model_persistence_threshold)
+        continue;
+      persistent_numel += n;
+      persistent.insert(p.unsafeGetTensorImpl());
+    }
 
   // Units: each spec's trainable and frozen parameters, then the persistent ones.
   Unit kept_trainable, kept_frozen;
@@ -144,6 +147,21 @@ ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOp
   for (auto* u : {&kept_trainable, &kept_frozen})
     if (u->numel > 0) units_.push_back(std::move(*u));
   if (units_.empty()) throw Error("ZeRO-3: the model has no parameters to partition");
+  for (auto& u : units_) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](const void* data, size_t n) {
+      for (size_t i = 0; i < n; ++i) {
+        h ^= static_cast<const unsigned char*>(data)[i];
+        h *= 1099511628211ull;
+      }
+    };
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const int64_t sizes[2] = {u.params[i].numel(), u.offsets[i]};
+      mix(u.names[i].data(), u.names[i].size() + 1);
+      mix(sizes, sizeof sizes);
+    }
+    u.layout_digest = h;
+  }
 
   const auto& first = units_.front().params.front();
   for (const auto& u : units_)
@@ -183,6 +201,7 @@ ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOp
     u.chunk = bucket.chunk;
     u.shard = partition_.narrow(0, bucket.base, bucket.chunk);
     plan_.emplace_back();
+    persistent_buckets_.push_back(u.persistent);
   }
   for (size_t k = 0; k < trainable_units.size(); ++k) {
     auto& u = units_[trainable_units[k]];

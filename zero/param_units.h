@@ -73,6 +73,9 @@ class ParamUnits {
     torch::Tensor staging;  // offload_param: the shard on the gather's device while gathered
     bool gathered = true;
     int64_t gathers = 0;  // all-gathers since creation
+    // FNV-1a over the parameters' names, sizes and offsets: equal on every rank only when the
+    // ranks laid the unit out alike (the coordinator's per-step check compares it).
+    uint64_t layout_digest = 0;
   };
 
   // Moves the parameters (identical on every rank: rank 0's, broadcast) into unit storages,
@@ -110,6 +113,9 @@ class ParamUnits {
   const std::vector<torch::Tensor>& trainable_params() const { return trainable_params_; }
   const std::vector<int64_t>& flat_offsets() const { return flat_offsets_; }
   const std::vector<std::vector<size_t>>& plan() const { return plan_; }
+  // Per bucket of plan(): whether it is a persistent unit (its parameters are spread over the
+  // whole model, so its gradients arrive over the whole backward).
+  const std::vector<bool>& persistent_buckets() const { return persistent_buckets_; }
   // The trainable shards as pieces of another flat layout in which trainable parameter k (of
   // trainable_params()) starts at offsets[k]: checkpoints record partitions in the gap-free
   // layout of stages 0-2, so that any stage and world size can read them.
@@ -157,6 +163,7 @@ class ParamUnits {
   std::vector<torch::Tensor> trainable_params_;
   std::vector<int64_t> flat_offsets_;
   std::vector<std::vector<size_t>> plan_;
+  std::vector<bool> persistent_buckets_;
   int64_t gathered_bytes_ = 0;
   // offload_param
   std::string offload_ = "none";

@@ -108,11 +108,19 @@ PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
   set_device(units_->partition());
   init_master(units_->partition(), make_inner);
   // As stage 2, with one bucket per unit: its gradient is reduce-scattered once the unit's
-  // backward is done, and only this rank's chunk is kept.
+  // backward is done, and only this rank's chunk is kept. The persistent unit's parameters are
+  // all over the model: its bucket is filled once its last gradient is in, not held through the
+  // whole backward. reduce_bucket_size bounds the buckets' buffers alive at once, to twice
+  // the larger of it and the largest unit (a unit is not split: its reduce-scatter must leave
+  // each rank its shard).
   GradientReducer::Options r;
   r.mode = GradientReducer::Mode::kPartition;
   r.comm_dtype = options_.comm_dtype;
   r.plan = units_->plan();
+  r.staged_when_complete = units_->persistent_buckets();
+  int64_t largest = 0;
+  for (const auto& b : shards_.buckets()) largest = std::max(largest, shards_.parts() * b.chunk);
+  r.max_live_numel = 2 * std::max(options_.reduce_bucket_numel, largest);
   r.flat_offsets = units_->flat_offsets();
   r.shards = shards_;
   place_partition_gradients(r, units_->partition());
@@ -600,7 +608,13 @@ ModelStateBytes PartitionedOptimizer::state_bytes() const {
   bytes.params = units_ ? units_->resident_bytes() : nbytes(flat_->data());
   bytes.grads = nbytes(grad_flat_) + nbytes(grad_accum_) + nbytes(grad_partition_) +
                 nbytes(host_grad_) + nbytes(host_accum_);
-  bytes.master = nbytes(master_);
+  if (swapper_) {
+    // master_ keeps only the shape: the master and both moments are in the swap files.
+    bytes.nvme += int64_t(offload::OptimizerSwapper::kArrays) * swapper_->numel() * 4;
+  } else {
+    bytes.master = nbytes(master_);
+  }
+  if (units_ && units_->partition_offload() == "nvme") bytes.nvme += nbytes(units_->partition());
   return bytes;
 }
 

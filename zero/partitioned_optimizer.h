@@ -106,9 +106,13 @@ struct GradientSummary {
   double grad_norm = 0.0;  // global norm of the unscaled gradient
 };
 
-// This rank's bytes of model states, by the engine's own accounting.
+// This rank's bytes of model states, by the engine's own accounting: in device or host memory
+// (params .. optimizer), and apart, what lives in NVMe swap files (ZeRO-Infinity: the master and
+// the moments with offload_optimizer nvme, the parameter shards with offload_param nvme), which
+// total() leaves out.
 struct ModelStateBytes {
   int64_t params = 0, grads = 0, master = 0, optimizer = 0;
+  int64_t nvme = 0;
   int64_t total() const { return params + grads + master + optimizer; }
 };
 
@@ -192,6 +196,9 @@ class PartitionedOptimizer {
   // Parameters, gradients and master weights (the inner optimizer's state is counted by the
   // caller, which knows the optimizer types).
   ModelStateBytes state_bytes() const;
+
+  // The gradient reducer (its bucket counters: tests, benchmarks); null when none reduces.
+  const GradientReducer* reducer() const { return reducer_.get(); }
 
  private:
   void init_master(const torch::Tensor& partition, const InnerBuilder& make_inner);

@@ -150,7 +150,10 @@ Block make_zero() {
       .describe("Average gradients with reduce or reduce-scatter instead of all-reduce");
   b.add(&ZeroConfig::reduce_bucket_size, "reduce_bucket_size")
       .min(0)
-      .describe("Elements reduced at a time; bounds the memory of gradient reduction");  // 0: one gradient at a time
+      // 0: one gradient at a time. Stage 3 cannot split a unit (its reduce-scatter leaves each
+      // rank its shard), so there the key bounds the buckets held at once instead.
+      .describe("Elements reduced at a time; bounds the memory of gradient reduction (stage 3: each unit is one "
+                "bucket, and at most 2 x max(this, the largest unit) elements of buckets are held at once)");
   b.add(&ZeroConfig::allgather_partitions, "allgather_partitions")
       .describe("Gather the updated parameters with all-gather (true) or a series of broadcasts (false) after each "
                 "step");

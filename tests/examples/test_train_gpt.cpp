@@ -229,6 +229,57 @@ TEST(TrainGpt, OptimizerOffloadToCpuGivesTheLossesWithout) {
   expect_same(read_jsonl(full), read_jsonl(resumed2), 4, "saved on 1 rank, resumed on 2 at stage 1");
 }
 
+// Resume at another world size after an odd number of optimizer steps: train_batch_size 16 in
+// micro-batches of 8 is one micro-step per step on 2 ranks and two on 1 rank. A checkpoint saved
+// on 2 ranks after step 3 (micro-step counter 3) resumes on 1 rank with whole windows of two
+// micro-steps (it restored the counter and stepped after one: half a window), and one of 1 rank
+// resumes on 2; both give the uninterrupted run's losses at stages 1-3 with the optimizer
+// offloaded to host memory. A save inside a window is refused by name.
+TEST(TrainGpt, ResumeAtAnotherWorldSizeAfterAnOddStepKeepsWholeWindows) {
+  nlohmann::json config;
+  std::ifstream(std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json") >> config;
+  config.erase("launcher");
+  config["train_micro_batch_size_per_gpu"] = 8;
+  config.erase("gradient_accumulation_steps");
+  const std::string tag = std::to_string(getpid());
+  auto train = [&](int ranks, const std::string& args) {
+    return capture(std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus " + std::to_string(ranks) +
+                   " -- " + STRATA_BIN_DIR + "/train_gpt --device cpu --model tiny-tied " + args);
+  };
+  for (int stage : {1, 2, 3}) {
+    config["zero_optimization"] = {{"stage", stage}, {"reduce_bucket_size", 20000},
+                                   {"sub_group_size", 7000},
+                                   {"stage3_param_persistence_threshold", 0},
+                                   {"offload_optimizer", {{"device", "cpu"}}}};
+    const std::string file = testing::TempDir() + "/train_gpt_oddres_" + std::to_string(stage) +
+                             "_" + tag + ".json";
+    std::ofstream(file) << config.dump();
+    const std::string what = "stage " + std::to_string(stage);
+    const std::string full = testing::TempDir() + "/train_gpt_oddfull_" + tag + ".jsonl";
+    auto r = train(2, "--config " + file + " --steps 6 --metrics-jsonl " + full);
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+    for (const auto& [saved_on, resumed_on] : {std::pair{2, 1}, std::pair{1, 2}}) {
+      const std::string how = what + ", saved on " + std::to_string(saved_on) +
+                              " rank(s) after step 3, resumed on " + std::to_string(resumed_on);
+      const std::string dir = testing::TempDir() + "/train_gpt_oddckpt_" + tag + "_" +
+                              std::to_string(stage) + "_" + std::to_string(saved_on);
+      r = train(saved_on, "--config " + file + " --steps 3 --save-dir " + dir);
+      ASSERT_EQ(r.exit_code, 0) << how << "\n" << r.output;
+      const std::string resumed = testing::TempDir() + "/train_gpt_oddres_" + tag + ".jsonl";
+      r = train(resumed_on, "--config " + file + " --steps 6 --resume " + dir +
+                                " --metrics-jsonl " + resumed);
+      ASSERT_EQ(r.exit_code, 0) << how << "\n" << r.output;
+      const auto a = read_jsonl(full), b = read_jsonl(resumed);
+      ASSERT_EQ(a.size(), 6u) << how;
+      ASSERT_EQ(b.size(), 3u) << how;
+      for (size_t i = 0; i < b.size(); ++i) {
+        const double la = a[3 + i].at("loss").get<double>(), lb = b[i].at("loss").get<double>();
+        EXPECT_LE(std::abs(la - lb) / la, 1e-5) << how << ", step " << 4 + i;
+      }
+    }
+  }
+}
+
 // The model is the user's plain LibTorch code: no Strata header, no Strata call.
 TEST(GPT, TheModelKnowsNothingOfStrata) {
   for (const char* file : {"examples/gpt.h", "examples/gpt.cpp"}) {

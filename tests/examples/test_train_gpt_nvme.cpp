@@ -184,6 +184,26 @@ TEST_F(TrainGptNvme, CheckpointsResumeOnNvmeAndInHostMemory) {
   expect_same(read_jsonl(jsonl("full")), read_jsonl(jsonl("res2")), 4, "host memory onto NVMe, 2 ranks");
 }
 
+// The optimizer on NVMe at stage 3, micro-batches of 8 of train_batch_size 16 (one micro-step
+// per step on 2 ranks, two on 1; with one, the gradients go to a swap file too): saved on 2 ranks
+// after step 3 (micro-step counter 3), resumed on 1 rank with whole windows of two micro-steps;
+// saved on 1 rank, resumed on 2: the uninterrupted run's losses.
+TEST_F(TrainGptNvme, ResumeAtAnotherWorldSizeAfterAnOddStepKeepsWholeWindows) {
+  const std::string nvme = config(3, "nvme", true, "AdamW", "none", 8);
+  ASSERT_EQ(train(2, "--config " + nvme + " --steps 6 --metrics-jsonl " + jsonl("full")).exit_code, 0);
+  for (const auto& [saved_on, resumed_on] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    const std::string how = "saved on " + std::to_string(saved_on) + " rank(s) after step 3, resumed on " +
+                            std::to_string(resumed_on);
+    const std::string ckpt = (dir_ / ("ckpt_odd" + std::to_string(saved_on))).string();
+    auto r = train(saved_on, "--config " + nvme + " --steps 3 --save-dir " + ckpt);
+    ASSERT_EQ(r.exit_code, 0) << how << "\n" << r.output;
+    r = train(resumed_on, "--config " + nvme + " --steps 6 --resume " + ckpt + " --metrics-jsonl " +
+                              jsonl("res_odd"));
+    ASSERT_EQ(r.exit_code, 0) << how << "\n" << r.output;
+    expect_same(read_jsonl(jsonl("full")), read_jsonl(jsonl("res_odd")), 3, how);
+  }
+}
+
 TEST_F(TrainGptNvme, RefusesWhatItCannotRunBeforeStepOne) {
   // nvme_path that does not exist: named, not created.
   auto cfg = config(3, "nvme");

@@ -183,6 +183,36 @@ void expect_unchanged(torch::nn::Module& m, const std::vector<torch::Tensor>& be
     EXPECT_TRUE(torch::equal(now[i], before[i])) << what << ": parameter " << i << " changed";
 }
 
+// A save inside an accumulation window (one micro-step of two) would lose the window's partial
+// gradient: refused by name at every stage, nothing written; after the window it saves.
+TEST(CheckpointErrors, ASaveInsideAnAccumulationWindowIsRefusedByName) {
+  for (const RunSetup& setup : {RunSetup{0, false, "AdamW"}, RunSetup{1, true, "AdamW"},
+                                RunSetup{2, false, "AdamW"}, RunSetup{3, false, "AdamW"}}) {
+    const std::string dir = testing::TempDir() + "/ckpt_window_" + std::to_string(getpid()) +
+                            "_" + std::to_string(setup.stage);
+    strata::checkpoint::remove_tree(dir);
+    torch::manual_seed(1);
+    Net net;
+    auto engine = strata::initialize(net, config_for(setup));
+    train(engine, 0, 1);
+    const auto x = torch::randn({8, 8});
+    engine->backward(engine->forward(x, x.sum(1, true)));
+    engine->step();  // micro-step 1 of the window of 2
+    try {
+      engine->save_checkpoint(dir, "t");
+      ADD_FAILURE() << "stage " << setup.stage << ": saved inside a window";
+    } catch (const strata::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("inside a gradient accumulation window (micro-step 1 of 2"),
+                std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(dir + "/t")) << "stage " << setup.stage;
+    engine->backward(engine->forward(x, x.sum(1, true)));
+    engine->step();
+    engine->save_checkpoint(dir, "t");
+    EXPECT_TRUE(std::filesystem::exists(dir + "/t/manifest.json")) << "stage " << setup.stage;
+  }
+}
+
 // Saved with layer c frozen, resumed with b frozen (as many trainable elements): the optimizer
 // state of b must not land in c. The load is refused by name and changes nothing.
 TEST(CheckpointErrors, AnotherSetOfTrainableParametersIsRefusedByName) {

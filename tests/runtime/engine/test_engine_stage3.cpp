@@ -15,6 +15,7 @@
 #include "comm/process_group.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
+#include "tests/offload/build_fs_dir.h"
 #include "tests/runtime/engine/launch_workers.h"
 
 namespace {
@@ -252,6 +253,161 @@ TEST(Stage3Worker, RanksThatGatherDifferentUnitsAreNamed) {
   }
 }
 
+// Two vectors of equal size where the persistence thresholds keep only one of them whole: every
+// rank must keep the same one (DeepSpeed decides in module order). The ranks create the two
+// tensors in opposite orders, so their allocations differ (an order by address differed by rank
+// and mixed the weights: a rank read b's values as a's). Inside gathered_parameters every rank
+// sees a = 1 and b = 2, and a step keeps them apart.
+struct PairImpl : torch::nn::Module {
+  explicit PairImpl(bool b_first) {
+    w = register_parameter("w", torch::full({4, 8}, 0.5));
+    torch::Tensor a_t, b_t;
+    if (b_first) b_t = torch::full({8}, 2.0);
+    a_t = torch::full({8}, 1.0);
+    if (!b_first) b_t = torch::full({8}, 2.0);
+    a = register_parameter("a", a_t);
+    b = register_parameter("b", b_t);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return (torch::matmul(x, w) * a + b).pow(2).mean();
+  }
+  torch::Tensor w, a, b;
+};
+TORCH_MODULE(Pair);
+
+json pair_config(int64_t model_persistence) {
+  return {{"train_batch_size", 2 * world()},
+          {"steps_per_print", 1000},
+          {"zero_optimization",
+           {{"stage", 3},
+            {"stage3_param_persistence_threshold", 8},
+            {"stage3_model_persistence_threshold", model_persistence}}},
+          {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.0}}}}}};
+}
+
+TEST(Stage3Worker, EveryRankKeepsTheSameParametersWhole) {
+  Pair throwaway(rank() % 2 == 0);  // shifts rank 0's allocations, as a program's other objects do
+  Pair net(rank() % 2 == 1);
+  auto engine = strata::initialize(net, pair_config(8));
+  const auto* units = engine->stage3_units();
+  for (size_t u = 0; u < units->size(); ++u)
+    if (units->unit(u).persistent) {
+      ASSERT_EQ(units->unit(u).names, std::vector<std::string>{"a"}) << "rank " << rank();
+    }
+  const auto x = torch::ones({2, 4});
+  for (int step = 0; step < 2; ++step) {
+    engine->backward(engine->forward(x));
+    engine->step();
+  }
+  auto whole = engine->gathered_parameters();
+  EXPECT_TRUE(torch::equal(net->a, torch::full({8}, 1.0))) << "rank " << rank() << ": " << net->a;
+  EXPECT_TRUE(torch::equal(net->b, torch::full({8}, 2.0))) << "rank " << rank() << ": " << net->b;
+}
+
+// Ranks that lay a unit of the same size out differently (here: units named in another order
+// per rank, and a forward whose order follows, so that both gather "unit 0" first) would mix
+// their weights with every id and size equal: the step's check compares the layouts (parameter
+// names and offsets) too, and names the unit.
+struct DuoImpl : torch::nn::Module {
+  DuoImpl() {
+    m1 = register_module("m1", std::make_shared<torch::nn::Module>());
+    m2 = register_module("m2", std::make_shared<torch::nn::Module>());
+    x = m1->register_parameter("x", torch::full({64}, 1.0));
+    y = m2->register_parameter("y", torch::full({64}, 2.0));
+  }
+  torch::Tensor forward(bool x_first) {
+    auto a = x_first ? x.sum() : y.sum();
+    return a + (x_first ? y.sum() : x.sum());
+  }
+  std::shared_ptr<torch::nn::Module> m1, m2;
+  torch::Tensor x, y;
+};
+TORCH_MODULE(Duo);
+
+TEST(Stage3Worker, RanksThatLayAUnitOutDifferentlyAreNamed) {
+  if (world() < 2) GTEST_SKIP();
+  Duo net;
+  strata::InitOptions options;
+  const bool swapped = rank() % 2 == 1;
+  options.stage3_units = swapped ? std::vector<std::string>{"m2", "m1"}
+                                 : std::vector<std::string>{"m1", "m2"};
+  auto engine = strata::initialize(net, pair_config(0), options);
+  engine->backward(engine->forward(/*x_first=*/!swapped));
+  try {
+    engine->step();
+    FAIL() << "expected strata::Error";
+  } catch (const strata::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("holds different parameters on the ranks"), std::string::npos) << what;
+    EXPECT_NE(what.find("gather 1 of the step"), std::string::npos) << what;
+  }
+}
+
+// Defect of ZeRO-3 at the default persistence threshold (every bias and LayerNorm whole): the
+// persistent unit completes last in backward, and as the first bucket it held every unit's
+// gradient bucket until backward ended. Now buckets launch in the order they complete (rank 0's
+// order of the first step, shared): reduce-scatters start while backward runs, and the buffers
+// held at once stay within 2 x max(reduce_bucket_size, the largest unit) elements.
+struct TallBlockImpl : torch::nn::Module {
+  TallBlockImpl() {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({512})));
+    up = register_module("up", torch::nn::Linear(512, 1024));
+    down = register_module("down", torch::nn::Linear(1024, 512));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + down(torch::tanh(up(norm(x)))); }
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(TallBlock);
+
+// 8 blocks of 4 MiB (fp32), their LayerNorms and biases under the default threshold.
+struct TallImpl : torch::nn::Module {
+  TallImpl() {
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < 8; ++i) blocks->push_back(TallBlock());
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& block : *blocks) x = block->as<TallBlock>()->forward(x);
+    return x.pow(2).mean();
+  }
+  torch::nn::ModuleList blocks{nullptr};
+};
+TORCH_MODULE(Tall);
+
+TEST(Stage3Worker, GradientBucketsLaunchDuringBackwardAtTheDefaultThreshold) {
+  torch::manual_seed(3);
+  Tall net;
+  const json config = {{"train_batch_size", 2 * world()},
+                       {"steps_per_print", 1000},
+                       {"zero_optimization", {{"stage", 3}, {"reduce_bucket_size", 1000}}},
+                       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}}};
+  auto engine = strata::initialize(net, config);
+  const auto* units = engine->stage3_units();
+  int64_t largest = 0;
+  bool persistent = false;
+  for (size_t u = 0; u < units->size(); ++u) {
+    persistent = persistent || (units->unit(u).persistent && units->unit(u).trainable);
+    if (units->unit(u).trainable) largest = std::max(largest, units->parts() * units->unit(u).chunk);
+  }
+  ASSERT_TRUE(persistent) << "the default threshold keeps the LayerNorms and biases whole";
+  const auto* reducer = engine->gradient_reducer();
+  ASSERT_NE(reducer, nullptr);
+  const auto x = torch::randn({2, 512});
+  for (int step = 0; step < 3; ++step) {
+    engine->backward(engine->forward(x));
+    if (world() > 1)
+      EXPECT_GT(reducer->launched_during_backward(), 0u) << "step " << step << ": no reduce-scatter "
+                                                            "started before backward ended";
+    engine->step();
+  }
+  const int64_t bound = 2 * std::max<int64_t>(1000, largest);
+  EXPECT_LE(reducer->peak_bucket_numel(), bound) << "rank " << rank();
+  std::printf("stage3 gradient buckets: rank %d of %d: peak %lld B of buckets (bound %lld B = 2 x "
+              "largest unit %lld B), %zu of %zu reduce-scatters launched during backward\n",
+              rank(), world(), (long long)(4 * reducer->peak_bucket_numel()), (long long)(4 * bound),
+              (long long)(4 * largest), reducer->launched_during_backward(), reducer->bucket_count());
+}
+
 // Eval under NoGradGuard, and a pass whose order differs from training's (the blocks in reverse,
 // as a generation loop might), gather on use through engine->forward like training does: the
 // same losses as a copy of the weights taken in a gathered scope.
@@ -402,6 +558,83 @@ TEST(Stage3InitWorker, ModelBuiltInShardsNeverExistsWholeAndTrainsTheSame) {
   }
 }
 
+// ZeRO-Infinity's accounting: with the optimizer and the parameters on NVMe, the master, both
+// moments and the parameter shards are NVMe bytes, not host bytes (the master's shape-only
+// tensor was counted as 4 bytes per element of host memory).
+class Stage3Nvme : public strata::test_support::BuildFsDirTest {
+ protected:
+  Stage3Nvme() : BuildFsDirTest("engine-stage3-nvme") {}
+};
+
+TEST_F(Stage3Nvme, ModelStateBytesCountSwapFilesApart) {
+  if (is_worker()) GTEST_SKIP();
+  torch::manual_seed(5);
+  Net net;
+  auto config = stage3_config(2, 1);
+  config["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir_.string()}};
+  config["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", dir_.string()}};
+  auto engine = strata::initialize(net, config);
+  const auto x = torch::randint(0, kVocab, {2, 6}), y = torch::randint(0, kVocab, {2, 6});
+  engine->backward(engine->forward(x, y));
+  engine->step();
+  const int64_t p = engine->stage3_units()->shards().partition_numel();
+  const auto bytes = engine->model_state_bytes();
+  EXPECT_EQ(bytes.master, 0);
+  EXPECT_EQ(bytes.nvme, 3 * 4 * p + 4 * p);  // master, exp_avg, exp_avg_sq; the fp32 shards
+  EXPECT_LT(bytes.params, 4 * p) << "the shards are on NVMe";
+}
+
+// A frozen parameter that is not floating point (an index table) is kept whole at stage 3, as
+// DeepSpeed keeps what it does not partition (it was refused with advice to use one dtype, which
+// an int64 table cannot follow): the losses of stage 0, and a checkpoint restores the table.
+struct IndexedImpl : torch::nn::Module {
+  IndexedImpl() {
+    emb = register_module("emb", torch::nn::Embedding(kVocab, kDim));
+    fc = register_module("fc", torch::nn::Linear(kDim, kVocab));
+    order = register_parameter("order", torch::arange(kVocab - 1, -1, -1, torch::kLong), false);
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    auto logits = fc(emb(order.index_select(0, x.reshape({-1}))));
+    return F::cross_entropy(logits, y.reshape({-1}));
+  }
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::Linear fc{nullptr};
+  torch::Tensor order;
+};
+TORCH_MODULE(Indexed);
+
+TEST(Stage3, AFrozenIntegerParameterStaysWholeAndTrainsAsAtStageZero) {
+  if (is_worker()) GTEST_SKIP();
+  auto run = [](int stage, const std::string& save, const std::string& load) {
+    torch::manual_seed(7);
+    Indexed net;
+    auto config = stage3_config(2, 1);
+    config["zero_optimization"] = {{"stage", stage}, {"stage3_param_persistence_threshold", 0}};
+    auto engine = strata::initialize(net, config);
+    if (!load.empty()) {
+      torch::NoGradGuard no_grad;
+      net->order.fill_(0);  // must come back from the checkpoint
+      engine->load_checkpoint(load);
+    }
+    std::vector<double> losses;
+    for (int step = 0; step < 3; ++step) {
+      torch::manual_seed(20 + step);
+      const auto x = torch::randint(0, kVocab, {2, 6}), y = torch::randint(0, kVocab, {2, 6});
+      auto loss = engine->forward(x, y);
+      losses.push_back(loss.item<double>());
+      engine->backward(loss);
+      engine->step();
+    }
+    if (!save.empty()) engine->save_checkpoint(save);
+    EXPECT_TRUE(torch::equal(net->order, torch::arange(kVocab - 1, -1, -1, torch::kLong)));
+    return losses;
+  };
+  const std::string dir = testing::TempDir() + "/stage3_indexed_" + std::to_string(getpid());
+  const auto plain = run(0, "", ""), sharded = run(3, dir, "");
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(plain[i], sharded[i], 1e-6) << "step " << i;
+  run(3, "", dir);
+}
+
 // ---- the ranks -----------------------------------------------------------------------------------
 
 class Stage3Ranks : public testing::TestWithParam<int> {};
@@ -411,7 +644,7 @@ TEST_P(Stage3Ranks, EveryWorkerCasePassesOnEveryRank) {
   std::string output;
   EXPECT_EQ(strata::test_support::launch_workers(kWorker, GetParam(), "Stage3Worker.*", &output), 0)
       << output;
-  EXPECT_NE(output.find("[  PASSED  ] 6 tests"), std::string::npos) << output;
+  EXPECT_NE(output.find("[  PASSED  ] 9 tests"), std::string::npos) << output;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Stage3Ranks, testing::Values(2, 4));
