@@ -4,7 +4,9 @@
 # Environment: BUILD_DIR (default build), CMAKE_ARGS (extra configure arguments, e.g. a CUDA
 # LibTorch: -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')),
 # STRATA_SKIP_APT=1 to skip the package step, STRATA_APT_ONLY=1 to run only it, STRATA_JOBS (build
-# parallelism, default nproc).
+# parallelism, default nproc), STRATA_TARGETS (what to build: by default what the main job needs,
+# the libraries, train_gpt, strata-run, strata-ckpt and strata-config; "all" for the whole tree
+# with the tests and benchmarks, as scripts/test.sh's build stage asks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +34,9 @@ fi
 build_dir="${BUILD_DIR:-build}"
 # shellcheck disable=SC2086
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
-cmake --build "$build_dir" -j "${STRATA_JOBS:-$(nproc)}"
+# The tests are about half of the tree's compile time; the test command builds them.
+read -r -a targets <<<"${STRATA_TARGETS:-train_gpt strata-run strata-ckpt strata-config}"
+cmake --build "$build_dir" -j "${STRATA_JOBS:-$(nproc)}" --target "${targets[@]}"
 
 # Which BLAS LibTorch's CPU library actually loads (the engine logs the same at start-up).
 torch_lib=$(sed -n 's/^TORCH_LIBRARY:[A-Z]*=//p' "$build_dir/CMakeCache.txt" | head -n1)

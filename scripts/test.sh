@@ -16,7 +16,7 @@
 #               2 cores, which would take CI past its hour, hence not a default stage)
 #   tsan-suite  their CTest suites (label tsan; scripts/sanitizers/tsan.supp says what is
 #               suppressed and why)
-#   build       build/ in Release, as scripts/bootstrap.sh builds it
+#   build       build/ in Release, as scripts/bootstrap.sh configures it, every target
 #   suite       every CTest suite in build/
 # The suite runs once, in the sanitized build: two full builds of the tree do not fit CI's budget
 # (2 cores: a cold build is about 30 minutes), and the sanitized one runs the same tests with
@@ -74,7 +74,9 @@ run_ctest() {  # run_ctest DIR [ctest arguments]
 # engine's threads (the CPU Adam's, weight arrival's), which run inside LibTorch: not instrumented.
 tsan_targets=(test_comm_unit test_comm_multirank test_launcher_parts
               test_launcher_run strata-run test_nvme_store test_optimizer_swapper)
-plain_build() { STRATA_SKIP_APT=1 BUILD_DIR="$build_dir" STRATA_JOBS="$jobs" scripts/bootstrap.sh; }
+plain_build() {
+  STRATA_SKIP_APT=1 BUILD_DIR="$build_dir" STRATA_JOBS="$jobs" STRATA_TARGETS=all scripts/bootstrap.sh
+}
 configure_sanitized() {  # configure_sanitized DIR SANITIZERS
   cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O0 -g1 -DNDEBUG" -DSTRATA_SANITIZE="$2" >/dev/null
