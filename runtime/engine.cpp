@@ -233,12 +233,13 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
         value_of = [&](const torch::Tensor& p) { return partitioned(p) ? init->take_full_value(p) : p; };
       auto specs = zero::plan_units(*module_, options.stage3_units);
       // The experts are units of their own, over their own group (build_stage3_experts). A
-      // parameter that is not floating point (a frozen index table) is never trained or cast:
+      // frozen parameter that is not floating point (an index table) is never trained or cast:
       // it stays whole on every rank, as DeepSpeed keeps what it does not partition.
       for (auto& spec : specs) {
         zero::UnitSpec kept{spec.name, {}, {}};
         for (size_t i = 0; i < spec.params.size(); ++i)
-          if (!is_expert(spec.params[i]) && spec.params[i].is_floating_point()) {
+          if (!is_expert(spec.params[i]) &&
+              (spec.params[i].is_floating_point() || spec.params[i].requires_grad())) {
             kept.param_names.push_back(spec.param_names[i]);
             kept.params.push_back(spec.params[i]);
           }

@@ -198,7 +198,8 @@ void Engine::install_stage3_weights(const TensorFile& states) {
     units_->assign(u, values);
   }
   for (const auto& p : module_->named_parameters())
-    if (!p.value().is_floating_point()) p.value().copy_(states.at("param." + p.key()));
+    if (units_->unit_of(p.value().storage().unsafeGetStorageImpl()) < 0 && !is_expert(p.value()))
+      p.value().copy_(states.at("param." + p.key()));  // kept whole (not floating point)
   for (const auto& b : module_->named_buffers()) b.value().copy_(states.at("buffer." + b.key()));
 }
 
