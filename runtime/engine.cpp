@@ -224,10 +224,13 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       zero::UnitOptions uo;
       uo.persistence_threshold = zero.stage3_param_persistence_threshold.value;
       uo.model_persistence_threshold = zero.stage3_model_persistence_threshold;
-      // NVMe offload: every unit's shard on the swap files' 4 KiB grid (the parameters' file,
-      // and the gradient's, whose chunks are the units' shards).
+      // NVMe offload: every unit's shard on the swap files' 4 KiB grid, in the parameters' file
+      // (the model's dtype) and the gradient's (whose chunks are the units' shards, in the
+      // communication dtype): aligned for the narrower of the two, which suits both.
       if (zero.offload_param.device == "nvme" || zero.offload_optimizer.device == "nvme")
-        uo.alignment = int64_t(offload::kIoAlign) / params_.front().element_size();
+        uo.alignment = int64_t(offload::kIoAlign) /
+                       std::min<int64_t>(params_.front().element_size(),
+                                         int64_t(c10::elementSize(po.comm_dtype)));
       zero::ParamUnits::ValueOf value_of;
       if (init)
         value_of = [&](const torch::Tensor& p) { return partitioned(p) ? init->take_full_value(p) : p; };
