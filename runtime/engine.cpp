@@ -151,7 +151,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
   }
   auto partitioned = [&](const torch::Tensor& p) { return init && init->shard_of(p); };
 
-  // Mixed precision: the module's parameters and buffers in 16 bits, as DeepSpeed casts them.
+  // Mixed precision: the module's floating-point parameters and buffers in 16 bits, as DeepSpeed
+  // casts them (bool and integer buffers keep their dtype: model_check.h).
   const bool fp16 = config_.fp16.enabled, bf16 = config_.bf16.enabled;
   if (init) {
     const auto want = fp16 ? torch::kHalf : bf16 ? torch::kBFloat16 : torch::kFloat;
@@ -167,8 +168,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     // and must not gather them.
     std::optional<at::DisableRecordFunctionGuard> quiet;
     if (init) quiet.emplace();
-    if (fp16) module_->to(torch::kHalf);
-    if (bf16) module_->to(torch::kBFloat16);
+    if (fp16) cast_floating_point(*module_, torch::kHalf);
+    if (bf16) cast_floating_point(*module_, torch::kBFloat16);
   }
   skip_on_overflow_ = fp16 || (bf16 && config_.bf16.check_grad_overflow);
 
@@ -195,7 +196,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     for (auto& p : unique_parameters(*module_, /*trainable_only=*/false))
       if (!partitioned(p.tensor) && !is_expert(p.tensor))  // else done already, or below
         group_->broadcast(p.tensor.detach(), 0);
-    for (auto& b : module_->buffers()) group_->broadcast(b, 0);
+    broadcast_buffers(*module_, *group_);
   }
   check_and_broadcast_experts();
 
@@ -398,6 +399,9 @@ std::vector<zero::ParamCoordinator*> Engine::coordinators() const {
 }
 
 std::vector<zero::ParamCoordinator::Scope> Engine::begin_forward() {
+  // broadcast_buffers: rank 0's buffers before each training forward, as DDP does.
+  if (config_.broadcast_buffers && group_ && torch::GradMode::is_enabled())
+    broadcast_buffers(*module_, *group_);
   std::vector<zero::ParamCoordinator::Scope> scopes;
   for (auto* c : coordinators()) {
     c->rethrow_if_failed();
