@@ -43,20 +43,30 @@ Isa chosen_isa() {
   return isa;
 }
 
-// Runs fn(thread, begin, end) over [0, n) cut into contiguous, cache-line aligned ranges, one per
-// thread (threads <= 0: as many as the CPU has; fewer when a thread would get less than
-// min_per_thread elements), the first range on the calling thread.
-template <class Fn>
-void split_over_threads(int64_t n, int threads, int64_t min_per_thread, const Fn& fn) {
+}  // namespace
+
+std::vector<ThreadRange> split_for_threads(int64_t n, int threads, int64_t min_per_thread) {
+  if (n <= 0) return {};
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
   threads = int(std::min<int64_t>(threads, std::max<int64_t>(1, n / min_per_thread)));
-  const int64_t per = (n / threads + 63) / 64 * 64;
+  // Round ceil(n / threads) up to a cache line: rounding n / threads (floor) up fell short by
+  // n % threads elements whenever n / threads was already a multiple of 64.
+  const int64_t per = ((n + threads - 1) / threads + 63) / 64 * 64;
+  std::vector<ThreadRange> ranges;
+  for (int64_t begin = 0; begin < n; begin += per) ranges.push_back({begin, std::min(n, begin + per)});
+  return ranges;
+}
+
+namespace {
+
+// Runs fn(thread, begin, end) over split_for_threads' ranges, the first on the calling thread.
+template <class Fn>
+void split_over_threads(int64_t n, int threads, int64_t min_per_thread, const Fn& fn) {
+  const auto ranges = split_for_threads(n, threads, min_per_thread);
   std::vector<std::thread> workers;
-  for (int t = 1; t < threads; ++t) {
-    const int64_t begin = std::min(n, t * per), end = std::min(n, (t + 1) * per);
-    if (begin < end) workers.emplace_back([&fn, t, begin, end] { fn(t, begin, end); });
-  }
-  fn(0, 0, std::min(n, per));
+  for (size_t t = 1; t < ranges.size(); ++t)
+    workers.emplace_back([&fn, t, r = ranges[t]] { fn(int(t), r.begin, r.end); });
+  if (!ranges.empty()) fn(0, ranges[0].begin, ranges[0].end);
   for (auto& w : workers) w.join();
 }
 

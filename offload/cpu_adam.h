@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "offload/adam_math.h"
 
@@ -28,5 +29,13 @@ void cpu_adam_step(float* p, float* m, float* v, const void* g, Float g_type, vo
 // lanes flushed to double every few thousand elements, split over threads as the step is: one
 // read of the gradient, at memory bandwidth.
 double cpu_sum_squares(const void* g, Float type, int64_t n, int threads);
+
+// How both passes cut [0, n) over threads: contiguous ranges that cover it exactly, each but the
+// last a multiple of 64 elements (cache lines), at most `threads` of them (<= 0: as many as the
+// CPU has) and fewer where one would get less than `min_per_thread` elements.
+struct ThreadRange {
+  int64_t begin, end;
+};
+std::vector<ThreadRange> split_for_threads(int64_t n, int threads, int64_t min_per_thread);
 
 }  // namespace strata::offload

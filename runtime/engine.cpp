@@ -151,7 +151,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
   }
   auto partitioned = [&](const torch::Tensor& p) { return init && init->shard_of(p); };
 
-  // Mixed precision: the module's parameters and buffers in 16 bits, as DeepSpeed casts them.
+  // Mixed precision: the module's floating-point parameters and buffers in 16 bits, as DeepSpeed
+  // casts them (bool and integer buffers keep their dtype: model_check.h).
   const bool fp16 = config_.fp16.enabled, bf16 = config_.bf16.enabled;
   if (init) {
     const auto want = fp16 ? torch::kHalf : bf16 ? torch::kBFloat16 : torch::kFloat;
@@ -167,8 +168,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     // and must not gather them.
     std::optional<at::DisableRecordFunctionGuard> quiet;
     if (init) quiet.emplace();
-    if (fp16) module_->to(torch::kHalf);
-    if (bf16) module_->to(torch::kBFloat16);
+    if (fp16) cast_floating_point(*module_, torch::kHalf);
+    if (bf16) cast_floating_point(*module_, torch::kBFloat16);
   }
   skip_on_overflow_ = fp16 || (bf16 && config_.bf16.check_grad_overflow);
 
@@ -195,7 +196,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     for (auto& p : unique_parameters(*module_, /*trainable_only=*/false))
       if (!partitioned(p.tensor) && !is_expert(p.tensor))  // else done already, or below
         group_->broadcast(p.tensor.detach(), 0);
-    for (auto& b : module_->buffers()) group_->broadcast(b, 0);
+    broadcast_buffers(*module_, *group_);
   }
   check_and_broadcast_experts();
 
@@ -224,10 +225,13 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       zero::UnitOptions uo;
       uo.persistence_threshold = zero.stage3_param_persistence_threshold.value;
       uo.model_persistence_threshold = zero.stage3_model_persistence_threshold;
-      // NVMe offload: every unit's shard on the swap files' 4 KiB grid (the parameters' file,
-      // and the gradient's, whose chunks are the units' shards).
+      // NVMe offload: every unit's shard on the swap files' 4 KiB grid, in the parameters' file
+      // (the model's dtype) and the gradient's (whose chunks are the units' shards, in the
+      // communication dtype): aligned for the narrower of the two, which suits both.
       if (zero.offload_param.device == "nvme" || zero.offload_optimizer.device == "nvme")
-        uo.alignment = int64_t(offload::kIoAlign) / params_.front().element_size();
+        uo.alignment = int64_t(offload::kIoAlign) /
+                       std::min<int64_t>(params_.front().element_size(),
+                                         int64_t(c10::elementSize(po.comm_dtype)));
       zero::ParamUnits::ValueOf value_of;
       if (init)
         value_of = [&](const torch::Tensor& p) { return partitioned(p) ? init->take_full_value(p) : p; };
@@ -397,6 +401,9 @@ std::vector<zero::ParamCoordinator*> Engine::coordinators() const {
 }
 
 std::vector<zero::ParamCoordinator::Scope> Engine::begin_forward() {
+  // broadcast_buffers: rank 0's buffers before each training forward, as DDP does.
+  if (config_.broadcast_buffers && group_ && torch::GradMode::is_enabled())
+    broadcast_buffers(*module_, *group_);
   std::vector<zero::ParamCoordinator::Scope> scopes;
   for (auto* c : coordinators()) {
     c->rethrow_if_failed();

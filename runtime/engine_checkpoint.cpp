@@ -16,6 +16,7 @@
 
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/layout.h"
+#include "runtime/checkpoint/rng_state.h"
 #include "runtime/checkpoint/shard_pieces.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
@@ -40,6 +41,13 @@ NamedTensors model_tensors(torch::nn::Module& module, const Names& skip) {
   for (const auto& p : module.named_parameters())
     if (!skip.count(p.key())) out.emplace_back("param." + p.key(), p.value());
   for (const auto& b : module.named_buffers()) out.emplace_back("buffer." + b.key(), b.value());
+  return out;
+}
+
+// Every submodule's path, in module order (the module archive needs its parameter-free ones).
+std::vector<std::string> submodule_paths(torch::nn::Module& module) {
+  std::vector<std::string> out;
+  for (const auto& m : module.named_modules("", /*include_self=*/false)) out.push_back(m.key());
   return out;
 }
 
@@ -126,6 +134,32 @@ void check_same_trainables(const json& scalars, const std::string& key, torch::n
   }
 }
 
+
+// Strata cast every buffer to the 16-bit dtype (LibTorch's Module::to) until issue 28, so bf16/fp16
+// checkpoints hold bool and integer buffers (BatchNorm's num_batches_tracked) as 16-bit floats.
+// Such a buffer is accepted as saved (its `expected` spec is changed) and returned by name, to be
+// converted back to the model's dtype once loaded.
+std::vector<std::pair<std::string, torch::ScalarType>> accept_cast_buffers(
+    const checkpoint::CheckpointReader& reader, std::vector<checkpoint::TensorSpec>& expected) {
+  const auto* entry = reader.manifest().find("model_states", -1);
+  if (!entry) return {};  // load_shared names what is missing
+  std::unordered_map<std::string, torch::ScalarType> saved;
+  for (const auto& s : checkpoint::read_tensor_file_info(reader.path_of(*entry)).tensors)
+    saved.emplace(s.name, s.dtype);
+  std::vector<std::pair<std::string, torch::ScalarType>> cast;
+  for (auto& spec : expected) {
+    const auto it = saved.find(spec.name);
+    if (spec.name.rfind("buffer.", 0) != 0 || it == saved.end() || c10::isFloatingType(spec.dtype) ||
+        (it->second != torch::kBFloat16 && it->second != torch::kHalf))
+      continue;
+    cast.emplace_back(spec.name, spec.dtype);
+    log::info("[strata] checkpoint {}: {} was saved as {} (written before Strata kept integer and "
+              "bool buffers in their own dtype); restored as {}",
+              reader.folder(), spec.name, c10::toString(it->second), c10::toString(spec.dtype));
+    spec.dtype = it->second;
+  }
+  return cast;
+}
 
 // Where the checkpoint's flat layout comes from: stages 0-2 save the FlatParams layout; stage 3
 // saves its shards as pieces of the same gap-free layout (trainable parameters in module order),
@@ -227,7 +261,7 @@ void Engine::save_16bit_model(const std::string& dir, const std::string& file) {
   }
   if (writer) {
     std::filesystem::create_directories(dir);
-    checkpoint::save_module_archive(dir + "/" + file, params, buffers);
+    checkpoint::save_module_archive(dir + "/" + file, params, buffers, submodule_paths(*module_));
   }
   if (group_) group_->barrier();  // the file exists before any rank goes on
   log::info("[strata] saved the 16-bit model to {}/{}", dir, file);
@@ -257,7 +291,8 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
                        {"global_samples", global_samples()},
                        {"skipped_steps", skipped_steps_},
                        {"loss_scaler", scaler_.state()},
-                       {"client_state", client_state}};
+                       {"client_state", client_state},
+                       {checkpoint::kSubmodulesKey, submodule_paths(*module_)}};
   if (lr_scheduler_) engine_state["lr_scheduler"] = lr_scheduler_->state_dict();
   if (coordinator_) {
     // Stage 3: the units gathered one at a time; rank 0 keeps a host copy of each.
@@ -304,6 +339,8 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
   else if (rank == 0)
     writer.write_shared("optim_states", optim, scalars);
   save_expert_states(writer);
+  // Each rank's random generators (dropout's draws), so that a resume is exact for them too.
+  writer.write_partition(checkpoint::kRngStatesKind, checkpoint::capture_rng_states());
 
   if (group_) group_->barrier();  // every rank's files are written
   if (rank == 0) {
@@ -324,7 +361,12 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   // a checkpoint that does not fit leaves the model, master weights and optimizer as they were.
   checkpoint::CheckpointReader reader(dir, tag, {/*verify_checksums=*/false});
   const auto model = model_tensors(*module_, expert_names());
-  const auto states = reader.load_shared("model_states", checkpoint::specs_of(model));
+  auto specs = checkpoint::specs_of(model);
+  const auto cast_buffers = accept_cast_buffers(reader, specs);
+  auto states = reader.load_shared("model_states", specs);
+  for (auto& [name, t] : states.tensors)
+    for (const auto& [cast, dtype] : cast_buffers)
+      if (name == cast) t = t.to(dtype);
   const json& engine_state = states.scalars;
   const auto global_steps = engine_state.at("global_steps").get<int64_t>();
   const auto saved_micro_steps = engine_state.at("micro_steps").get<int64_t>();
@@ -436,10 +478,30 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   }
 
   const auto install_experts = read_expert_states(reader);
+  // This rank's generator states: absent from checkpoints saved before they were kept, and for
+  // a rank the saving world did not have.
+  std::optional<checkpoint::TensorFile> rng;
+  const bool has_rng = reader.has_partition(checkpoint::kRngStatesKind);
+  if (has_rng && data_parallel_rank() < reader.world_size())
+    rng = reader.load_partition(checkpoint::kRngStatesKind, data_parallel_rank());
 
-  // Everything fits: install it. LibTorch's own archive goes first, the one step that can still
-  // fail (it is checked only by loading it).
+  // Everything fits: install it. LibTorch's own archive goes first, one of the two steps that can
+  // still fail (it is checked only by loading it).
   if (archive) optim::load_optimizer_archive(*optimizer_, *archive);
+  // Then the generators, which LibTorch checks as it sets them (a state of another version).
+  if (rng) {
+    const auto missing = checkpoint::restore_rng_states(*rng);
+    if (!missing.empty())
+      log::info("[strata] checkpoint {}: random generators restored but for {}", reader.folder(),
+                missing);
+  } else {
+    log::info("[strata] checkpoint {}: the random generators were not restored ({}); dropout and "
+              "other random draws continue from this process's state",
+              reader.folder(),
+              has_rng ? fmt::format("saved by {} rank(s), this is rank {}", reader.world_size(),
+                                    data_parallel_rank())
+                      : std::string("saved before checkpoints kept them"));
+  }
   if (units_)
     install_stage3_weights(states);
   else

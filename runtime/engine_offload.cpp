@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <typeinfo>
 
 #include <fmt/format.h>
 
@@ -141,11 +142,38 @@ void Engine::finish_optimizer_offload() {
                   : "");
     return;
   }
+  // What steps the host master: Strata's SIMD Adam (DeepSpeedCPUAdam's counterpart) or the
+  // optimizer itself, a LibTorch step over host tensors. A client's optimizer of the second kind
+  // is refused unless zero_force_ds_cpu_optimizer is false, as DeepSpeed refuses it.
+  auto stepper = [&](const std::shared_ptr<torch::optim::Optimizer>& optimizer, bool client,
+                     const char* whose) -> std::string {
+    auto adam = std::dynamic_pointer_cast<optim::Adam>(optimizer);
+    if (adam && adam->can_step_flat())
+      return fmt::format("Strata's SIMD CPU Adam ({}, {} thread(s))", offload::cpu_adam_isa(),
+                         at::get_num_threads());
+    const std::string type = c10::demangle(typeid(*optimizer).name());
+    if (client && config_.zero_force_ds_cpu_optimizer)
+      throw Error(fmt::format(
+          "{}: zero_optimization.offload_optimizer.device \"cpu\" with a client optimizer ({}, {}): "
+          "its step would run as LibTorch code over the host master, not in Strata's SIMD CPU Adam "
+          "(DeepSpeed's DeepSpeedCPUAdam), which in most cases is much slower. Name the optimizer "
+          "in the config (\"optimizer\": {{\"type\": \"AdamW\", ...}}), or set "
+          "\"zero_force_ds_cpu_optimizer\": false to step this optimizer on the CPU anyway",
+          config_.source, whose, type));
+    return fmt::format("{}'s own step (LibTorch, {} thread(s); not Strata's SIMD Adam)", type,
+                       at::get_num_threads());
+  };
+  // Without an "optimizer" block the optimizers are the program's (InitOptions).
+  const bool client = !config_.optimizer.present;
+  std::string steps = stepper(optimizer_, client, "InitOptions::optimizer_builder");
+  if (expert_partitioned_)
+    steps += "; MoE experts: " + stepper(expert_optimizer_, client,
+                                         "InitOptions::expert_optimizer_builder");
   log::info("[strata] optimizer offload: fp32 master and optimizer state of {} elements in host "
-            "memory{}, stepped on the CPU ({}, {} thread(s)) in tiles of up to {} elements{}",
+            "memory{}, stepped on the CPU by {} in tiles of up to {} elements{}",
             numel,
             partitioned_->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
-            offload::cpu_adam_isa(), at::get_num_threads(), zero.sub_group_size,
+            steps, zero.sub_group_size,
             partitioned_->overlaps_step()
                 ? "; each step overlaps the next forward, whose ops wait for the tiles they read"
                 : "");

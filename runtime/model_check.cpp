@@ -1,6 +1,7 @@
 #include "runtime/model_check.h"
 
 #include <algorithm>
+#include <map>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -64,6 +65,37 @@ std::vector<NamedTensor> unique_parameters(torch::nn::Module& module, bool train
       out[it->second].aliases.push_back(p.key());
   }
   return out;
+}
+
+void cast_floating_point(torch::nn::Module& module, torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  auto cast = [dtype](torch::Tensor t) {
+    if (t.defined() && t.is_floating_point() && t.scalar_type() != dtype) t.set_data(t.to(dtype));
+  };
+  for (auto& p : module.parameters()) cast(p);
+  for (auto& b : module.buffers()) cast(b);
+}
+
+void broadcast_buffers(torch::nn::Module& module, comm::ProcessGroup& group) {
+  torch::NoGradGuard no_grad;
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;  // the same order on every rank
+  for (auto& b : module.buffers())
+    if (b.defined() && b.numel() > 0) by_dtype[b.scalar_type()].push_back(b);
+  for (auto& [dtype, buffers] : by_dtype) {
+    if (buffers.size() == 1 && buffers[0].is_contiguous()) {
+      group.broadcast(buffers[0], 0);
+      continue;
+    }
+    std::vector<torch::Tensor> flat;
+    for (const auto& b : buffers) flat.push_back(b.reshape({-1}));
+    auto all = torch::cat(flat);
+    group.broadcast(all, 0);
+    int64_t offset = 0;
+    for (auto& b : buffers) {
+      b.copy_(all.narrow(0, offset, b.numel()).view(b.sizes()));
+      offset += b.numel();
+    }
+  }
 }
 
 void check_one_device(const std::vector<NamedTensor>& params) {

@@ -27,6 +27,17 @@ struct NamedTensor {
 // require a gradient.
 std::vector<NamedTensor> unique_parameters(torch::nn::Module& module, bool trainable_only);
 
+// Mixed precision: the module's floating-point parameters and buffers to `dtype`, as Python's
+// module.bfloat16()/.half() (what DeepSpeed calls) and FSDP's MixedPrecision do. Bool and integer
+// tensors keep their dtype: LibTorch's Module::to(dtype) casts every tensor, which made a bool
+// mask bf16 and BatchNorm's int64 num_batches_tracked a bf16 that stops counting at 256.
+// Each tensor keeps its TensorImpl (set_data), so tied names stay tied.
+void cast_floating_point(torch::nn::Module& module, torch::ScalarType dtype);
+
+// Every rank takes rank 0's module buffers (collective over `group`), in one broadcast per dtype:
+// at initialize, and before each training forward with broadcast_buffers (DDP's behaviour).
+void broadcast_buffers(torch::nn::Module& module, comm::ProcessGroup& group);
+
 // Throws strata::Error unless every trainable parameter is on one device, naming two that are
 // not (the flat buffer, the reducer's buckets and the gradient norm assume one device).
 void check_one_device(const std::vector<NamedTensor>& params);

@@ -149,7 +149,8 @@ void PartitionedInit::seal(torch::Tensor t) {
     return;
   auto data = t.detach();
   if (group_) group_->broadcast(data, 0);  // the ranks agree, whatever their RNG did
-  const auto dtype = options_.dtype.value_or(t.scalar_type());
+  // The model's dtype for floating-point tensors only: an integer or bool buffer keeps its own.
+  const auto dtype = t.is_floating_point() ? options_.dtype.value_or(t.scalar_type()) : t.scalar_type();
   const auto device = options_.device.value_or(t.device());
   const auto opts = t.options().dtype(dtype).device(device);
   int64_t chunk = (t.numel() + parts_ - 1) / parts_;

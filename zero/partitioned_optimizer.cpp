@@ -98,8 +98,11 @@ PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
       units_(std::move(units)) {
   options_.stage = 3;
   // Tiles on the page grid of the 16-bit partition, so that a tile of new weights can go
-  // straight to an NVMe swap file of the parameters (offload_param nvme, param_units.h).
-  if (const int64_t grain = int64_t(offload::kIoAlign) / units_->partition().element_size();
+  // straight to an NVMe swap file of the parameters (offload_param nvme, param_units.h), and of
+  // the gradient swap file, which holds the communication dtype (narrower than an fp32 model's).
+  if (const int64_t grain =
+          int64_t(offload::kIoAlign) / std::min<int64_t>(units_->partition().element_size(),
+                                                         int64_t(c10::elementSize(options_.comm_dtype)));
       options_.offload.tile_numel > 0)
     options_.offload.tile_numel = (options_.offload.tile_numel + grain - 1) / grain * grain;
   if (units_->trainable_params().empty())

@@ -97,19 +97,31 @@ struct Node {
   std::vector<std::string> order;  // children in first-seen order
 };
 
-void insert(Node& root, const std::string& dotted, const torch::Tensor& t, bool buffer) {
+// The node of module path `dotted` ("a.b"; "" is the root), created with its parents as needed.
+Node& node_at(Node& root, const std::string& dotted) {
   Node* node = &root;
+  if (dotted.empty()) return root;
   size_t start = 0;
-  for (size_t dot; (dot = dotted.find('.', start)) != std::string::npos; start = dot + 1) {
-    const auto part = dotted.substr(start, dot - start);
+  for (bool last = false; !last; ) {
+    size_t dot = dotted.find('.', start);
+    last = dot == std::string::npos;
+    const auto part = dotted.substr(start, last ? std::string::npos : dot - start);
     auto& child = node->children[part];
     if (!child) {
       child = std::make_unique<Node>();
       node->order.push_back(part);
     }
     node = child.get();
+    start = dot + 1;
   }
-  (buffer ? node->buffers : node->parameters).emplace_back(dotted.substr(start), t);
+  return *node;
+}
+
+void insert(Node& root, const std::string& dotted, const torch::Tensor& t, bool buffer) {
+  const size_t dot = dotted.rfind('.');
+  Node& node = node_at(root, dot == std::string::npos ? "" : dotted.substr(0, dot));
+  (buffer ? node.buffers : node.parameters)
+      .emplace_back(dot == std::string::npos ? dotted : dotted.substr(dot + 1), t);
 }
 
 void write(const Node& node, torch::serialize::OutputArchive& archive) {
@@ -125,8 +137,9 @@ void write(const Node& node, torch::serialize::OutputArchive& archive) {
 }  // namespace
 
 void save_module_archive(const std::string& path, const NamedTensors& parameters,
-                         const NamedTensors& buffers) {
+                         const NamedTensors& buffers, const std::vector<std::string>& submodules) {
   Node root;
+  for (const auto& m : submodules) node_at(root, m);  // first: the children in module order
   for (const auto& [name, t] : parameters) insert(root, name, t, false);
   for (const auto& [name, t] : buffers) insert(root, name, t, true);
   torch::serialize::OutputArchive archive;
@@ -134,6 +147,29 @@ void save_module_archive(const std::string& path, const NamedTensors& parameters
   std::ostringstream bytes;
   archive.save_to(bytes);
   write_file_atomic(path, bytes.str());
+}
+
+std::optional<std::vector<std::string>> saved_submodules(const std::string& dir,
+                                                         const std::string& tag) {
+  CheckpointReader reader(dir, tag, {/*verify_checksums=*/false});
+  const auto* entry = reader.manifest().find("model_states", -1);
+  if (!entry) return std::nullopt;
+  const auto info = read_tensor_file_info(reader.path_of(*entry));
+  if (!info.scalars.contains(kSubmodulesKey)) return std::nullopt;
+  const json& list = info.scalars.at(kSubmodulesKey);
+  std::vector<std::string> out;
+  if (list.is_array())
+    for (const auto& m : list) {
+      if (!m.is_string()) break;
+      const auto path = m.get<std::string>();
+      if (path.empty() || path.front() == '.' || path.back() == '.' ||
+          path.find("..") != std::string::npos)
+        break;  // one malformed path: refused below
+      out.push_back(path);
+    }
+  if (!list.is_array() || out.size() != list.size())
+    throw Error(fmt::format("{}: '{}' is not a list of module paths", info.path, kSubmodulesKey));
+  return out;
 }
 
 }  // namespace strata::checkpoint

@@ -58,7 +58,20 @@ int run(const std::vector<std::string>& args) {
     (param ? params : buffers).emplace_back(name, t);
     flat.emplace_back(name, t);
   }
-  if (!out.empty()) strata::checkpoint::save_module_archive(out, params, buffers);
+  if (!out.empty()) {
+    // torch::load reads every child module; a checkpoint saved before the list was kept names
+    // only those with tensors.
+    const auto submodules = strata::checkpoint::saved_submodules(dir, tag);
+    if (!submodules)
+      std::fprintf(stderr, "strata-ckpt: note: %s/%s does not list its submodules (saved by an "
+                   "earlier Strata): %s holds the modules with parameters or buffers only, and "
+                   "torch::load refuses a model with parameter-free children (a ReLU in a "
+                   "Sequential); re-save the checkpoint with this Strata, or load the "
+                   "--safetensors file\n",
+                   dir.c_str(), tag.c_str(), out.c_str());
+    strata::checkpoint::save_module_archive(out, params, buffers, submodules.value_or(
+                                                                      std::vector<std::string>{}));
+  }
   if (!safetensors.empty())
     strata::checkpoint::save_safetensors(safetensors, flat, {{"format", "pt"}});
   std::printf("strata-ckpt: %zu parameters, %zu buffers (%s) from %s/%s\n", params.size(),

@@ -225,6 +225,7 @@ struct Config {
   std::string gradient_allreduce_op = "mean";
   bool use_data_before_expert_parallelism = false;
   bool disable_python_gc = false;
+  bool broadcast_buffers = false;  // Strata's own: DDP's broadcast_buffers
 
   Fp16Config fp16;
   Bf16Config bf16;  // legacy block name: bfloat16

@@ -92,6 +92,11 @@ Block make_root() {
   b.add(&Config::disable_python_gc, "disable_python_gc")
       .ignored("there is no Python")
       .describe("Turn Python's cyclic garbage collector off during training; the program collects at safe points");
+  // Strata's own key, PyTorch DDP's broadcast_buffers. False, as DeepSpeed: each rank's buffers
+  // follow its own batches and checkpoints keep rank 0's.
+  b.add(&Config::broadcast_buffers, "broadcast_buffers")
+      .describe("Strata's own (DDP's broadcast_buffers): every rank takes rank 0's buffers (BatchNorm "
+                "statistics) before each training forward");
 
   b.block(&Config::fp16, "fp16", fp16_block())
       .describe("Mixed-precision training in fp16 with fp32 master weights and loss scaling");

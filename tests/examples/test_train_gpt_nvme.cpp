@@ -40,7 +40,7 @@ class TrainGptNvme : public strata::test_support::BuildFsDirTest {
   // gpt_tiny_dp at `stage` with the optimizer where `device` says ("none", "cpu", "nvme").
   std::string config(int stage, const std::string& device, bool pipelined = true,
                      const std::string& optimizer = "AdamW", const std::string& params = "none",
-                     int micro_batch = 4) {
+                     int micro_batch = 4, const nlohmann::json& patch = nlohmann::json::object()) {
     nlohmann::json c;
     std::ifstream(std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json") >> c;
     c.erase("launcher");
@@ -62,6 +62,7 @@ class TrainGptNvme : public strata::test_support::BuildFsDirTest {
       if (params == "nvme") c["zero_optimization"]["offload_param"]["nvme_path"] = (dir_ / "swap").string();
     }
     c["aio"] = {{"block_size", 65536}, {"queue_depth", 4}};
+    c.merge_patch(patch);
     const auto file = dir_ / ("cfg" + std::to_string(files_++) + ".json");
     std::ofstream(file) << c.dump();
     return file.string();
@@ -119,6 +120,33 @@ TEST_F(TrainGptNvme, GradientsOnNvmeGiveTheLossesOfNoOffload) {
     ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
     for (const std::string params : {"none", "nvme"}) {
       r = train(ranks, "--config " + config(3, "nvme", true, "AdamW", params, micro) +
+                           " --steps 8 --metrics-jsonl " + jsonl("nvme"));
+      ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+      EXPECT_NE(r.output.find("gradients in a swap file"), std::string::npos) << r.output;
+      expect_same(read_jsonl(jsonl("ref")), read_jsonl(jsonl("nvme")), 0,
+                  what + ", parameters " + params);
+      EXPECT_TRUE(fs::is_empty(dir_ / "swap")) << what;
+    }
+  }
+}
+
+// The gradient swap file holds the communication dtype: an fp32 model whose gradients travel in
+// fp16 or bf16 (communication_data_type, also under torch_autocast's fp32 parameters) has its
+// shards and tiles on the 4 KiB grid of the narrower dtype. (The grid of the model's dtype put
+// half the chunks off it: "GradientSwap::write: ... do not fit ... on the 4 KiB grid".)
+TEST_F(TrainGptNvme, GradientsNarrowerThanTheModelGiveTheLossesOfNoOffload) {
+  const int ranks = 2, micro = 8;  // train_batch_size 16: no accumulation, gradients swapped
+  for (const nlohmann::json& patch :
+       {nlohmann::json{{"communication_data_type", "fp16"}},
+        nlohmann::json{{"communication_data_type", "bf16"}},
+        nlohmann::json{{"communication_data_type", "bf16"},
+                       {"torch_autocast", {{"enabled", true}, {"dtype", "bfloat16"}}}}}) {
+    const std::string what = patch.dump();
+    auto r = train(ranks, "--config " + config(3, "none", true, "AdamW", "none", micro, patch) +
+                              " --steps 8 --metrics-jsonl " + jsonl("ref"));
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+    for (const std::string params : {"none", "nvme"}) {
+      r = train(ranks, "--config " + config(3, "nvme", true, "AdamW", params, micro, patch) +
                            " --steps 8 --metrics-jsonl " + jsonl("nvme"));
       ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
       EXPECT_NE(r.output.find("gradients in a swap file"), std::string::npos) << r.output;

@@ -106,6 +106,74 @@ TEST(CpuAdam, ThreadSplitsGiveTheSameBits) {
   EXPECT_TRUE(torch::equal(results[0], results[2]));
 }
 
+// The cut itself, for every (n, threads) up to a few cache lines past the thresholds: the ranges
+// cover [0, n) exactly and in order, at most `threads` of them, each but the last on a cache line.
+// (The cut was floor(n / threads) rounded up to 64, which left the last n % threads elements out
+// whenever floor(n / threads) was a multiple of 64.)
+TEST(CpuAdamThreadSplit, CoversEveryElementOnceForEveryLengthAndThreadCount) {
+  for (const int64_t min_per_thread : {int64_t(1), int64_t(64), int64_t(100)}) {
+    for (int threads = 1; threads <= 9; ++threads) {
+      for (int64_t n = 0; n <= 64 * 9 * 4 + 70; ++n) {
+        const auto ranges = strata::offload::split_for_threads(n, threads, min_per_thread);
+        int64_t next = 0;
+        for (size_t i = 0; i < ranges.size(); ++i) {
+          ASSERT_EQ(ranges[i].begin, next) << "n " << n << ", threads " << threads;
+          ASSERT_LT(ranges[i].begin, ranges[i].end) << "n " << n << ", threads " << threads;
+          if (i + 1 < ranges.size()) {
+            ASSERT_EQ((ranges[i].end - ranges[i].begin) % 64, 0) << "n " << n << ", threads " << threads;
+          }
+          next = ranges[i].end;
+        }
+        ASSERT_EQ(next, n) << "n " << n << ", threads " << threads << ", min " << min_per_thread;
+        ASSERT_LE(ranges.size(), size_t(threads)) << "n " << n;
+      }
+    }
+  }
+}
+
+// The step and the norm on lengths that the old cut got wrong (131073 on 2 threads: the issue's
+// last parameter never stepped) and on neighbours, against the scalar loop of adam_math.h and a
+// sum in double. The copy-out starts as NaN, so an element the step skips shows.
+TEST(CpuAdamThreadSplit, StepAndNormMatchTheScalarLoopOnEveryCut) {
+  const int64_t k = int64_t(1) << 16;  // the step's min_per_thread
+  const auto s = scalars(1e-2, 0.1, true, 1);
+  for (const auto& isa : isas()) {
+    setenv("STRATA_CPU_ADAM_ISA", isa.c_str(), 1);
+    for (const auto& [n, threads] : std::vector<std::pair<int64_t, int>>{
+             {2 * k + 1, 2}, {3 * k + 2, 3}, {5 * 65600 + 4, 5}, {4 * k + 3, 4}, {2 * k + 63, 2},
+             {2 * k - 1, 2}, {7 * k + 6, 7}, {4 * k + 1, 3}}) {
+      SCOPED_TRACE(isa + ", n " + std::to_string(n) + ", threads " + std::to_string(threads));
+      torch::manual_seed(n);
+      const auto g = torch::randn({n});
+      auto p = torch::randn({n}), m = torch::zeros({n}), v = torch::zeros({n});
+      auto rp = p.clone(), rm = m.clone(), rv = v.clone();
+      auto out = torch::full({n}, std::numeric_limits<float>::quiet_NaN());
+      strata::offload::cpu_adam_step(p.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
+                                     g.data_ptr<float>(), Float::kF32, out.data_ptr(), Float::kF32,
+                                     n, s, threads);
+      float *pp = rp.data_ptr<float>(), *pm = rm.data_ptr<float>(), *pv = rv.data_ptr<float>();
+      const float* pg = g.data_ptr<float>();
+      for (int64_t i = 0; i < n; ++i) strata::optim::adam_update(pp[i], pm[i], pv[i], pg[i], s);
+      EXPECT_TRUE(torch::equal(out, p)) << "the copy-out is not the new weights everywhere";
+      if (isa == "scalar") {
+        EXPECT_TRUE(torch::equal(p, rp));
+        EXPECT_TRUE(torch::equal(m, rm));
+        EXPECT_TRUE(torch::equal(v, rv));
+      } else {  // fused multiply-adds round in the last bit
+        EXPECT_LT(max_relative(p, rp), 1e-6);
+        EXPECT_LT(max_relative(v, rv), 1e-5);
+      }
+      // The norm's pass cuts the same way (its threshold is 2^18 elements): four times the
+      // per-thread share, the same remainder.
+      const auto big = torch::randn({4 * threads * (n / threads) + n % threads});
+      const double want = big.to(torch::kDouble).pow(2).sum().item<double>();
+      const double got = strata::offload::cpu_sum_squares(big.data_ptr(), Float::kF32, big.numel(), threads);
+      EXPECT_NEAR(got, want, want * 1e-6);
+    }
+  }
+  unsetenv("STRATA_CPU_ADAM_ISA");
+}
+
 // The gradient norm's pass: fp32, bf16 and fp16 against LibTorch's sum in double, on 1 and 3
 // threads, with a length that leaves remainders everywhere.
 TEST(CpuSumSquares, EqualsLibTorchForEachDtypeAndThreadCount) {

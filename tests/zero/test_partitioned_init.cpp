@@ -42,4 +42,35 @@ TEST(PartitionedInit, OpsReadingFreshOrPartitionedTensorsSeeTheirValues) {
   }
 }
 
+// A model built in bf16 shards keeps its bool and integer tensors as they are: only floating-point
+// tensors take the model's dtype (an int64 index table cast to bf16 loses every value past 256).
+struct MixedBuffersImpl : torch::nn::Module {
+  MixedBuffersImpl() {
+    w = register_parameter("w", torch::randn({300, 8}));
+    index = register_buffer("index", torch::arange(2400, torch::kLong));
+    mask = register_buffer("mask", torch::arange(2400) % 3 == 0);
+  }
+  torch::Tensor w, index, mask;
+};
+TORCH_MODULE(MixedBuffers);
+
+TEST(PartitionedInit, CastsFloatingPointTensorsOnlyToTheModelsDtype) {
+  torch::manual_seed(6);
+  MixedBuffers plain;
+  torch::manual_seed(6);
+  strata::zero::PartitionedInitOptions options;
+  options.min_numel = 0;
+  options.dtype = torch::kBFloat16;
+  auto init = strata::zero::PartitionedInit::create(nullptr, options);
+  MixedBuffers built;
+  init->finish();
+  init->restore_except({built->w});
+  EXPECT_EQ(built->w.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(init->full_value(built->w), plain->w.to(torch::kBFloat16)));
+  ASSERT_EQ(built->index.scalar_type(), torch::kLong);
+  EXPECT_TRUE(torch::equal(built->index, plain->index));
+  ASSERT_EQ(built->mask.scalar_type(), torch::kBool);
+  EXPECT_TRUE(torch::equal(built->mask, plain->mask));
+}
+
 }  // namespace
