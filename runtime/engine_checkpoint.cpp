@@ -419,6 +419,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   skipped_steps_ = skipped_steps;
   scaler_ = scaler;
   if (has_schedule) lr_scheduler_->load_state_dict(engine_state.at("lr_scheduler"));
+  follow_lr_schedule();  // the experts' optimizer steps at the schedule's lr too, not its own
   log::info("[strata] loaded checkpoint {} (step {}, saved by {} rank(s))", reader.folder(),
             global_steps_, reader.world_size());
   return client_state;

@@ -6,8 +6,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "moe/layer.h"
 #include "runtime/engine.h"
@@ -20,12 +25,14 @@ namespace {
 using strata::json;
 
 // A token mixer with one MoE layer: embedding -> MoE -> head.
+// `noise`: top-2's 2nd-expert sampling (DeepSpeed's default) on.
 struct MoENetImpl : torch::nn::Module {
-  MoENetImpl() {
+  explicit MoENetImpl(bool noise = true) {
     emb = register_module("emb", torch::nn::Embedding(16, 8));
     strata::moe::MoEOptions o(8, 16, 4);
     o.k = 2;
     o.capacity_factor = 2.0;
+    o.top2_2nd_expert_sampling = noise;
     o.seed = 3;
     moe = register_module("moe", strata::moe::MoE(o));
     head = register_module("head", torch::nn::Linear(8, 16));
@@ -77,6 +84,56 @@ TEST(EngineMoE, ExpertsTakeTheirOwnOptimizerAndFollowTheSchedule) {
       }
       EXPECT_NEAR(expert, 0.5 * dense, 1e-12) << "step " << step;
     }
+  }
+}
+
+// Losses of `steps` optimizer steps on fixed batches; with `resume_at`, a fresh engine (fresh
+// model) loads the checkpoint saved after that many steps and trains the rest.
+std::vector<double> train(int stage, bool noise, int steps, int resume_at, const std::string& dir) {
+  std::vector<double> losses;
+  auto batch = [](int step) {
+    torch::manual_seed(100 + step);
+    const auto x = torch::randint(0, 16, {4, 6});
+    return std::make_pair(x, (x * 3 + 1) % 16);
+  };
+  auto run = [&](int from, int to, bool save, bool load) {
+    torch::manual_seed(0);
+    MoENet net(noise);
+    auto engine = strata::initialize(net, config(stage));
+    if (load) engine->load_checkpoint(dir);
+    for (int step = from; step < to; ++step) {
+      const auto [x, y] = batch(step);
+      const auto loss = engine->forward(x, y);
+      losses.push_back(loss.item<double>());
+      engine->backward(loss);
+      engine->step();
+    }
+    if (save) engine->save_checkpoint(dir);
+  };
+  if (resume_at < 0) {
+    run(0, steps, false, false);
+  } else {
+    run(0, resume_at, true, false);
+    run(resume_at, steps, false, true);
+  }
+  return losses;
+}
+
+// Resuming gives the losses of the run that went straight on. WarmupLR from 0: the experts' lr
+// at construction is 0, so an expert optimizer left at it after load_checkpoint (not moved to
+// the schedule's lr, as the dense one is) would not train the experts on the first resumed step.
+// Without gate noise here, so that only the learning rates matter.
+TEST(EngineMoE, ResumeStepsTheExpertsAtTheSchedulesLr) {
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string dir = testing::TempDir() + "/moe_resume_lr_" + std::to_string(getpid()) +
+                            "_" + std::to_string(stage);
+    const auto straight = train(stage, /*noise=*/false, 6, -1, dir);
+    const auto resumed = train(stage, /*noise=*/false, 6, 3, dir);
+    std::filesystem::remove_all(dir);
+    ASSERT_EQ(resumed.size(), straight.size());
+    for (size_t i = 0; i < straight.size(); ++i)
+      EXPECT_NEAR(resumed[i], straight[i], 1e-6 * std::abs(straight[i])) << "step " << i + 1;
   }
 }
 
