@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "moe/layer.h"
 #include "runtime/checkpoint/layout.h"
@@ -199,12 +200,25 @@ void Engine::find_experts() {
   }
   // An ep_size that does not divide the world is refused here, by comm's expert layout.
   expert_groups_ = comm::expert_groups(group_, static_cast<int>(ep));
+  // The experts are broadcast, reduced and checkpointed as the layout places them: a layer built
+  // over a group of the right size but other members (or another order) would train and save
+  // other ranks' experts under this rank's indices.
+  const auto& layout_group = expert_groups_.expert_parallel;
   for (auto* layer : moe::moe_layers(*module_)) {
     const auto& g = layer->options().ep_group;
     if ((g ? g->size() : 1) != ep)
       throw Error(fmt::format("strata::initialize: an MoE layer's expert-parallel group has {} "
                               "ranks for ep_size {}",
                               g ? g->size() : 1, ep));
+    if (ep > 1 && g->world_ranks() != layout_group->world_ranks())
+      throw Error(fmt::format(
+          "strata::initialize: MoE layer {} (rank {}) was built over the expert-parallel group of "
+          "world ranks [{}], but for ep_size {} the engine's layout puts this rank in the group of "
+          "ranks [{}] (runs of ep_size consecutive ranks, as DeepSpeed's); build the layers' "
+          "groups with comm::expert_groups(world, ep_size).expert_parallel (as "
+          "moe::MoEOptions::from_config does)",
+          layer->options().layer_id, data_parallel_rank(), fmt::join(g->world_ranks(), ", "), ep,
+          fmt::join(layout_group->world_ranks(), ", ")));
   }
   const auto& edp = expert_groups_.expert_data_parallel;
   log::info("[strata] MoE: {} expert parameter tensor(s) in {} layer(s), ep_size {}: expert "
