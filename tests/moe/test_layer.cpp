@@ -16,6 +16,7 @@
 #include "comm/process_group.h"
 #include "moe/keys.h"
 #include "moe/layer.h"
+#include "runtime/compat.h"
 #include "runtime/error.h"
 
 namespace {
@@ -63,9 +64,11 @@ struct Reference {
   // Call c of the layer, as moe/layer.h documents it: gate on x.float() @ W_g^T (jittered per
   // the named seed), then each kept route's expert MLP on its token alone.
   std::pair<torch::Tensor, GateOutput> forward(const MoEOptions& o, const torch::Tensor& x,
-                                               uint64_t c, bool training = true) {
+                                               uint64_t c, bool training = true,
+                                               const torch::Tensor& used_token = {}) {
     auto gate_in = x.to(torch::kFloat);
-    if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && o.k == 1 && training) {
+    // DeepSpeed's TopKGate.forward jitters the gate's input for every k while training.
+    if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && training) {
       auto gen = at::detail::createCPUGenerator(
           key({o.seed, uint64_t(KeyTag::Jitter), uint64_t(o.layer_id), c}));
       gate_in = gate_in * (torch::rand({x.size(0), x.size(1)}, gen, torch::kFloat) * 0.02 + 0.99);
@@ -73,6 +76,7 @@ struct Reference {
     GateOptions go = o.gate_options();
     go.training = training;
     go.seed = key({o.seed, uint64_t(KeyTag::GateNoise), uint64_t(o.layer_id), c});
+    go.used_token = used_token;
     GateOutput g = gate(F::linear(gate_in, wg), go);
     std::vector<torch::Tensor> rows(x.size(0), torch::zeros({x.size(1)}));
     for (int64_t r = 0; r < g.token.size(0); ++r) {
@@ -109,6 +113,7 @@ void check_against_reference(const Case& cs, ExpertKernel kernel) {
   o.drop_policy = cs.drop;
   o.expert_bias = cs.expert_bias;
   o.capacity_factor = 0.75;  // drops at k <= 2
+  o.aux_loss_coef = 0.5;
   MoE m(o);
   ASSERT_EQ(m->experts->b1.defined(), cs.expert_bias);
   ASSERT_EQ(m->experts->named_parameters().contains("b2"), cs.expert_bias);
@@ -137,8 +142,9 @@ void check_against_reference(const Case& cs, ExpertKernel kernel) {
     EXPECT_EQ(g.dropped, 0);
   }
 
-  const auto loss = (y.reshape({24, kD}) * probe).sum() + 0.5 * m->aux_loss();
-  const auto loss_ref = (y_ref * probe).sum() + 0.5 * (g.l_aux + g.z_loss);
+  // loss(): each auxiliary loss under its own coefficient (z_loss has router_z_loss_coef).
+  const auto loss = (y.reshape({24, kD}) * probe).sum() + m->loss();
+  const auto loss_ref = (y_ref * probe).sum() + 0.5 * g.l_aux + g.z_loss;
   expect_close(loss, loss_ref, "loss");
   loss.backward();
   loss_ref.backward();
@@ -171,6 +177,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"top1_no_drop", 1, false, true, NoisyGatePolicy::None, false},
         Case{"top2", 2, true, false, NoisyGatePolicy::None, false},
         Case{"top2_sampling", 2, true, false, NoisyGatePolicy::None, true},
+        Case{"top2_jitter", 2, true, false, NoisyGatePolicy::Jitter, true},
+        Case{"top3_jitter", 3, true, false, NoisyGatePolicy::Jitter, false},
         Case{"top2_no_drop", 2, false, false, NoisyGatePolicy::None, true},
         Case{"top3_probs", 3, true, false, NoisyGatePolicy::None, false},
         Case{"top3_position", 3, true, false, NoisyGatePolicy::None, false,
@@ -198,6 +206,83 @@ TEST(MoeLayer, NoiseIsKeyedByCallIndex) {
   EXPECT_FALSE(torch::equal(m->forward(x), a)) << "call 12 should draw other RTS priorities";
 }
 
+// used_token through forward (DeepSpeed's MoE(..., used_token)): padding takes no capacity and
+// gets no output; the other tokens are routed as the gate routes them under the same mask.
+TEST(MoeLayer, UsedTokenThroughForwardMasksPadding) {
+  auto o = options(1, true);
+  o.capacity_factor = 0.5;  // drops: the padding's freed capacity goes to the used tokens
+  MoE m(o);
+  Reference ref(m);
+  torch::manual_seed(6);
+  const auto x = torch::randn({2, 12, kD});
+  auto used = torch::ones({2, 12}, torch::kLong);
+  used.narrow(1, 8, 4).zero_();  // the last 4 tokens of each sequence are padding
+  m->set_call_index(2);
+  const auto y = m->forward(x, used).reshape({24, kD});
+  const auto [y_ref, g] = ref.forward(o, x.reshape({24, kD}), 2, true, used.reshape({-1}));
+  expect_close(y, y_ref, "output with used_token");
+  EXPECT_TRUE(torch::equal(m->last().exp_counts, g.exp_counts));
+  EXPECT_EQ(m->last().exp_counts.sum().item<int64_t>(), 16);
+  EXPECT_EQ(m->last().dropped_count(), g.dropped);
+  const auto padding = used.reshape({-1}).eq(0);
+  EXPECT_EQ(y.index({padding}).abs().max().item<double>(), 0.0);
+  EXPECT_THROW(m->forward(x, torch::ones({2, 11})), strata::Error);
+  // Through AnyModule (a block's feed-forward), forward(x) alone.
+  torch::nn::AnyModule any(m);
+  EXPECT_EQ(any.forward<torch::Tensor>(x).sizes(), x.sizes());
+}
+
+// LibTorch's CPU autocast in bf16 while it lives (torch_autocast's forward).
+struct CpuAutocastBf16 {
+  CpuAutocastBf16() {
+    strata::compat::set_autocast_dtype(c10::DeviceType::CPU, torch::kBFloat16);
+    strata::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
+  }
+  ~CpuAutocastBf16() {
+    strata::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
+    at::autocast::clear_cache();
+  }
+};
+
+// Under autocast the router runs in float32 (as Megatron's): the same routes, l_aux and drops as
+// without autocast, bit for bit, while the experts multiply in bf16 (their output within bf16's
+// rounding of the float32 one). Before, autocast recast the gate's product to bf16 and the gate
+// refused the bf16 logits.
+TEST(MoeLayer, RouterRunsInFloat32UnderAutocast) {
+  for (int64_t k : {1, 2}) {
+    SCOPED_TRACE("k = " + std::to_string(k));
+    auto o = options(k, true);
+    o.capacity_factor = 0.75;  // drops: which routes survive depends on the exact gate values
+    o.noisy_gate_policy = NoisyGatePolicy::Jitter;
+    MoE m(o);
+    torch::manual_seed(4);
+    const auto x = torch::randn({24, kD});
+    m->set_call_index(3);
+    const auto y32 = m->forward(x).detach();
+    const auto l_aux32 = m->last().l_aux.detach().clone();
+    const auto counts32 = m->last().exp_counts.clone();
+    const int64_t dropped32 = m->last().dropped_count();
+    ASSERT_GT(dropped32, 0);
+
+    const auto xg = x.clone().requires_grad_(true);
+    torch::Tensor y16;
+    {
+      CpuAutocastBf16 autocast;
+      m->set_call_index(3);
+      y16 = m->forward(xg);
+    }
+    EXPECT_EQ(y16.scalar_type(), torch::kBFloat16);  // the experts' products
+    EXPECT_TRUE(torch::equal(m->last().l_aux.detach(), l_aux32));
+    EXPECT_TRUE(torch::equal(m->last().exp_counts, counts32));
+    EXPECT_EQ(m->last().dropped_count(), dropped32);
+    expect_close(y16.to(torch::kFloat), y32, "output under autocast", 2e-2);
+    (y16.to(torch::kFloat).pow(2).sum() + m->last().l_aux).backward();
+    EXPECT_EQ(m->gate->weight.grad().scalar_type(), torch::kFloat);
+    EXPECT_GT(m->gate->weight.grad().abs().sum().item<double>(), 0.0);
+    EXPECT_GT(m->experts->w1.grad().abs().sum().item<double>(), 0.0);
+  }
+}
+
 // Peak tensor size during forward and backward, from every op's outputs.
 std::atomic<int64_t> g_max_numel{0};
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) { return nullptr; }
@@ -223,7 +308,7 @@ TEST(MoeLayer, DispatchIsCapacityPaddedNeverSxExC) {
                                           .scopes({at::RecordScope::FUNCTION,
                                                    at::RecordScope::BACKWARD_FUNCTION}));
   auto y = m->forward(x);
-  (y.pow(2).sum() + m->aux_loss()).backward();
+  (y.pow(2).sum() + m->loss()).backward();
   at::removeCallback(handle);
   const int64_t C = m->last().capacity;
   ASSERT_EQ(C, 64);  // ceil(256 / 8 * 1.0 * 2)
@@ -233,6 +318,33 @@ TEST(MoeLayer, DispatchIsCapacityPaddedNeverSxExC) {
   EXPECT_GT(g_max_numel.load(), 0);
   EXPECT_LE(g_max_numel.load(), E * C * 32);
   EXPECT_LT(g_max_numel.load(), S * E * C / 4);
+}
+
+// loss() weighs l_aux by aux_loss_coef and the z-loss by router_z_loss_coef alone: with
+// aux_loss_coef 0 the z-loss still trains the gate (it was summed into what programs multiplied
+// by aux_loss_coef), and with router_z_loss_coef 0 only the weighed l_aux is left.
+TEST(MoeLayer, EachAuxiliaryCoefficientActsAlone) {
+  auto o = options(2, true);
+  o.aux_loss_coef = 0.0;
+  o.router_z_loss_coef = 0.1;
+  MoE m(o);
+  torch::manual_seed(3);
+  const auto x = torch::randn({32, kD});
+  m->forward(x);
+  const auto z_ref = torch::logsumexp(F::linear(x, m->gate->weight.detach()), 1).pow(2).mean() * 0.1;
+  EXPECT_NEAR(m->loss().item<double>(), z_ref.item<double>(), 1e-6);
+  m->loss().backward();
+  EXPECT_GT(m->gate->weight.grad().abs().sum().item<double>(), 0.0);
+
+  o.aux_loss_coef = 0.3;
+  o.router_z_loss_coef = 0.0;
+  MoE n(o);
+  n->forward(x);
+  EXPECT_FALSE(n->last().z_loss.defined());
+  EXPECT_NEAR(n->loss().item<double>(), 0.3 * n->last().l_aux.item<double>(), 1e-7);
+  EXPECT_GT(n->last().l_aux.item<double>(), 0.5);  // l_aux is about 1 when balanced
+  o.aux_loss_coef = -1;
+  EXPECT_THROW(MoE{o}, strata::Error);
 }
 
 TEST(MoeLayer, AuxLossesReachTheGateWeight) {
@@ -498,11 +610,13 @@ TEST(MoeLayer, OptionsSayWhichGivenConfigKeyTheyDoNotFollow) {
   c.noisy_gate_policy = "Jitter";
   EXPECT_EQ(o.differs_from(c), "moe.noisy_gate_policy is \"Jitter\" in the config, the layer's is \"None\"");
   o.noisy_gate_policy = NoisyGatePolicy::Jitter;
-  c.given.insert("aux_loss_coef");  // the program's
+  // The layer's loss() applies aux_loss_coef: a layer built with another would ignore the key.
+  c.given.insert("aux_loss_coef");
   c.aux_loss_coef = 0.5;
-  EXPECT_EQ(o.differs_from(c), "");
+  EXPECT_EQ(o.differs_from(c), "moe.aux_loss_coef is 0.5 in the config, the layer's is 0.01");
   o = MoEOptions::from_config(c, kD, kFfn, 0, 1, nullptr);
   EXPECT_TRUE(o.use_residual);
+  EXPECT_EQ(o.aux_loss_coef, 0.5);
   EXPECT_EQ(o.differs_from(c), "") << "from_config follows every key";
 }
 

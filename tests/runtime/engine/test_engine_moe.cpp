@@ -40,7 +40,7 @@ struct MoENetImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
     auto logits = head(moe(emb(x)));
     return torch::nn::functional::cross_entropy(logits.reshape({-1, 16}), y.reshape({-1})) +
-           0.01 * moe->aux_loss();
+           moe->loss();
   }
   torch::nn::Embedding emb{nullptr};
   strata::moe::MoE moe{nullptr};
@@ -255,10 +255,18 @@ TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
     EXPECT_NE(m.find("moe.top_k is 1 in the config, the layer's is 2 (MoE layer 0)"),
               std::string::npos) << m;
   }
-  {  // the keys it follows, and aux_loss_coef (the program's): no error
+  {  // aux_loss_coef weighs the layer's loss(): a layer built with another would ignore it
+    MoENet net;  // 0.01, MoEOptions' default
+    json c = config(2);
+    c["moe"] = {{"aux_loss_coef", 0.5}};
+    const auto m = message([&] { strata::initialize(net, c); });
+    EXPECT_NE(m.find("moe.aux_loss_coef is 0.5 in the config, the layer's is 0.01"),
+              std::string::npos) << m;
+  }
+  {  // the keys it follows: no error
     MoENet net;
     json c = config(2);
-    c["moe"] = {{"top_k", 2}, {"capacity_factor", 2.0}, {"aux_loss_coef", 0.5}};
+    c["moe"] = {{"top_k", 2}, {"capacity_factor", 2.0}, {"aux_loss_coef", 0.01}};
     EXPECT_EQ(message([&] { strata::initialize(net, c); }), "no error");
   }
 }
