@@ -401,7 +401,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     }
   }
 
-  const auto install_experts = read_expert_states(reader);
+  const auto install_experts = read_expert_states(reader, micro_steps);
 
   // Everything fits: install it. LibTorch's own archive goes first, the one step that can still
   // fail (it is checked only by loading it).

@@ -295,6 +295,10 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   const auto& edp = expert_groups_.expert_data_parallel;
   const bool writes = shards.parts() > 1 || !edp || edp->rank() == 0;
   json scalars = {{"expert_layout", layout.describe}, {"expert_numel", layout.numel}};
+  // Each layer's call counter, which names its gate noise (moe/layer.h): a resumed run draws on.
+  json calls = json::array();
+  for (const auto* layer : moe::moe_layers(*module_)) calls.push_back(layer->call_index());
+  scalars["moe_call_index"] = calls;
   checkpoint::NamedTensors tensors;
   std::vector<zero::ShardPiece> pieces;
   if (writes) {
@@ -319,7 +323,8 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   writer.write_partition("expert_states", tensors, scalars);
 }
 
-std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointReader& reader) {
+std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointReader& reader,
+                                                 int64_t saved_micro_steps) {
   const bool has_experts = reader.has_partition("expert_states");
   if (!expert_partitioned_) {
     if (has_experts)
@@ -353,7 +358,24 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
     throw Error(fmt::format("{}: the experts' master partition has shape {}, this rank's {}",
                             reader.folder(), c10::str(master.sizes()), c10::str(ep.master().sizes())));
   optim::check_param_state(*expert_optimizer_, ep.master(), state);
-  return [this, master, weights, state, layout, local] {
+  // The layers' call counters (the same on every rank of a program whose ranks run the same
+  // forwards). A checkpoint from before they were saved: one forward per micro-step, the usual
+  // loop, so that the noise at least does not replay calls 0, 1, ...
+  const auto layers = moe::moe_layers(*module_);
+  std::vector<int64_t> calls(layers.size(), saved_micro_steps);
+  if (saved.scalars().contains("moe_call_index")) {
+    calls = saved.scalars().at("moe_call_index").get<std::vector<int64_t>>();
+    if (calls.size() != layers.size())
+      throw Error(fmt::format("{}: the checkpoint has call counters for {} MoE layer(s), this "
+                              "model {}",
+                              reader.folder(), calls.size(), layers.size()));
+  } else {
+    log::info("[strata] note: {} has no MoE call counters (saved by an older Strata): the MoE "
+              "layers' gate noise continues from call {} (one forward per micro-step)",
+              reader.folder(), saved_micro_steps);
+  }
+  return [this, master, weights, state, layout, local, layers, calls] {
+    for (size_t i = 0; i < layers.size(); ++i) layers[i]->set_call_index(calls[i]);
     auto& ep = *expert_partitioned_;
     install_master_state(ep, *expert_optimizer_, master, state);
     if (auto* units = ep.units()) {  // stage 3: each unit's shard from its parameters' values

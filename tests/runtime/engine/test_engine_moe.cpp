@@ -137,6 +137,23 @@ TEST(EngineMoE, ResumeStepsTheExpertsAtTheSchedulesLr) {
   }
 }
 
+// With the gate's noise on (top-2's 2nd-expert sampling, DeepSpeed's default), the program
+// calling nothing but forward: the resumed run draws the noise the straight one drew at those
+// calls, not that of calls 0, 1, ... again (the layers' call counters are in the checkpoint).
+TEST(EngineMoE, ResumeContinuesTheGateNoise) {
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string dir = testing::TempDir() + "/moe_resume_noise_" + std::to_string(getpid()) +
+                            "_" + std::to_string(stage);
+    const auto straight = train(stage, /*noise=*/true, 6, -1, dir);
+    const auto resumed = train(stage, /*noise=*/true, 6, 3, dir);
+    std::filesystem::remove_all(dir);
+    ASSERT_EQ(resumed.size(), straight.size());
+    for (size_t i = 0; i < straight.size(); ++i)
+      EXPECT_NEAR(resumed[i], straight[i], 1e-6 * std::abs(straight[i])) << "step " << i + 1;
+  }
+}
+
 // lr 0 for the experts: they do not move while the rest trains (at stage 3 too, where both are
 // read inside a gathered scope).
 TEST(EngineMoE, ExpertOptimizerIsTheOneThatStepsTheExperts) {
