@@ -1,8 +1,9 @@
 // The MoE layer in one process, against a reference computed another way: the gate's routes
 // (moe::gate on the same logits) applied token by token with each expert's MLP written out
 // (a loop in the test), forward and gradients to 1e-5 in float32. Also: the dispatch never holds
-// an [S, E, C] tensor, l_aux and z_loss reach the gradients, the named seeds (init per global
-// expert, noise per call), user experts, expert parameter discovery and the errors.
+// an [S, E, C] tensor, the named seeds (init per global expert, noise per call), user experts,
+// expert parameter discovery and the errors. The losses, used_token and autocast:
+// test_layer_losses.cpp.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
@@ -16,81 +17,14 @@
 #include "comm/process_group.h"
 #include "moe/keys.h"
 #include "moe/layer.h"
-#include "runtime/compat.h"
 #include "runtime/error.h"
+#include "tests/moe/layer_reference.h"
 
 namespace {
 
 using namespace strata::moe;
+using namespace strata::test::moe_layer;
 namespace F = torch::nn::functional;
-
-constexpr int64_t kD = 8, kFfn = 16, kE = 4;
-
-MoEOptions options(int64_t k, bool drop_tokens, uint64_t seed = 7) {
-  MoEOptions o;
-  o.hidden_size = kD;
-  o.ffn_size = kFfn;
-  o.num_experts = kE;
-  o.k = k;
-  o.min_capacity = 0;
-  o.drop_tokens = drop_tokens;
-  o.router_z_loss_coef = 0.01;
-  o.seed = seed;
-  o.layer_id = 3;
-  return o;
-}
-
-void expect_close(const torch::Tensor& got, const torch::Tensor& want, const std::string& what,
-                  double tol = 1e-5) {
-  ASSERT_TRUE(got.defined()) << what;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const double diff = (got - want).abs().max().item<double>();
-  EXPECT_LE(diff, tol * (1 + want.abs().max().item<double>())) << what;
-}
-
-// Parameters of the reference: copies of the layer's, so gradients are computed separately.
-struct Reference {
-  torch::Tensor wg, w1, b1, w2, b2;
-  explicit Reference(MoE& m) {
-    auto copy = [](const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); };
-    wg = copy(m->gate->weight);
-    w1 = copy(m->experts->w1);
-    w2 = copy(m->experts->w2);
-    if (m->experts->b1.defined()) {
-      b1 = copy(m->experts->b1);
-      b2 = copy(m->experts->b2);
-    }
-  }
-  // Call c of the layer, as moe/layer.h documents it: gate on x.float() @ W_g^T (jittered per
-  // the named seed), then each kept route's expert MLP on its token alone.
-  std::pair<torch::Tensor, GateOutput> forward(const MoEOptions& o, const torch::Tensor& x,
-                                               uint64_t c, bool training = true,
-                                               const torch::Tensor& used_token = {}) {
-    auto gate_in = x.to(torch::kFloat);
-    // DeepSpeed's TopKGate.forward jitters the gate's input for every k while training.
-    if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && training) {
-      auto gen = at::detail::createCPUGenerator(
-          key({o.seed, uint64_t(KeyTag::Jitter), uint64_t(o.layer_id), c}));
-      gate_in = gate_in * (torch::rand({x.size(0), x.size(1)}, gen, torch::kFloat) * 0.02 + 0.99);
-    }
-    GateOptions go = o.gate_options();
-    go.training = training;
-    go.seed = key({o.seed, uint64_t(KeyTag::GateNoise), uint64_t(o.layer_id), c});
-    go.used_token = used_token;
-    GateOutput g = gate(F::linear(gate_in, wg), go);
-    std::vector<torch::Tensor> rows(x.size(0), torch::zeros({x.size(1)}));
-    for (int64_t r = 0; r < g.token.size(0); ++r) {
-      const int64_t t = g.token[r].item<int64_t>(), e = g.expert[r].item<int64_t>();
-      auto h = torch::matmul(x[t], w1[e]);
-      if (b1.defined()) h = h + b1[e];
-      h = F::gelu(h);
-      auto out = torch::matmul(h, w2[e]);
-      if (b2.defined()) out = out + b2[e];
-      rows[t] = rows[t] + g.weight[r] * out;
-    }
-    return {torch::stack(rows), g};
-  }
-};
 
 struct Case {
   const char* name;
@@ -206,83 +140,6 @@ TEST(MoeLayer, NoiseIsKeyedByCallIndex) {
   EXPECT_FALSE(torch::equal(m->forward(x), a)) << "call 12 should draw other RTS priorities";
 }
 
-// used_token through forward (DeepSpeed's MoE(..., used_token)): padding takes no capacity and
-// gets no output; the other tokens are routed as the gate routes them under the same mask.
-TEST(MoeLayer, UsedTokenThroughForwardMasksPadding) {
-  auto o = options(1, true);
-  o.capacity_factor = 0.5;  // drops: the padding's freed capacity goes to the used tokens
-  MoE m(o);
-  Reference ref(m);
-  torch::manual_seed(6);
-  const auto x = torch::randn({2, 12, kD});
-  auto used = torch::ones({2, 12}, torch::kLong);
-  used.narrow(1, 8, 4).zero_();  // the last 4 tokens of each sequence are padding
-  m->set_call_index(2);
-  const auto y = m->forward(x, used).reshape({24, kD});
-  const auto [y_ref, g] = ref.forward(o, x.reshape({24, kD}), 2, true, used.reshape({-1}));
-  expect_close(y, y_ref, "output with used_token");
-  EXPECT_TRUE(torch::equal(m->last().exp_counts, g.exp_counts));
-  EXPECT_EQ(m->last().exp_counts.sum().item<int64_t>(), 16);
-  EXPECT_EQ(m->last().dropped_count(), g.dropped);
-  const auto padding = used.reshape({-1}).eq(0);
-  EXPECT_EQ(y.index({padding}).abs().max().item<double>(), 0.0);
-  EXPECT_THROW(m->forward(x, torch::ones({2, 11})), strata::Error);
-  // Through AnyModule (a block's feed-forward), forward(x) alone.
-  torch::nn::AnyModule any(m);
-  EXPECT_EQ(any.forward<torch::Tensor>(x).sizes(), x.sizes());
-}
-
-// LibTorch's CPU autocast in bf16 while it lives (torch_autocast's forward).
-struct CpuAutocastBf16 {
-  CpuAutocastBf16() {
-    strata::compat::set_autocast_dtype(c10::DeviceType::CPU, torch::kBFloat16);
-    strata::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
-  }
-  ~CpuAutocastBf16() {
-    strata::compat::set_autocast_enabled(c10::DeviceType::CPU, false);
-    at::autocast::clear_cache();
-  }
-};
-
-// Under autocast the router runs in float32 (as Megatron's): the same routes, l_aux and drops as
-// without autocast, bit for bit, while the experts multiply in bf16 (their output within bf16's
-// rounding of the float32 one). Before, autocast recast the gate's product to bf16 and the gate
-// refused the bf16 logits.
-TEST(MoeLayer, RouterRunsInFloat32UnderAutocast) {
-  for (int64_t k : {1, 2}) {
-    SCOPED_TRACE("k = " + std::to_string(k));
-    auto o = options(k, true);
-    o.capacity_factor = 0.75;  // drops: which routes survive depends on the exact gate values
-    o.noisy_gate_policy = NoisyGatePolicy::Jitter;
-    MoE m(o);
-    torch::manual_seed(4);
-    const auto x = torch::randn({24, kD});
-    m->set_call_index(3);
-    const auto y32 = m->forward(x).detach();
-    const auto l_aux32 = m->last().l_aux.detach().clone();
-    const auto counts32 = m->last().exp_counts.clone();
-    const int64_t dropped32 = m->last().dropped_count();
-    ASSERT_GT(dropped32, 0);
-
-    const auto xg = x.clone().requires_grad_(true);
-    torch::Tensor y16;
-    {
-      CpuAutocastBf16 autocast;
-      m->set_call_index(3);
-      y16 = m->forward(xg);
-    }
-    EXPECT_EQ(y16.scalar_type(), torch::kBFloat16);  // the experts' products
-    EXPECT_TRUE(torch::equal(m->last().l_aux.detach(), l_aux32));
-    EXPECT_TRUE(torch::equal(m->last().exp_counts, counts32));
-    EXPECT_EQ(m->last().dropped_count(), dropped32);
-    expect_close(y16.to(torch::kFloat), y32, "output under autocast", 2e-2);
-    (y16.to(torch::kFloat).pow(2).sum() + m->last().l_aux).backward();
-    EXPECT_EQ(m->gate->weight.grad().scalar_type(), torch::kFloat);
-    EXPECT_GT(m->gate->weight.grad().abs().sum().item<double>(), 0.0);
-    EXPECT_GT(m->experts->w1.grad().abs().sum().item<double>(), 0.0);
-  }
-}
-
 // Peak tensor size during forward and backward, from every op's outputs.
 std::atomic<int64_t> g_max_numel{0};
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) { return nullptr; }
@@ -318,62 +175,6 @@ TEST(MoeLayer, DispatchIsCapacityPaddedNeverSxExC) {
   EXPECT_GT(g_max_numel.load(), 0);
   EXPECT_LE(g_max_numel.load(), E * C * 32);
   EXPECT_LT(g_max_numel.load(), S * E * C / 4);
-}
-
-// loss() weighs l_aux by aux_loss_coef and the z-loss by router_z_loss_coef alone: with
-// aux_loss_coef 0 the z-loss still trains the gate (it was summed into what programs multiplied
-// by aux_loss_coef), and with router_z_loss_coef 0 only the weighed l_aux is left.
-TEST(MoeLayer, EachAuxiliaryCoefficientActsAlone) {
-  auto o = options(2, true);
-  o.aux_loss_coef = 0.0;
-  o.router_z_loss_coef = 0.1;
-  MoE m(o);
-  torch::manual_seed(3);
-  const auto x = torch::randn({32, kD});
-  m->forward(x);
-  const auto z_ref = torch::logsumexp(F::linear(x, m->gate->weight.detach()), 1).pow(2).mean() * 0.1;
-  EXPECT_NEAR(m->loss().item<double>(), z_ref.item<double>(), 1e-6);
-  m->loss().backward();
-  EXPECT_GT(m->gate->weight.grad().abs().sum().item<double>(), 0.0);
-
-  o.aux_loss_coef = 0.3;
-  o.router_z_loss_coef = 0.0;
-  MoE n(o);
-  n->forward(x);
-  EXPECT_FALSE(n->last().z_loss.defined());
-  EXPECT_NEAR(n->loss().item<double>(), 0.3 * n->last().l_aux.item<double>(), 1e-7);
-  EXPECT_GT(n->last().l_aux.item<double>(), 0.5);  // l_aux is about 1 when balanced
-  o.aux_loss_coef = -1;
-  EXPECT_THROW(MoE{o}, strata::Error);
-}
-
-TEST(MoeLayer, AuxLossesReachTheGateWeight) {
-  auto o = options(2, true);
-  o.router_z_loss_coef = 0.1;
-  MoE m(o);
-  Reference ref(m);
-  torch::manual_seed(3);
-  const auto x = torch::randn({32, kD});
-  m->forward(x);
-  m->last().l_aux.backward();
-  const auto g_laux = m->gate->weight.grad().clone();
-  EXPECT_GT(g_laux.abs().sum().item<double>(), 0);
-  m->gate->weight.mutable_grad().zero_();
-  m->forward(x);
-  m->last().z_loss.backward();
-  const auto g_z = m->gate->weight.grad().clone();
-  // z_loss = coef * mean(logsumexp(x W_g^T)^2), differentiated here by hand's other route.
-  auto z_ref = torch::logsumexp(F::linear(x, ref.wg), 1).pow(2).mean() * 0.1;
-  z_ref.backward();
-  expect_close(g_z, ref.wg.grad(), "d z_loss / d W_g");
-  ref.wg.mutable_grad().zero_();
-  // l_aux against the gate on the reference's logits (call 0, deterministic top2 apart from the
-  // 2nd-expert noise, which the reference replays from the same key).
-  auto [unused, g] = ref.forward(o, x, 0);
-  g.l_aux.backward();
-  expect_close(g_laux, ref.wg.grad(), "d l_aux / d W_g");
-  // The experts get no gradient from the aux losses.
-  EXPECT_FALSE(m->experts->w1.grad().defined());
 }
 
 // A ProcessGroup that only answers who it is: enough to build an ep_size 2 layer's rank r.
