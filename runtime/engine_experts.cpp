@@ -364,11 +364,17 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
   const auto layers = moe::moe_layers(*module_);
   std::vector<int64_t> calls(layers.size(), saved_micro_steps);
   if (saved.scalars().contains("moe_call_index")) {
-    calls = saved.scalars().at("moe_call_index").get<std::vector<int64_t>>();
-    if (calls.size() != layers.size())
-      throw Error(fmt::format("{}: the checkpoint has call counters for {} MoE layer(s), this "
-                              "model {}",
-                              reader.folder(), calls.size(), layers.size()));
+    const json& saved_calls = saved.scalars().at("moe_call_index");
+    if (!saved_calls.is_array() || saved_calls.size() != layers.size())
+      throw Error(fmt::format("{}: moe_call_index is {}; this model has {} MoE layer(s), one "
+                              "call counter each",
+                              reader.folder(), saved_calls.dump().substr(0, 80), layers.size()));
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (!saved_calls[i].is_number_integer() || saved_calls[i].get<int64_t>() < 0)
+        throw Error(fmt::format("{}: moe_call_index[{}] is {}, not a call count",
+                                reader.folder(), i, saved_calls[i].dump().substr(0, 80)));
+      calls[i] = saved_calls[i].get<int64_t>();
+    }
   } else {
     log::info("[strata] note: {} has no MoE call counters (saved by an older Strata): the MoE "
               "layers' gate noise continues from call {} (one forward per micro-step)",
