@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -263,6 +264,18 @@ TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
     c["train_batch_size"] = 4;
     const auto m = message([&] { strata::initialize(net, c); });
     EXPECT_NE(m.find("ep_size"), std::string::npos) << m;
+  }
+  {  // ep_size 2 in one process: named at the key's file:line, as at world size 3 (at world size
+     // 1, the stand-in of tools that do not know the world, the config check used to skip it)
+    const std::string path =
+        testing::TempDir() + "/moe_ep2_world1_" + std::to_string(getpid()) + ".json";
+    std::ofstream(path) << "{\n  \"train_batch_size\": 4,\n  \"moe\": {\n    \"num_experts\": 4,\n"
+                           "    \"ep_size\": 2\n  }\n}\n";
+    MoENet net;
+    const auto m = message([&] { strata::initialize(net, path); });
+    std::filesystem::remove(path);
+    EXPECT_NE(m.find(path + ":5:"), std::string::npos) << m;
+    EXPECT_NE(m.find("moe.ep_size = 2 does not divide the world size 1"), std::string::npos) << m;
   }
   {  // any key of the block the layers were built without would do nothing
     MoENet net;  // k = 2
