@@ -50,12 +50,6 @@ void check(const torch::Tensor& logits, const GateOptions& o) {
   if (o.min_capacity < 0) {
     throw Error(fmt::format("moe::gate: min_capacity = {}; it must be >= 0", o.min_capacity));
   }
-  // DeepSpeed's top1gating asserts this (its topk over tokens would fail otherwise).
-  if (o.k == 1 && S < o.min_capacity) {
-    throw Error(fmt::format("moe::gate: {} tokens but min_capacity = {}; top-1 gating needs at "
-                            "least min_capacity tokens (as DeepSpeed): lower min_capacity (0 is "
-                            "allowed) or route a larger batch", S, o.min_capacity));
-  }
   if (o.used_token.defined()) {
     if (o.k != 1) {
       throw Error(fmt::format("moe::gate: used_token is only applied by top-1 gating (as in "
@@ -203,6 +197,14 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
                             "this rank's {} and {}; it must return the maxima over the "
                             "expert-parallel group (at least its arguments)",
                             group.tokens, group.load, local.tokens, local.load));
+  }
+  // DeepSpeed's top1gating asserts this (its topk over tokens would fail otherwise). Checked on
+  // the group's count, so that every rank of the group throws, or none (one rank's short batch
+  // would leave the others waiting in their next collective).
+  if (k == 1 && group.tokens < o.min_capacity) {
+    throw Error(fmt::format("moe::gate: {} tokens but min_capacity = {}; top-1 gating needs at "
+                            "least min_capacity tokens (as DeepSpeed): lower min_capacity (0 is "
+                            "allowed) or route a larger batch", group.tokens, o.min_capacity));
   }
   int64_t capacity;
   if (o.drop_tokens) {

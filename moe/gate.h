@@ -60,7 +60,8 @@
 //   - no tensor-parallel rounding of the drop_tokens=false capacity (Strata has no TP) and no
 //     Tutel path. The logits are not modified in place (DeepSpeed's top2 adds its noise in place).
 //   - bad input is a strata::Error, never an assert (DeepSpeed asserts S >= min_capacity at k = 1;
-//     so does this, as an Error).
+//     so does this, as an Error, on the expert-parallel group's largest count so that the ranks
+//     of a group throw together).
 #pragma once
 
 #include <cstdint>

@@ -360,6 +360,12 @@ TEST(Gate, DropTokensCapacityIsFromTheGroupsTokenCount) {
   EXPECT_EQ(asked.load, 0);
   EXPECT_EQ(g.capacity, gate_capacity(40, 2, o.capacity_factor, o.min_capacity));  // 20
   EXPECT_EQ(g.dropped, 0);
+  // min_capacity is DeepSpeed's bound on the token count, here the group's: a rank with a short
+  // batch does not throw alone (its group would wait for it in the next collective).
+  o.min_capacity = 8;
+  EXPECT_EQ(gate(logits_of(kTop1), o).capacity, 20);
+  o.agree_over_group = nullptr;
+  EXPECT_THROW(gate(logits_of(kTop1), o), strata::Error);
 }
 
 TEST(Gate, RouterZLoss) {
