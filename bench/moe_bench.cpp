@@ -97,7 +97,7 @@ int run_moe_dispatch(int argc, char** argv) {
     const int64_t before = current_bytes(device);
     const auto t0 = Clock::now();
     auto y = layer->forward(x);
-    (y.to(torch::kFloat).square().mean() + layer->aux_loss()).backward();
+    (y.to(torch::kFloat).square().mean() + layer->loss()).backward();
     synchronize(device);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     const int64_t peak = device.is_cuda() ? peak_bytes(device) - before : -1;

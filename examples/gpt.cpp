@@ -141,9 +141,9 @@ torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) {
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
   auto out = logits(tokens).to(torch::kFloat);
   auto loss = F::cross_entropy(out.view({-1, config_.vocab}), targets.reshape({-1}));
-  if (aux_loss_ && config_.aux_loss_coef > 0) {
+  if (aux_loss_) {
     const auto aux = aux_loss_();
-    if (aux.defined()) loss = loss + config_.aux_loss_coef * aux.to(torch::kFloat);
+    if (aux.defined()) loss = loss + aux.to(torch::kFloat);
   }
   return loss;
 }

@@ -61,8 +61,7 @@ TORCH_MODULE(MLP);
 // What a block's feed-forward is: the GPT's MLP unless a program gives another module for it
 // (examples/gpt_moe.h puts a mixture of experts there). make(layer) returns block `layer`'s
 // module, [batch, seq, d] -> [batch, seq, d], registered under `name`; aux_loss(), when given,
-// is the loss the blocks add to the model's (a load-balancing loss), weighted by the config's
-// aux_loss_coef.
+// is the loss the blocks add to the model's (a load-balancing loss), its coefficients applied.
 struct FeedForward {
   std::function<torch::nn::AnyModule(int64_t layer)> make;
   std::string name = "mlp";

@@ -48,7 +48,7 @@ GPT make_moe_gpt(const GPTConfig& config, const moe::MoEOptions& options) {
   ffn.aux_loss = [layers] {
     torch::Tensor total;
     for (const auto& layer : *layers) {
-      const auto aux = layer->aux_loss();
+      const auto aux = layer->loss();
       total = total.defined() ? total + aux : aux;
     }
     return total;

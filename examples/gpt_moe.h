@@ -19,8 +19,8 @@ moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, ui
                                 const comm::GroupPtr& world);
 
 // The model: block i's feed-forward is moe::MoE(options with layer_id i), registered as "moe"
-// ("blocks.i.moe.gate.weight", "blocks.i.moe.experts.w1", ...); the loss adds
-// aux_loss_coef x the layers' auxiliary losses (l_aux, plus the router z-loss when set).
+// ("blocks.i.moe.gate.weight", "blocks.i.moe.experts.w1", ...); the loss adds the layers'
+// loss(): aux_loss_coef x l_aux, plus the router z-loss under its own router_z_loss_coef.
 GPT make_moe_gpt(const GPTConfig& config, const moe::MoEOptions& options);
 
 // The model a program builds for a config file: with experts, make_moe_gpt with

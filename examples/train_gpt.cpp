@@ -198,9 +198,10 @@ int run(const Args& args) {
       // Sample j of the global batch is the same whatever the world: ranks take slices.
       const int64_t first = (m * world + rank) * micro;
       auto batch = data.batch(args.seed, step, first, micro, model_config.seq_len);
-      // The gate's noise is keyed by the step, so that any world size and accumulation draws
-      // the same for the same global batch.
-      for (auto* layer : moe_layers) layer->set_call_index(step);
+      // The gate's noise is keyed by the global micro-batch (the data's own index, m * world +
+      // rank, within the step): each micro-batch and rank draws its own, and any world size and
+      // accumulation draws the same for the same samples, resumed or not.
+      for (auto* layer : moe_layers) layer->set_call_index((step * gas + m) * world + rank);
       auto loss = engine->forward(batch.tokens.to(device), batch.targets.to(device));
       for (auto* layer : moe_layers) {
         moe_sums[0] += layer->last().l_aux.detach().to(torch::kDouble);

@@ -50,12 +50,6 @@ void check(const torch::Tensor& logits, const GateOptions& o) {
   if (o.min_capacity < 0) {
     throw Error(fmt::format("moe::gate: min_capacity = {}; it must be >= 0", o.min_capacity));
   }
-  // DeepSpeed's top1gating asserts this (its topk over tokens would fail otherwise).
-  if (o.k == 1 && S < o.min_capacity) {
-    throw Error(fmt::format("moe::gate: {} tokens but min_capacity = {}; top-1 gating needs at "
-                            "least min_capacity tokens (as DeepSpeed): lower min_capacity (0 is "
-                            "allowed) or route a larger batch", S, o.min_capacity));
-  }
   if (o.used_token.defined()) {
     if (o.k != 1) {
       throw Error(fmt::format("moe::gate: used_token is only applied by top-1 gating (as in "
@@ -66,12 +60,13 @@ void check(const torch::Tensor& logits, const GateOptions& o) {
                               "got {}", S, c10::str(o.used_token.sizes())));
     }
   }
-  if (o.k >= 2 && o.noisy_gate_policy != NoisyGatePolicy::None) {
-    // DeepSpeed ignores the policy silently beyond top-1; say so once per process.
+  if (o.k >= 2 && o.noisy_gate_policy == NoisyGatePolicy::RSample) {
+    // DeepSpeed ignores RSample silently beyond top-1 (Jitter, the layer's, applies at every k);
+    // say so once per process.
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {
-      std::cerr << fmt::format("strata: warning: moe noisy_gate_policy is only applied with k = 1 "
-                               "(as in DeepSpeed); ignored with k = {}\n", o.k);
+      std::cerr << fmt::format("strata: warning: moe noisy_gate_policy RSample is only applied "
+                               "with k = 1 (as in DeepSpeed); ignored with k = {}\n", o.k);
     }
   }
 }
@@ -192,20 +187,31 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
     if (k > 2) l_aux = l_aux / k;
   }
 
-  // Capacity.
+  // Capacity, from the expert-parallel group's counts: one shape on every rank.
   const double factor = o.training ? o.capacity_factor : o.eval_capacity_factor;
+  // Without drop_tokens, reading the largest load is the one host sync.
+  const GroupCounts local{S, o.drop_tokens ? 0 : exp_counts.max().item<int64_t>()};
+  const GroupCounts group = o.agree_over_group ? o.agree_over_group(local) : local;
+  if (group.tokens < local.tokens || group.load < local.load) {
+    throw Error(fmt::format("moe::gate: agree_over_group returned {} tokens and a load of {} for "
+                            "this rank's {} and {}; it must return the maxima over the "
+                            "expert-parallel group (at least its arguments)",
+                            group.tokens, group.load, local.tokens, local.load));
+  }
+  // DeepSpeed's top1gating asserts this (its topk over tokens would fail otherwise). Checked on
+  // the group's count, so that every rank of the group throws, or none (one rank's short batch
+  // would leave the others waiting in their next collective).
+  if (k == 1 && group.tokens < o.min_capacity) {
+    throw Error(fmt::format("moe::gate: {} tokens but min_capacity = {}; top-1 gating needs at "
+                            "least min_capacity tokens (as DeepSpeed): lower min_capacity (0 is "
+                            "allowed) or route a larger batch", group.tokens, o.min_capacity));
+  }
   int64_t capacity;
   if (o.drop_tokens) {
-    capacity = gate_capacity(S, E, factor * k, o.min_capacity);
+    capacity = gate_capacity(group.tokens, E, factor * k, o.min_capacity);
   } else {
-    const int64_t local = exp_counts.max().item<int64_t>();  // the one host sync
-    capacity = o.agree_capacity ? o.agree_capacity(local) : local;
-    if (capacity < local) {
-      throw Error(fmt::format("moe::gate: agree_capacity returned {} for a local expert load of "
-                              "{}; it must return the maximum over the expert-parallel group (at "
-                              "least its argument)", capacity, local));
-    }
-    if (k == 1) capacity = std::min(capacity, S);  // top1gating caps it at the token count
+    capacity = group.load;
+    if (k == 1) capacity = std::min(capacity, group.tokens);  // top1gating caps it at the tokens
   }
 
   // Who survives: the first `capacity` routes of each expert in priority order.

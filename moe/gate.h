@@ -20,7 +20,10 @@
 // me is the mean gate probability per expert, ce the fraction of tokens routed to it (before
 // drops). exp_counts counts routes per expert BEFORE capacity drops, as DeepSpeed does. With
 // drop_tokens = false the capacity is the largest expert load, agreed over the expert-parallel
-// group through `agree_capacity` (DeepSpeed's all-reduce MAX; k = 1 then caps it at S).
+// group through `agree_over_group` (DeepSpeed's all-reduce MAX; k = 1 then caps it at the token
+// count). Under expert parallelism the token count the capacity comes from is the group's
+// largest (the same all-reduce), so ranks that route different numbers of tokens (a last short
+// batch) still build buffers of one shape; DeepSpeed requires equal counts.
 //
 // Two forms of the result, both O(S*k), never DeepSpeed's dense [S,E,C] tensors:
 //   - gate_routes(): fixed size, for the layer: all S*k routes with a kept mask, the dropped count
@@ -48,15 +51,17 @@
 // seed from (seed, step, micro-batch, layer). DeepSpeed draws from the global RNG.
 //
 // What differs from DeepSpeed, on purpose:
-//   - noisy_gate_policy Jitter multiplies the gate's INPUT (before W_g), so it belongs to the
-//     layer; here it is accepted and does nothing. Noise set with k >= 2 is ignored as in
-//     DeepSpeed, but with a warning (DeepSpeed is silent).
+//   - noisy_gate_policy Jitter multiplies the gate's INPUT (before W_g), for every k, so it
+//     belongs to the layer (moe/layer.h); here it is accepted and does nothing. RSample with
+//     k >= 2 is ignored as in DeepSpeed (only top1gating takes it), but with a warning (DeepSpeed
+//     is silent).
 //   - drop_policy is an option of the gate for k >= 3 (DeepSpeed's TopKGate always uses "probs").
 //   - router z-loss (ST-MoE): z_loss_coef * mean(logsumexp(logits)^2), when z_loss_coef > 0.
 //   - no tensor-parallel rounding of the drop_tokens=false capacity (Strata has no TP) and no
 //     Tutel path. The logits are not modified in place (DeepSpeed's top2 adds its noise in place).
 //   - bad input is a strata::Error, never an assert (DeepSpeed asserts S >= min_capacity at k = 1;
-//     so does this, as an Error).
+//     so does this, as an Error, on the expert-parallel group's largest count so that the ranks
+//     of a group throw together).
 #pragma once
 
 #include <cstdint>
@@ -69,6 +74,13 @@ namespace strata::moe {
 enum class NoisyGatePolicy { None, Jitter, RSample };
 enum class DropPolicy { Probs, Position };
 
+// What agree_over_group agrees on: the tokens routed, and (drop_tokens = false only, else 0:
+// reading it would make the host wait for the device) the largest expert load.
+struct GroupCounts {
+  int64_t tokens = 0;
+  int64_t load = 0;
+};
+
 struct GateOptions {
   int64_t k = 1;
   double capacity_factor = 1.0;       // while training
@@ -77,17 +89,18 @@ struct GateOptions {
   bool training = true;
   bool drop_tokens = true;
   bool use_rts = true;  // k = 1 only (random token selection), in eval too as in DeepSpeed
-  NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::None;  // RSample: k = 1, training only
+  // RSample: k = 1, training only; Jitter is the layer's (the gate ignores it).
+  NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::None;
   bool top2_2nd_expert_sampling = true;  // k = 2 only, in eval too as in DeepSpeed
   DropPolicy drop_policy = DropPolicy::Probs;  // k >= 3 only
   double z_loss_coef = 0.0;  // 0: no z-loss
   uint64_t seed = 0;
   // Optional [S] 0/1 mask of the tokens to route (DeepSpeed's used_token; k = 1 only).
   torch::Tensor used_token;
-  // drop_tokens = false: maps this rank's largest expert load to the capacity all ranks agree on
-  // (an all-reduce MAX over the expert-parallel group). Empty: identity (one rank). Must return
-  // at least its argument.
-  std::function<int64_t(int64_t)> agree_capacity;
+  // Expert parallelism: maps this rank's counts to their maxima over the expert-parallel group
+  // (one all-reduce MAX), so that every rank's capacity, and so its buffers, have one shape.
+  // Empty: this rank alone. Must return at least its argument in each field.
+  std::function<GroupCounts(GroupCounts)> agree_over_group;
 };
 
 struct GateOutput {

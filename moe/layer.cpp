@@ -1,6 +1,7 @@
 #include "moe/layer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cmath>
 #include <tuple>
@@ -35,6 +36,10 @@ void check(const MoEOptions& o) {
     throw Error(fmt::format("moe::MoE: num_experts = {} does not split over ep_size = {} ranks; "
                             "choose an ep_size that divides num_experts (E % ep_size == 0)",
                             o.num_experts, o.ep_size));
+  }
+  if (!std::isfinite(o.aux_loss_coef) || o.aux_loss_coef < 0) {
+    throw Error(fmt::format("moe::MoE: aux_loss_coef = {}; it must be a finite number >= 0",
+                            o.aux_loss_coef));
   }
   if (o.ep_group && o.ep_group->size() != o.ep_size) {
     throw Error(fmt::format("moe::MoE: ep_size = {} but the expert-parallel group {} has {} ranks; "
@@ -121,6 +126,7 @@ MoEOptions MoEOptions::from_config(const MoeConfig& c, int64_t hidden, int64_t f
   o.top2_2nd_expert_sampling = c.top2_2nd_expert_sampling;
   o.drop_policy = c.drop_policy == "position" ? DropPolicy::Position : DropPolicy::Probs;
   o.router_z_loss_coef = c.router_z_loss_coef;
+  o.aux_loss_coef = c.aux_loss_coef;
   o.seed = seed;
   o.layer_id = layer_id;
   o.use_residual = c.use_residual;
@@ -148,6 +154,7 @@ std::string MoEOptions::differs_from(const MoeConfig& c) const {
       {"top2_2nd_expert_sampling", c.top2_2nd_expert_sampling, top2_2nd_expert_sampling},
       {"drop_policy", c.drop_policy, drop_policy == DropPolicy::Position ? "position" : "probs"},
       {"router_z_loss_coef", c.router_z_loss_coef, router_z_loss_coef},
+      {"aux_loss_coef", c.aux_loss_coef, aux_loss_coef},
       {"use_residual", c.use_residual, use_residual},
   };
   for (const auto& [key, in_config, here] : keys)
@@ -215,14 +222,16 @@ int64_t MoEStats::dropped_count() const {
   return dropped.item<int64_t>();
 }
 
-torch::Tensor MoEImpl::aux_loss() const {
+torch::Tensor MoEImpl::loss() const {
   if (!last_.l_aux.defined()) {
-    throw Error("moe::MoE::aux_loss: no forward has run yet; call it after forward()");
+    throw Error("moe::MoE::loss: no forward has run yet; call it after forward()");
   }
-  return last_.z_loss.defined() ? last_.l_aux + last_.z_loss : last_.l_aux;
+  // Each term under its own coefficient (z_loss has router_z_loss_coef applied by the gate).
+  const auto aux = last_.l_aux * options_.aux_loss_coef;
+  return last_.z_loss.defined() ? aux + last_.z_loss : aux;
 }
 
-torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
+torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& used_token) {
   const auto& o = options_;
   const int64_t d = o.hidden_size, E = o.num_experts, El = num_local_experts(), ep = o.ep_size;
   if (input.dim() < 1 || input.size(-1) != d) {
@@ -232,29 +241,43 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input) {
   }
   const auto x = input.reshape({-1, d});
   const int64_t S = x.size(0);
+  if (used_token.defined() && used_token.numel() != S) {
+    throw Error(fmt::format("moe::MoE (layer {}): used_token {} but the input has {} tokens "
+                            "({}); give one 0/1 entry per token", o.layer_id,
+                            c10::str(used_token.sizes()), S, c10::str(input.sizes())));
+  }
   const auto c = static_cast<uint64_t>(call_++);
 
-  // 1. Gate, in float32 (DeepSpeed's TopKGate casts input and weight).
-  auto gate_in = x.to(torch::kFloat);
-  if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && o.k == 1 && is_training()) {
-    auto gen = noise_generator(layer_key(o, KeyTag::Jitter, c), gate_in.device());
-    const auto u = torch::rand({S, d}, gen, gate_in.options());
-    gate_in = gate_in * (u * (2 * kJitterEps) + (1 - kJitterEps));
-  }
-  const auto logits = torch::nn::functional::linear(gate_in, gate->weight.to(torch::kFloat));
+  // 1. Gate, in float32 (DeepSpeed's TopKGate casts input and weight), autocast off: autocast
+  // would recast the product to 16 bits (Megatron runs its router in fp32 too).
   GateOptions go = o.gate_options();
   go.training = is_training();
   go.seed = layer_key(o, KeyTag::GateNoise, c);
-  if (!o.drop_tokens && o.ep_group && ep > 1) {
+  if (used_token.defined()) go.used_token = used_token.reshape({-1});  // the gate refuses k > 1
+  if (o.ep_group && ep > 1) {
+    // One capacity, so one buffer shape, over the group, also where the ranks' token counts
+    // differ: the counts' maxima in one all-reduce, on the host (no device sync).
     const auto group = o.ep_group;
-    go.agree_capacity = [group](int64_t local) {
-      auto t = torch::full({1}, local, torch::kLong);  // on the host: no device sync
+    go.agree_over_group = [group](GroupCounts local) {
+      auto t = torch::tensor({local.tokens, local.load}, torch::kLong);
       group->all_reduce(t, comm::ReduceOp::Max);
-      return t.item<int64_t>();
+      return GroupCounts{t[0].item<int64_t>(), t[1].item<int64_t>()};
     };
   }
-  // Fixed size (all S*k routes, a kept mask): no host sync with drop_tokens (moe/gate.h).
-  const GateRoutes g = gate_routes(logits, go);
+  GateRoutes g;
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    auto gate_in = x.to(torch::kFloat);
+    // DeepSpeed's TopKGate jitters the gate's input for every k while training.
+    if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && is_training()) {
+      auto gen = noise_generator(layer_key(o, KeyTag::Jitter, c), gate_in.device());
+      const auto u = torch::rand({S, d}, gen, gate_in.options());
+      gate_in = gate_in * (u * (2 * kJitterEps) + (1 - kJitterEps));
+    }
+    const auto logits = torch::nn::functional::linear(gate_in, gate->weight.to(torch::kFloat));
+    // Fixed size (all S*k routes, a kept mask): no host sync with drop_tokens (moe/gate.h).
+    g = gate_routes(logits, go);
+  }
   const int64_t C = g.capacity;
 
   if (ep == 1 && experts->grouped(x)) {

@@ -3,9 +3,11 @@
 //
 // One forward:
 //   1. gate: logits = x.float() @ W_g^T (W_g: Linear(d, E, no bias), computed in float32 as
-//      DeepSpeed's TopKGate; Jitter multiplies the gate's input by uniform(1 +- 0.01) noise
-//      at k = 1 while training, DeepSpeed's multiplicative_jitter); moe::gate_routes() gives the
-//      capacity C, all S*k routes with a kept mask, l_aux, z_loss, exp_counts (moe/gate.h).
+//      DeepSpeed's TopKGate, with autocast off, as Megatron's router: under torch_autocast the
+//      routes are those of float32; Jitter multiplies the gate's input by uniform(1 +- 0.01)
+//      noise at every k while training, DeepSpeed's multiplicative_jitter); moe::gate_routes()
+//      gives the capacity C, all S*k routes with a kept mask, l_aux, z_loss, exp_counts
+//      (moe/gate.h).
 //   2. dispatch: the kept routes are written into a zero-padded [E * C, d] buffer at rows
 //      expert * C + slot, the dropped ones to a scratch row that is cut off (moe/dispatch.h).
 //      Memory O(S * k * d + E * C * d), never [S, E, C]. With ep_size 1 and the experts'
@@ -22,24 +24,27 @@
 //      routes add nothing.
 // drop_tokens = false: C is the largest expert load, agreed by an all-reduce MAX over the EP
 // group (DeepSpeed's semantics), then the same padded layout and equal-split exchange.
-// All ranks of an EP group must route the same number of tokens per call (as in DeepSpeed).
+// The ranks of an EP group may route different numbers of tokens per call (a last short batch;
+// DeepSpeed needs equal counts): the same all-reduce, one per forward with ep_size > 1 (on the
+// host), agrees on the largest count, and the capacity is computed from it, so every rank's
+// buffers have one shape.
 //
 // Host synchronisations on CUDA, forward and backward together (tests/moe/test_layer_gpu.cpp
 // counts them with LibTorch's sync debug mode): none with drop_tokens = true, for every k and
 // noise policy: routes have a fixed size, counts are scatter_adds, the number dropped stays on
 // the device (MoEStats::dropped; dropped_count() reads it), and the gate's CPU-drawn noise is
 // copied through page-locked memory without a wait. With drop_tokens = false one: reading the
-// largest expert load for the capacity (its all-reduce runs on a host tensor).
+// largest expert load for the capacity (the group's all-reduce runs on a host tensor).
 //
 // Randomness is named, never positional (moe/keys.h), so runs at different ep_size draw the same:
 //   - W_g from key(seed, GateInit, layer_id): uniform(+-1/sqrt(d)), identical on every rank;
 //   - expert g from key(seed, ExpertInit, layer_id, g) (moe/experts.h);
 //   - call c's gate noise (RSample, RTS, 2nd-expert sampling) from key(seed, GateNoise,
 //     layer_id, c), its Jitter from key(seed, Jitter, layer_id, c). c is the layer's call
-//     counter: 0 at construction, +1 per forward (training or not); set_call_index() sets it,
-//     e.g. to a global micro-batch number so that data-parallel ranks, or a 1-rank run with
-//     gradient accumulation, draw what a given rank draws. All ranks of an EP group use the same
-//     c and so the same noise (each on its own tokens).
+//     counter: 0 at construction, +1 per forward (training or not). The engine's checkpoints
+//     keep it, so a resumed run draws on where it stopped. set_call_index() sets it, e.g. to the
+//     global micro-batch number, so that a 1-rank run with gradient accumulation draws what the
+//     ranks of a data-parallel run draw for the same samples (examples/train_gpt.cpp does).
 //
 // For the engine (expert parameters are reduced over the expert-DP group, kept in their own
 // optimizer group and checkpointed per expert): the experts live in a submodule registered as
@@ -66,7 +71,7 @@ struct MoEOptions {
   MoEOptions() = default;
   // The gate's values from GateOptions (k, capacity factors, min_capacity, drop_tokens, use_rts,
   // noisy_gate_policy, top2_2nd_expert_sampling, drop_policy, z_loss_coef, seed); its training,
-  // used_token and agree_capacity are the layer's business and are ignored.
+  // used_token and agree_over_group are the layer's business and are ignored.
   MoEOptions(int64_t hidden_size, int64_t ffn_size, int64_t num_experts,
              const GateOptions& gate = {});
 
@@ -83,6 +88,9 @@ struct MoEOptions {
   bool top2_2nd_expert_sampling = true;
   DropPolicy drop_policy = DropPolicy::Probs;
   double router_z_loss_coef = 0.0;
+  // Weighs l_aux in loss() (DeepSpeed programs' aux_loss_coef; the config's moe.aux_loss_coef).
+  // The z-loss has its own coefficient, router_z_loss_coef: each acts alone.
+  double aux_loss_coef = 0.01;
   uint64_t seed = 0;
   int64_t layer_id = 0;  // tells layers' random streams apart: give each MoE layer its own
   // Expert parallelism: ep_size ranks split the experts. ep_group: this rank's EP group
@@ -107,7 +115,6 @@ struct MoEOptions {
                                 int64_t layer_id, uint64_t seed, const comm::GroupPtr& world);
   // The first key the config's moe block gives (MoeConfig::given) with another value than these
   // options, as "moe.KEY is A in the config, the layer's is B"; empty when they all agree.
-  // aux_loss_coef is the program's (it weighs the loss), not the layer's: never compared.
   std::string differs_from(const MoeConfig& config) const;
 };
 
@@ -116,7 +123,7 @@ inline constexpr int64_t kResidualMLP = -1;
 
 // What the last forward did, for losses and monitoring.
 struct MoEStats {
-  torch::Tensor l_aux;       // scalar, differentiable: add l_aux * coef to the loss
+  torch::Tensor l_aux;       // scalar, differentiable, no coefficient (loss() applies it)
   torch::Tensor z_loss;      // scalar, differentiable, coefficient applied; undefined if coef 0
   torch::Tensor exp_counts;  // [E] int64, routes per expert before capacity drops (this rank)
   // Routes dropped over capacity (this rank): an int64 scalar on the layer's device, so that
@@ -133,13 +140,16 @@ class MoEImpl : public torch::nn::Module {
  public:
   explicit MoEImpl(MoEOptions options);
 
-  // x [..., d] -> [..., d].
-  torch::Tensor forward(const torch::Tensor& x);
+  // x [..., d] -> [..., d]. used_token (optional, k = 1 only, DeepSpeed's): a 0/1 mask of x's
+  // leading shape [...]; the tokens it marks 0 (padding) take no expert capacity, are not
+  // counted in l_aux's ce or exp_counts, and get no expert output.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& used_token = {});
 
   const MoEOptions& options() const { return options_; }
   const MoEStats& last() const { return last_; }
-  // l_aux plus z_loss (when enabled) of the last forward.
-  torch::Tensor aux_loss() const;
+  // What the last forward adds to the model's loss: aux_loss_coef * l_aux + z_loss (the latter
+  // with router_z_loss_coef applied, when enabled). Add it as it is: each coefficient is here.
+  torch::Tensor loss() const;
 
   int64_t call_index() const { return call_; }
   void set_call_index(int64_t c) { call_ = c; }
@@ -152,6 +162,10 @@ class MoEImpl : public torch::nn::Module {
   // use_residual only (else empty / null): "mlp.*" and "coefficient.{weight,bias}".
   torch::nn::AnyModule mlp;
   torch::nn::Linear coefficient{nullptr};
+
+ protected:
+  // forward(x) through torch::nn::AnyModule (used_token left out).
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(torch::Tensor())})
 
  private:
   // use_residual: the experts' output y [S, d] mixed with the dense MLP's on x [S, d].

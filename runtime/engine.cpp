@@ -75,6 +75,7 @@ torch::ScalarType accum_dtype(const Config& config) {
 LoadOptions load_options(const InitOptions& options) {
   LoadOptions load;
   load.world_size = options.group ? options.group->size() : 1;
+  load.world_is_real = true;  // one process is a world of 1, not an unknown one
   load.autos = options.autos;
   load.extra_optimizers = optimizer_names();
   load.extra_schedulers = scheduler_names();

@@ -206,9 +206,11 @@ class Engine {
   std::vector<zero::ParamCoordinator*> coordinators() const;
   bool is_expert(const torch::Tensor& p) const;
   std::unordered_set<std::string> expert_names() const;
-  // Expert checkpoints (per expert, so that they load at another ep_size).
+  // Expert checkpoints (per expert, so that they load at another ep_size), with the MoE layers'
+  // call counters (their gate noise; older checkpoints: the saved micro-steps).
   void save_expert_states(checkpoint::CheckpointWriter& writer);
-  std::function<void()> read_expert_states(const checkpoint::CheckpointReader& reader);
+  std::function<void()> read_expert_states(const checkpoint::CheckpointReader& reader,
+                                           int64_t saved_micro_steps);
 
  protected:
   // Stage 3: the model may gather parameters while the returned scope lives; end_forward()

@@ -477,7 +477,9 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     }
   }
 
-  const auto install_experts = read_expert_states(reader);
+  // Without saved call counters (older checkpoints), the layers' noise continues from the saved
+  // run's forwards: one per micro-step.
+  const auto install_experts = read_expert_states(reader, saved_micro_steps);
   // This rank's generator states: absent from checkpoints saved before they were kept, and for
   // a rank the saving world did not have.
   std::optional<checkpoint::TensorFile> rng;
@@ -515,6 +517,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   skipped_steps_ = skipped_steps;
   scaler_ = scaler;
   if (has_schedule) lr_scheduler_->load_state_dict(engine_state.at("lr_scheduler"));
+  follow_lr_schedule();  // the experts' optimizer steps at the schedule's lr too, not its own
   log::info("[strata] loaded checkpoint {} (step {}, saved by {} rank(s))", reader.folder(),
             global_steps_, reader.world_size());
   return client_state;

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "moe/layer.h"
 #include "runtime/checkpoint/layout.h"
@@ -199,12 +200,25 @@ void Engine::find_experts() {
   }
   // An ep_size that does not divide the world is refused here, by comm's expert layout.
   expert_groups_ = comm::expert_groups(group_, static_cast<int>(ep));
+  // The experts are broadcast, reduced and checkpointed as the layout places them: a layer built
+  // over a group of the right size but other members (or another order) would train and save
+  // other ranks' experts under this rank's indices.
+  const auto& layout_group = expert_groups_.expert_parallel;
   for (auto* layer : moe::moe_layers(*module_)) {
     const auto& g = layer->options().ep_group;
     if ((g ? g->size() : 1) != ep)
       throw Error(fmt::format("strata::initialize: an MoE layer's expert-parallel group has {} "
                               "ranks for ep_size {}",
                               g ? g->size() : 1, ep));
+    if (ep > 1 && g->world_ranks() != layout_group->world_ranks())
+      throw Error(fmt::format(
+          "strata::initialize: MoE layer {} (rank {}) was built over the expert-parallel group of "
+          "world ranks [{}], but for ep_size {} the engine's layout puts this rank in the group of "
+          "ranks [{}] (runs of ep_size consecutive ranks, as DeepSpeed's); build the layers' "
+          "groups with comm::expert_groups(world, ep_size).expert_parallel (as "
+          "moe::MoEOptions::from_config does)",
+          layer->options().layer_id, data_parallel_rank(), fmt::join(g->world_ranks(), ", "), ep,
+          fmt::join(layout_group->world_ranks(), ", ")));
   }
   const auto& edp = expert_groups_.expert_data_parallel;
   log::info("[strata] MoE: {} expert parameter tensor(s) in {} layer(s), ep_size {}: expert "
@@ -281,6 +295,10 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   const auto& edp = expert_groups_.expert_data_parallel;
   const bool writes = shards.parts() > 1 || !edp || edp->rank() == 0;
   json scalars = {{"expert_layout", layout.describe}, {"expert_numel", layout.numel}};
+  // Each layer's call counter, which names its gate noise (moe/layer.h): a resumed run draws on.
+  json calls = json::array();
+  for (const auto* layer : moe::moe_layers(*module_)) calls.push_back(layer->call_index());
+  scalars["moe_call_index"] = calls;
   checkpoint::NamedTensors tensors;
   std::vector<zero::ShardPiece> pieces;
   if (writes) {
@@ -305,7 +323,8 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   writer.write_partition("expert_states", tensors, scalars);
 }
 
-std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointReader& reader) {
+std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointReader& reader,
+                                                 int64_t saved_micro_steps) {
   const bool has_experts = reader.has_partition("expert_states");
   if (!expert_partitioned_) {
     if (has_experts)
@@ -339,7 +358,30 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
     throw Error(fmt::format("{}: the experts' master partition has shape {}, this rank's {}",
                             reader.folder(), c10::str(master.sizes()), c10::str(ep.master().sizes())));
   optim::check_param_state(*expert_optimizer_, ep.master(), state);
-  return [this, master, weights, state, layout, local] {
+  // The layers' call counters (the same on every rank of a program whose ranks run the same
+  // forwards). A checkpoint from before they were saved: one forward per micro-step, the usual
+  // loop, so that the noise at least does not replay calls 0, 1, ...
+  const auto layers = moe::moe_layers(*module_);
+  std::vector<int64_t> calls(layers.size(), saved_micro_steps);
+  if (saved.scalars().contains("moe_call_index")) {
+    const json& saved_calls = saved.scalars().at("moe_call_index");
+    if (!saved_calls.is_array() || saved_calls.size() != layers.size())
+      throw Error(fmt::format("{}: moe_call_index is {}; this model has {} MoE layer(s), one "
+                              "call counter each",
+                              reader.folder(), saved_calls.dump().substr(0, 80), layers.size()));
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (!saved_calls[i].is_number_integer() || saved_calls[i].get<int64_t>() < 0)
+        throw Error(fmt::format("{}: moe_call_index[{}] is {}, not a call count",
+                                reader.folder(), i, saved_calls[i].dump().substr(0, 80)));
+      calls[i] = saved_calls[i].get<int64_t>();
+    }
+  } else {
+    log::info("[strata] note: {} has no MoE call counters (saved by an older Strata): the MoE "
+              "layers' gate noise continues from call {} (one forward per micro-step)",
+              reader.folder(), saved_micro_steps);
+  }
+  return [this, master, weights, state, layout, local, layers, calls] {
+    for (size_t i = 0; i < layers.size(); ++i) layers[i]->set_call_index(calls[i]);
     auto& ep = *expert_partitioned_;
     install_master_state(ep, *expert_optimizer_, master, state);
     if (auto* units = ep.units()) {  // stage 3: each unit's shard from its parameters' values

@@ -293,6 +293,9 @@ struct AutoValues {
 
 struct LoadOptions {
   int64_t world_size = 1;
+  // world_size is the real world (the engine's), not a tool's stand-in 1: checks that a world of
+  // 1 would pass vacuously (moe.ep_size divides it) apply at 1 too.
+  bool world_is_real = false;
   AutoValues autos;
   // Names a program registered beyond the built-in optimizers / schedulers: accepted as types,
   // their params passed through unchecked for their factory to validate.

@@ -25,10 +25,11 @@ void precision(const Config& cfg, Ctx& ctx) {
 
 // Expert parallelism splits the world into EP groups of ep_size ranks (comm/topology.h). A world
 // of 1 is also what tools that do not know the world check with (strata-config's default,
-// strata-run's first pass); the engine checks its layers' ep_size against the real one.
+// strata-run's first pass): there only a world the loader was told is real is checked.
 void moe(const Config& cfg, Ctx& ctx) {
   const auto& m = cfg.moe;
-  if (cfg.world_size > 1 && m.ep_size > 1 && cfg.world_size % m.ep_size != 0)
+  const bool known = cfg.world_size > 1 || ctx.options.world_is_real;
+  if (known && m.ep_size > 1 && cfg.world_size % m.ep_size != 0)
     ctx.error("moe.ep_size", fmt::format("moe.ep_size = {} does not divide the world size {}: expert-parallel "
                                          "groups are ep_size consecutive ranks; choose an ep_size that "
                                          "divides {}", m.ep_size, cfg.world_size, cfg.world_size));

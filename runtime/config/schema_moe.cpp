@@ -33,11 +33,12 @@ Block make_moe() {
       .describe("Random Token Selection: choose at random which tokens keep their place within capacity");
   b.add(&MoeConfig::noisy_gate_policy, "noisy_gate_policy")
       .one_of({"None", "Jitter", "RSample"})
-      .describe("Noise in the gate: None, Jitter (multiplicative noise on its input) or RSample (noise on its "
-                "logits)");
+      .describe("Gate noise while training: None, Jitter (multiplicative, on its input, any top_k) or RSample "
+                "(on its logits, top_k 1)");
   b.add(&MoeConfig::aux_loss_coef, "aux_loss_coef")
       .min(0)
-      .describe("Weight of the gate's load-balancing auxiliary loss added to the training loss");
+      .describe("Weight of the gate's load-balancing loss in the MoE layer's loss(), which the program adds to "
+                "the training loss");
   b.add(&MoeConfig::top2_2nd_expert_sampling, "top2_2nd_expert_sampling")
       .describe("Top-2 gating: add Gumbel noise to the logits that choose each token's second expert");
   b.add(&MoeConfig::drop_policy, "drop_policy")
@@ -46,8 +47,8 @@ Block make_moe() {
                 "token order (position)");
   b.add(&MoeConfig::router_z_loss_coef, "router_z_loss_coef")
       .min(0)
-      .describe("Weight of the router z-loss (ST-MoE: mean squared logsumexp of the gate's logits) added to "
-                "the auxiliary loss; 0 turns it off");
+      .describe("Weight of the router z-loss (ST-MoE: mean squared logsumexp of the logits) in the MoE "
+                "layer's loss(); 0 turns it off");
   b.add(&MoeConfig::use_residual, "use_residual")
       .describe("Residual MoE (PR-MoE): a dense MLP beside the experts, mixed with their output by a "
                 "learned softmax coefficient per token");

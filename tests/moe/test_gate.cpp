@@ -22,6 +22,7 @@ using strata::moe::gate;
 using strata::moe::gate_capacity;
 using strata::moe::GateOptions;
 using strata::moe::GateOutput;
+using strata::moe::GroupCounts;
 using strata::moe::NoisyGatePolicy;
 
 torch::Tensor logits_of(const std::vector<std::vector<double>>& p,
@@ -311,27 +312,60 @@ TEST(Gate, NoDropCapacityIsTheLargestLoad) {
   EXPECT_EQ(g.capacity, 4);
   EXPECT_EQ(g.dropped, 0);
   EXPECT_EQ(vec(g.slot), (std::vector<int64_t>{0, 1, 0, 2, 3, 1}));
-  // The agreed (group-wide) capacity; top-1 caps it at the token count, top-2/top-k do not.
-  int64_t asked = -1;
-  o.agree_capacity = [&](int64_t local) { asked = local; return int64_t{7}; };
+  // The agreed (group-wide) capacity; top-1 caps it at the group's token count, top-2/top-k do
+  // not.
+  GroupCounts asked;
+  int64_t group_tokens = 6;
+  o.agree_over_group = [&](GroupCounts local) {
+    asked = local;
+    return GroupCounts{group_tokens, 7};
+  };
   g = gate(logits_of(kTop1), o);
-  EXPECT_EQ(asked, 4);
+  EXPECT_EQ(asked.tokens, 6);
+  EXPECT_EQ(asked.load, 4);
   EXPECT_EQ(g.capacity, 6);
+  group_tokens = 10;  // another rank routes more tokens: its count caps top-1, not this rank's 6
+  g = gate(logits_of(kTop1), o);
+  EXPECT_EQ(g.capacity, 7);
   o.k = 2;
   o.top2_2nd_expert_sampling = false;
   g = gate(logits_of(kTop2), o);
-  EXPECT_EQ(asked, 4);
+  EXPECT_EQ(asked.load, 4);
   EXPECT_EQ(g.capacity, 7);
   EXPECT_EQ(g.dropped, 0);
   EXPECT_EQ(g.token.size(0), 12);
   o.k = 3;
-  o.agree_capacity = nullptr;
+  o.agree_over_group = nullptr;
   g = gate(logits_of(kTop3), o);
   EXPECT_EQ(g.capacity, 4);
   EXPECT_EQ(g.dropped, 0);
-  // An agreement below this rank's own load would silently drop tokens: refused.
-  o.agree_capacity = [](int64_t local) { return local - 1; };
+  // An agreement below this rank's own counts would silently drop tokens: refused.
+  o.agree_over_group = [](GroupCounts local) { return GroupCounts{local.tokens, local.load - 1}; };
   EXPECT_THROW(gate(logits_of(kTop3), o), strata::Error);
+  o.agree_over_group = [](GroupCounts local) { return GroupCounts{local.tokens - 1, local.load}; };
+  EXPECT_THROW(gate(logits_of(kTop3), o), strata::Error);
+}
+
+// With drop_tokens the capacity comes from the group's token count (the largest of the ranks),
+// and this rank's load is not read (0: no host sync).
+TEST(Gate, DropTokensCapacityIsFromTheGroupsTokenCount) {
+  GateOptions o = top1_options();
+  GroupCounts asked{-1, -1};
+  o.agree_over_group = [&](GroupCounts local) {
+    asked = local;
+    return GroupCounts{40, 0};
+  };
+  const auto g = gate(logits_of(kTop1), o);
+  EXPECT_EQ(asked.tokens, 6);
+  EXPECT_EQ(asked.load, 0);
+  EXPECT_EQ(g.capacity, gate_capacity(40, 2, o.capacity_factor, o.min_capacity));  // 20
+  EXPECT_EQ(g.dropped, 0);
+  // min_capacity is DeepSpeed's bound on the token count, here the group's: a rank with a short
+  // batch does not throw alone (its group would wait for it in the next collective).
+  o.min_capacity = 8;
+  EXPECT_EQ(gate(logits_of(kTop1), o).capacity, 20);
+  o.agree_over_group = nullptr;
+  EXPECT_THROW(gate(logits_of(kTop1), o), strata::Error);
 }
 
 TEST(Gate, RouterZLoss) {

@@ -1,8 +1,9 @@
 // The MoE layer in one process, against a reference computed another way: the gate's routes
 // (moe::gate on the same logits) applied token by token with each expert's MLP written out
 // (a loop in the test), forward and gradients to 1e-5 in float32. Also: the dispatch never holds
-// an [S, E, C] tensor, l_aux and z_loss reach the gradients, the named seeds (init per global
-// expert, noise per call), user experts, expert parameter discovery and the errors.
+// an [S, E, C] tensor, the named seeds (init per global expert, noise per call), user experts,
+// expert parameter discovery and the errors. The losses, used_token and autocast:
+// test_layer_losses.cpp.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
@@ -17,76 +18,13 @@
 #include "moe/keys.h"
 #include "moe/layer.h"
 #include "runtime/error.h"
+#include "tests/moe/layer_reference.h"
 
 namespace {
 
 using namespace strata::moe;
+using namespace strata::test::moe_layer;
 namespace F = torch::nn::functional;
-
-constexpr int64_t kD = 8, kFfn = 16, kE = 4;
-
-MoEOptions options(int64_t k, bool drop_tokens, uint64_t seed = 7) {
-  MoEOptions o;
-  o.hidden_size = kD;
-  o.ffn_size = kFfn;
-  o.num_experts = kE;
-  o.k = k;
-  o.min_capacity = 0;
-  o.drop_tokens = drop_tokens;
-  o.router_z_loss_coef = 0.01;
-  o.seed = seed;
-  o.layer_id = 3;
-  return o;
-}
-
-void expect_close(const torch::Tensor& got, const torch::Tensor& want, const std::string& what,
-                  double tol = 1e-5) {
-  ASSERT_TRUE(got.defined()) << what;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const double diff = (got - want).abs().max().item<double>();
-  EXPECT_LE(diff, tol * (1 + want.abs().max().item<double>())) << what;
-}
-
-// Parameters of the reference: copies of the layer's, so gradients are computed separately.
-struct Reference {
-  torch::Tensor wg, w1, b1, w2, b2;
-  explicit Reference(MoE& m) {
-    auto copy = [](const torch::Tensor& t) { return t.detach().clone().requires_grad_(true); };
-    wg = copy(m->gate->weight);
-    w1 = copy(m->experts->w1);
-    w2 = copy(m->experts->w2);
-    if (m->experts->b1.defined()) {
-      b1 = copy(m->experts->b1);
-      b2 = copy(m->experts->b2);
-    }
-  }
-  // Call c of the layer, as moe/layer.h documents it: gate on x.float() @ W_g^T (jittered per
-  // the named seed), then each kept route's expert MLP on its token alone.
-  std::pair<torch::Tensor, GateOutput> forward(const MoEOptions& o, const torch::Tensor& x,
-                                               uint64_t c, bool training = true) {
-    auto gate_in = x.to(torch::kFloat);
-    if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && o.k == 1 && training) {
-      auto gen = at::detail::createCPUGenerator(
-          key({o.seed, uint64_t(KeyTag::Jitter), uint64_t(o.layer_id), c}));
-      gate_in = gate_in * (torch::rand({x.size(0), x.size(1)}, gen, torch::kFloat) * 0.02 + 0.99);
-    }
-    GateOptions go = o.gate_options();
-    go.training = training;
-    go.seed = key({o.seed, uint64_t(KeyTag::GateNoise), uint64_t(o.layer_id), c});
-    GateOutput g = gate(F::linear(gate_in, wg), go);
-    std::vector<torch::Tensor> rows(x.size(0), torch::zeros({x.size(1)}));
-    for (int64_t r = 0; r < g.token.size(0); ++r) {
-      const int64_t t = g.token[r].item<int64_t>(), e = g.expert[r].item<int64_t>();
-      auto h = torch::matmul(x[t], w1[e]);
-      if (b1.defined()) h = h + b1[e];
-      h = F::gelu(h);
-      auto out = torch::matmul(h, w2[e]);
-      if (b2.defined()) out = out + b2[e];
-      rows[t] = rows[t] + g.weight[r] * out;
-    }
-    return {torch::stack(rows), g};
-  }
-};
 
 struct Case {
   const char* name;
@@ -109,6 +47,7 @@ void check_against_reference(const Case& cs, ExpertKernel kernel) {
   o.drop_policy = cs.drop;
   o.expert_bias = cs.expert_bias;
   o.capacity_factor = 0.75;  // drops at k <= 2
+  o.aux_loss_coef = 0.5;
   MoE m(o);
   ASSERT_EQ(m->experts->b1.defined(), cs.expert_bias);
   ASSERT_EQ(m->experts->named_parameters().contains("b2"), cs.expert_bias);
@@ -137,8 +76,9 @@ void check_against_reference(const Case& cs, ExpertKernel kernel) {
     EXPECT_EQ(g.dropped, 0);
   }
 
-  const auto loss = (y.reshape({24, kD}) * probe).sum() + 0.5 * m->aux_loss();
-  const auto loss_ref = (y_ref * probe).sum() + 0.5 * (g.l_aux + g.z_loss);
+  // loss(): each auxiliary loss under its own coefficient (z_loss has router_z_loss_coef).
+  const auto loss = (y.reshape({24, kD}) * probe).sum() + m->loss();
+  const auto loss_ref = (y_ref * probe).sum() + 0.5 * g.l_aux + g.z_loss;
   expect_close(loss, loss_ref, "loss");
   loss.backward();
   loss_ref.backward();
@@ -171,6 +111,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"top1_no_drop", 1, false, true, NoisyGatePolicy::None, false},
         Case{"top2", 2, true, false, NoisyGatePolicy::None, false},
         Case{"top2_sampling", 2, true, false, NoisyGatePolicy::None, true},
+        Case{"top2_jitter", 2, true, false, NoisyGatePolicy::Jitter, true},
+        Case{"top3_jitter", 3, true, false, NoisyGatePolicy::Jitter, false},
         Case{"top2_no_drop", 2, false, false, NoisyGatePolicy::None, true},
         Case{"top3_probs", 3, true, false, NoisyGatePolicy::None, false},
         Case{"top3_position", 3, true, false, NoisyGatePolicy::None, false,
@@ -223,7 +165,7 @@ TEST(MoeLayer, DispatchIsCapacityPaddedNeverSxExC) {
                                           .scopes({at::RecordScope::FUNCTION,
                                                    at::RecordScope::BACKWARD_FUNCTION}));
   auto y = m->forward(x);
-  (y.pow(2).sum() + m->aux_loss()).backward();
+  (y.pow(2).sum() + m->loss()).backward();
   at::removeCallback(handle);
   const int64_t C = m->last().capacity;
   ASSERT_EQ(C, 64);  // ceil(256 / 8 * 1.0 * 2)
@@ -233,35 +175,6 @@ TEST(MoeLayer, DispatchIsCapacityPaddedNeverSxExC) {
   EXPECT_GT(g_max_numel.load(), 0);
   EXPECT_LE(g_max_numel.load(), E * C * 32);
   EXPECT_LT(g_max_numel.load(), S * E * C / 4);
-}
-
-TEST(MoeLayer, AuxLossesReachTheGateWeight) {
-  auto o = options(2, true);
-  o.router_z_loss_coef = 0.1;
-  MoE m(o);
-  Reference ref(m);
-  torch::manual_seed(3);
-  const auto x = torch::randn({32, kD});
-  m->forward(x);
-  m->last().l_aux.backward();
-  const auto g_laux = m->gate->weight.grad().clone();
-  EXPECT_GT(g_laux.abs().sum().item<double>(), 0);
-  m->gate->weight.mutable_grad().zero_();
-  m->forward(x);
-  m->last().z_loss.backward();
-  const auto g_z = m->gate->weight.grad().clone();
-  // z_loss = coef * mean(logsumexp(x W_g^T)^2), differentiated here by hand's other route.
-  auto z_ref = torch::logsumexp(F::linear(x, ref.wg), 1).pow(2).mean() * 0.1;
-  z_ref.backward();
-  expect_close(g_z, ref.wg.grad(), "d z_loss / d W_g");
-  ref.wg.mutable_grad().zero_();
-  // l_aux against the gate on the reference's logits (call 0, deterministic top2 apart from the
-  // 2nd-expert noise, which the reference replays from the same key).
-  auto [unused, g] = ref.forward(o, x, 0);
-  g.l_aux.backward();
-  expect_close(g_laux, ref.wg.grad(), "d l_aux / d W_g");
-  // The experts get no gradient from the aux losses.
-  EXPECT_FALSE(m->experts->w1.grad().defined());
 }
 
 // A ProcessGroup that only answers who it is: enough to build an ep_size 2 layer's rank r.
@@ -498,11 +411,13 @@ TEST(MoeLayer, OptionsSayWhichGivenConfigKeyTheyDoNotFollow) {
   c.noisy_gate_policy = "Jitter";
   EXPECT_EQ(o.differs_from(c), "moe.noisy_gate_policy is \"Jitter\" in the config, the layer's is \"None\"");
   o.noisy_gate_policy = NoisyGatePolicy::Jitter;
-  c.given.insert("aux_loss_coef");  // the program's
+  // The layer's loss() applies aux_loss_coef: a layer built with another would ignore the key.
+  c.given.insert("aux_loss_coef");
   c.aux_loss_coef = 0.5;
-  EXPECT_EQ(o.differs_from(c), "");
+  EXPECT_EQ(o.differs_from(c), "moe.aux_loss_coef is 0.5 in the config, the layer's is 0.01");
   o = MoEOptions::from_config(c, kD, kFfn, 0, 1, nullptr);
   EXPECT_TRUE(o.use_residual);
+  EXPECT_EQ(o.aux_loss_coef, 0.5);
   EXPECT_EQ(o.differs_from(c), "") << "from_config follows every key";
 }
 

@@ -7,7 +7,10 @@
 //   - the gate weight's gradient, summed over the ranks (what data-parallel reduction does),
 //     equals the reference's sum; l_aux per rank equals the reference's for its micro-batch.
 // With drop_tokens true and false, at k = 1 (RTS, Jitter) and k = 2 (2nd-expert sampling), and
-// with the grouped expert kernel (k = 2, drop_tokens).
+// with the grouped expert kernel (k = 2, drop_tokens). And ranks that route different numbers of
+// tokens (6 and 40: a last short batch): the capacity is computed from the group's largest count,
+// so every rank's buffers have one shape; with a capacity factor that drops nothing the outputs
+// are the 1-rank layer's on each micro-batch.
 // Every rank computes the reference itself and checks its own share.
 #include <gtest/gtest.h>
 
@@ -52,12 +55,14 @@ MoEOptions options() {
   o.num_experts = kE;
   o.k = env_int("MOE_K");
   o.drop_tokens = env_int("MOE_DROP") != 0;
-  o.capacity_factor = 0.75;
+  // Uneven token counts: a factor at which no expert overflows (the capacity then decides nothing).
+  o.capacity_factor = env_int("MOE_UNEVEN") ? 4.0 : 0.75;
   o.min_capacity = 0;
   o.use_rts = true;
   o.noisy_gate_policy = o.k == 1 ? NoisyGatePolicy::Jitter : NoisyGatePolicy::None;
   o.top2_2nd_expert_sampling = true;
   o.router_z_loss_coef = 0.01;
+  o.aux_loss_coef = 0.5;
   o.seed = 21;
   o.layer_id = 1;
   return o;
@@ -73,7 +78,7 @@ Run step(MoE& m, const torch::Tensor& x_in, const torch::Tensor& probe) {
   m->set_call_index(9);
   auto x = x_in.clone().requires_grad_(true);
   auto y = m->forward(x);
-  ((y * probe).sum() + 0.5 * m->aux_loss()).backward();
+  ((y * probe).sum() + m->loss()).backward();
   return {y.detach(), x.grad(), m->last().capacity, m->last().dropped_count(),
           m->last().l_aux.detach()};
 }
@@ -83,11 +88,13 @@ STRATA_SCENARIO(moe_ep2) {
   const int r = world->rank();
   auto groups = comm::create_expert_groups(world, 2, kE);
 
+  const bool uneven = env_int("MOE_UNEVEN") != 0;
+  const int64_t tokens[2] = {uneven ? 6 : kS, uneven ? 40 : kS};
   torch::manual_seed(100);
   std::vector<torch::Tensor> xs, probes;
   for (int q = 0; q < 2; ++q) {
-    xs.push_back(torch::randn({kS, kD}));
-    probes.push_back(torch::randn({kS, kD}));
+    xs.push_back(torch::randn({tokens[q], kD}));
+    probes.push_back(torch::randn({tokens[q], kD}));
   }
 
   auto o = options();
@@ -106,7 +113,13 @@ STRATA_SCENARIO(moe_ep2) {
   check_close(got.y, want[r].y, "output");
   check_close(got.x_grad, want[r].x_grad, "d input");
   check_close(got.l_aux, want[r].l_aux, "l_aux");
-  if (o.drop_tokens) {
+  if (o.drop_tokens && uneven) {
+    // From the group's largest token count, on both ranks; nothing dropped on either.
+    const int64_t agreed = gate_capacity(tokens[1], kE, o.capacity_factor * o.k, o.min_capacity);
+    if (got.capacity != agreed || got.dropped != 0 || want[r].dropped != 0)
+      throw Error(fmt::format("capacity {} (want {}), dropped {} (reference {})", got.capacity,
+                              agreed, got.dropped, want[r].dropped));
+  } else if (o.drop_tokens) {
     if (got.capacity != want[r].capacity || got.dropped != want[r].dropped)
       throw Error(fmt::format("capacity/dropped {}/{} vs {}/{}", got.capacity, got.dropped,
                               want[r].capacity, want[r].dropped));
@@ -129,12 +142,12 @@ STRATA_SCENARIO(moe_ep2) {
   check_close(gate_grad, ref->gate->weight.grad(), "d gate weight (summed over ranks)");
 }
 
-Launched run(int k, bool drop, bool grouped = false) {
+Launched run(int k, bool drop, bool grouped = false, bool uneven = false) {
   LaunchSpec spec;
   spec.scenario = "moe_ep2";
   spec.world = 2;
   spec.env = {{"MOE_K", std::to_string(k)}, {"MOE_DROP", drop ? "1" : "0"},
-              {"MOE_GROUPED", grouped ? "1" : "0"}};
+              {"MOE_GROUPED", grouped ? "1" : "0"}, {"MOE_UNEVEN", uneven ? "1" : "0"}};
   spec.timeout_s = 120;
   Launched l = run_ranks(spec);
   l.print_messages();
@@ -163,6 +176,23 @@ TEST(MoeExpertParallel, Top2NoDropEp2MatchesEp1) {
 
 TEST(MoeExpertParallel, Top2GroupedExpertKernelEp2MatchesEp1) {
   auto r = run(2, true, /*grouped=*/true);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+// A last short batch: 6 tokens on rank 0, 40 on rank 1 (a size error or a Gloo abort before the
+// capacity was agreed from the group's token count).
+TEST(MoeExpertParallel, Top1UnevenTokenCountsDropTokens) {
+  auto r = run(1, true, false, /*uneven=*/true);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(MoeExpertParallel, Top1UnevenTokenCountsNoDrop) {
+  auto r = run(1, false, false, /*uneven=*/true);
+  EXPECT_TRUE(r.all_ok()) << r.report();
+}
+
+TEST(MoeExpertParallel, Top2UnevenTokenCountsDropTokens) {
+  auto r = run(2, true, false, /*uneven=*/true);
   EXPECT_TRUE(r.all_ok()) << r.report();
 }
 

@@ -8,6 +8,9 @@
 
 #include <string>
 
+#include "comm/process_group.h"
+#include "comm/topology.h"
+#include "moe/layer.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "tests/runtime/engine/launch_workers.h"
@@ -131,6 +134,51 @@ TEST(ModelsWorker, RanksWithDifferentModelsAreNamedNotTrained) {
       EXPECT_NE(what.find("[1003, 8]"), std::string::npos) << what;
     }
   }
+}
+
+// MoE layers built over expert-parallel groups of the right size but other members than the
+// engine's layout (runs of ep_size consecutive ranks): the engine would broadcast, reduce and
+// checkpoint their experts as if rank r held the experts of its place in its layout group.
+struct GroupedMoENetImpl : torch::nn::Module {
+  explicit GroupedMoENetImpl(const strata::comm::GroupPtr& ep_group) {
+    strata::moe::MoEOptions o(8, 16, 4);
+    o.ep_size = 2;
+    o.ep_group = ep_group;
+    moe = register_module("moe", strata::moe::MoE(o));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return moe(x).pow(2).mean(); }
+  strata::moe::MoE moe{nullptr};
+};
+TORCH_MODULE(GroupedMoENet);
+
+TEST(MoEGroupsWorker, LayersOverOtherExpertGroupsAreRefusedByName) {
+  if (!is_worker()) GTEST_SKIP() << "runs under strata-run (see EngineModels.MoE*)";
+  const int rank = env_int("RANK");
+  strata::InitOptions init;
+  const json c = {{"train_batch_size", 8}, {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}},
+                  {"zero_optimization", {{"stage", 2}}}};
+  auto config = strata::load_engine_config(c, init);
+  ASSERT_TRUE(init.group);
+  // {0, 2} and {1, 3}: valid groups of 2 (they are the layout's expert-data-parallel groups).
+  auto even = init.group->new_group({0, 2});
+  auto odd = init.group->new_group({1, 3});
+  GroupedMoENet net(rank % 2 == 0 ? even : odd);
+  try {
+    std::make_shared<strata::ModelEngine<GroupedMoENet>>(net, config, init);
+    ADD_FAILURE() << "rank " << rank << " trained experts over another expert-parallel group";
+  } catch (const strata::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("ranks [" + std::string(rank % 2 == 0 ? "0, 2" : "1, 3") + "]"),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("ranks [" + std::string(rank < 2 ? "0, 1" : "2, 3") + "]"),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("expert_groups"), std::string::npos) << what;
+  }
+  // The layout's own groups train.
+  GroupedMoENet ok(strata::comm::expert_groups(init.group, 2).expert_parallel);
+  auto engine = std::make_shared<strata::ModelEngine<GroupedMoENet>>(ok, config, init);
+  engine->backward(engine->forward(torch::randn({2, 4, 8})));
+  engine->step();
 }
 
 // ---- buffers of any dtype, channels_last weights ---------------------------------------------
@@ -341,5 +389,14 @@ TEST_P(EngineModels, EveryWorkerCasePassesOnEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, EngineModels, testing::Values(2));
+
+// Four ranks: expert-parallel groups of 2 that can differ from the layout's.
+TEST(EngineModelsMoE, LayersOverOtherExpertGroupsAreRefusedOnFourRanks) {
+  if (is_worker()) GTEST_SKIP();
+  std::string output;
+  EXPECT_EQ(strata::test_support::launch_workers(kWorker, 4, "MoEGroupsWorker.*", &output), 0)
+      << output;
+  EXPECT_NE(output.find("[  PASSED  ] 1 test"), std::string::npos) << output;
+}
 
 }  // namespace

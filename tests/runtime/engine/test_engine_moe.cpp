@@ -6,8 +6,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "moe/layer.h"
 #include "runtime/engine.h"
@@ -20,12 +26,14 @@ namespace {
 using strata::json;
 
 // A token mixer with one MoE layer: embedding -> MoE -> head.
+// `noise`: top-2's 2nd-expert sampling (DeepSpeed's default) on.
 struct MoENetImpl : torch::nn::Module {
-  MoENetImpl() {
+  explicit MoENetImpl(bool noise = true) {
     emb = register_module("emb", torch::nn::Embedding(16, 8));
     strata::moe::MoEOptions o(8, 16, 4);
     o.k = 2;
     o.capacity_factor = 2.0;
+    o.top2_2nd_expert_sampling = noise;
     o.seed = 3;
     moe = register_module("moe", strata::moe::MoE(o));
     head = register_module("head", torch::nn::Linear(8, 16));
@@ -33,7 +41,7 @@ struct MoENetImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
     auto logits = head(moe(emb(x)));
     return torch::nn::functional::cross_entropy(logits.reshape({-1, 16}), y.reshape({-1})) +
-           0.01 * moe->aux_loss();
+           moe->loss();
   }
   torch::nn::Embedding emb{nullptr};
   strata::moe::MoE moe{nullptr};
@@ -77,6 +85,73 @@ TEST(EngineMoE, ExpertsTakeTheirOwnOptimizerAndFollowTheSchedule) {
       }
       EXPECT_NEAR(expert, 0.5 * dense, 1e-12) << "step " << step;
     }
+  }
+}
+
+// Losses of `steps` optimizer steps on fixed batches; with `resume_at`, a fresh engine (fresh
+// model) loads the checkpoint saved after that many steps and trains the rest.
+std::vector<double> train(int stage, bool noise, int steps, int resume_at, const std::string& dir) {
+  std::vector<double> losses;
+  auto batch = [](int step) {
+    torch::manual_seed(100 + step);
+    const auto x = torch::randint(0, 16, {4, 6});
+    return std::make_pair(x, (x * 3 + 1) % 16);
+  };
+  auto run = [&](int from, int to, bool save, bool load) {
+    torch::manual_seed(0);
+    MoENet net(noise);
+    auto engine = strata::initialize(net, config(stage));
+    if (load) engine->load_checkpoint(dir);
+    for (int step = from; step < to; ++step) {
+      const auto [x, y] = batch(step);
+      const auto loss = engine->forward(x, y);
+      losses.push_back(loss.item<double>());
+      engine->backward(loss);
+      engine->step();
+    }
+    if (save) engine->save_checkpoint(dir);
+  };
+  if (resume_at < 0) {
+    run(0, steps, false, false);
+  } else {
+    run(0, resume_at, true, false);
+    run(resume_at, steps, false, true);
+  }
+  return losses;
+}
+
+// Resuming gives the losses of the run that went straight on. WarmupLR from 0: the experts' lr
+// at construction is 0, so an expert optimizer left at it after load_checkpoint (not moved to
+// the schedule's lr, as the dense one is) would not train the experts on the first resumed step.
+// Without gate noise here, so that only the learning rates matter.
+TEST(EngineMoE, ResumeStepsTheExpertsAtTheSchedulesLr) {
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string dir = testing::TempDir() + "/moe_resume_lr_" + std::to_string(getpid()) +
+                            "_" + std::to_string(stage);
+    const auto straight = train(stage, /*noise=*/false, 6, -1, dir);
+    const auto resumed = train(stage, /*noise=*/false, 6, 3, dir);
+    std::filesystem::remove_all(dir);
+    ASSERT_EQ(resumed.size(), straight.size());
+    for (size_t i = 0; i < straight.size(); ++i)
+      EXPECT_NEAR(resumed[i], straight[i], 1e-6 * std::abs(straight[i])) << "step " << i + 1;
+  }
+}
+
+// With the gate's noise on (top-2's 2nd-expert sampling, DeepSpeed's default), the program
+// calling nothing but forward: the resumed run draws the noise the straight one drew at those
+// calls, not that of calls 0, 1, ... again (the layers' call counters are in the checkpoint).
+TEST(EngineMoE, ResumeContinuesTheGateNoise) {
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string dir = testing::TempDir() + "/moe_resume_noise_" + std::to_string(getpid()) +
+                            "_" + std::to_string(stage);
+    const auto straight = train(stage, /*noise=*/true, 6, -1, dir);
+    const auto resumed = train(stage, /*noise=*/true, 6, 3, dir);
+    std::filesystem::remove_all(dir);
+    ASSERT_EQ(resumed.size(), straight.size());
+    for (size_t i = 0; i < straight.size(); ++i)
+      EXPECT_NEAR(resumed[i], straight[i], 1e-6 * std::abs(straight[i])) << "step " << i + 1;
   }
 }
 
@@ -190,6 +265,18 @@ TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
     const auto m = message([&] { strata::initialize(net, c); });
     EXPECT_NE(m.find("ep_size"), std::string::npos) << m;
   }
+  {  // ep_size 2 in one process: named at the key's file:line, as at world size 3 (at world size
+     // 1, the stand-in of tools that do not know the world, the config check used to skip it)
+    const std::string path =
+        testing::TempDir() + "/moe_ep2_world1_" + std::to_string(getpid()) + ".json";
+    std::ofstream(path) << "{\n  \"train_batch_size\": 4,\n  \"moe\": {\n    \"num_experts\": 4,\n"
+                           "    \"ep_size\": 2\n  }\n}\n";
+    MoENet net;
+    const auto m = message([&] { strata::initialize(net, path); });
+    std::filesystem::remove(path);
+    EXPECT_NE(m.find(path + ":5:"), std::string::npos) << m;
+    EXPECT_NE(m.find("moe.ep_size = 2 does not divide the world size 1"), std::string::npos) << m;
+  }
   {  // any key of the block the layers were built without would do nothing
     MoENet net;  // k = 2
     json c = config(2);
@@ -198,10 +285,18 @@ TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
     EXPECT_NE(m.find("moe.top_k is 1 in the config, the layer's is 2 (MoE layer 0)"),
               std::string::npos) << m;
   }
-  {  // the keys it follows, and aux_loss_coef (the program's): no error
+  {  // aux_loss_coef weighs the layer's loss(): a layer built with another would ignore it
+    MoENet net;  // 0.01, MoEOptions' default
+    json c = config(2);
+    c["moe"] = {{"aux_loss_coef", 0.5}};
+    const auto m = message([&] { strata::initialize(net, c); });
+    EXPECT_NE(m.find("moe.aux_loss_coef is 0.5 in the config, the layer's is 0.01"),
+              std::string::npos) << m;
+  }
+  {  // the keys it follows: no error
     MoENet net;
     json c = config(2);
-    c["moe"] = {{"top_k", 2}, {"capacity_factor", 2.0}, {"aux_loss_coef", 0.5}};
+    c["moe"] = {{"top_k", 2}, {"capacity_factor", 2.0}, {"aux_loss_coef", 0.01}};
     EXPECT_EQ(message([&] { strata::initialize(net, c); }), "no error");
   }
 }
