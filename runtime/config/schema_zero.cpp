@@ -152,8 +152,8 @@ Block make_zero() {
       .min(0)
       // 0: one gradient at a time. Stage 3 cannot split a unit (its reduce-scatter leaves each
       // rank its shard), so there the key bounds the buckets held at once instead.
-      .describe("Elements reduced at a time; bounds the memory of gradient reduction (stage 3: each unit is one "
-                "bucket, and at most 2 x max(this, the largest unit) elements of buckets are held at once)");
+      .describe("Elements reduced at a time; bounds gradient reduction's memory (stage 3: one bucket per unit, "
+                "2 x max(this, largest unit) held at most)");
   b.add(&ZeroConfig::allgather_partitions, "allgather_partitions")
       .describe("Gather the updated parameters with all-gather (true) or a series of broadcasts (false) after each "
                 "step");

@@ -127,7 +127,8 @@ TEST(CheckpointTools, DamagedCheckpointsAreRefusedByStrataCkptAndTrainGpt) {
     const std::string dir = tmp.str() + "/w" + std::to_string(id);
     ckpt::make_directories(dir + "/" + tag);
     for (const auto& name : {std::string("latest"), tag + "/manifest.json",
-                             tag + "/model_states.ckpt", tag + "/optim_states.ckpt"})
+                             tag + "/model_states.ckpt", tag + "/optim_states.ckpt",
+                             tag + "/zero_pp_rank_0_rng_states.ckpt"})
       ckpt::write_file_atomic(dir + "/" + name, ckpt::read_file(source + "/" + name));
     for (size_t i; (i = next++) < cases.size();) {
       const Case& c = cases[i];
