@@ -28,7 +28,7 @@ struct Args {
   int count = 10;
   int max_world = 4;
   double budget_s = 0;  // 0: none
-  bool ci = false, do_shrink = true, keep = false;
+  bool ci = false, do_shrink = true, keep = false, shrink_replay = false;
   int shrink_trials = 40;
 };
 
@@ -41,7 +41,7 @@ constexpr double kCiBudgetS = strata::test::kSanitized ? 360 : 300;
 int usage(const char* why) {
   std::fprintf(stderr, "strata-matrix: %s\nusage: strata-matrix --bin DIR --work DIR [--ci] [--seed S] "
                "[--count N] [--max-world W] [--budget-s T] [--report FILE] [--jsonl FILE] "
-               "[--replay JSON|@FILE] [--no-shrink] [--keep]\n", why);
+               "[--replay JSON|@FILE [--shrink]] [--no-shrink] [--keep]\n", why);
   return 2;
 }
 
@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
       else if (f == "--shrink-trials") a.shrink_trials = std::stoi(value());
       else if (f == "--ci") a.ci = true;
       else if (f == "--no-shrink") a.do_shrink = false;
+      else if (f == "--shrink") a.shrink_replay = true;
       else if (f == "--keep") a.keep = true;
       else return usage(("unknown option " + f).c_str());
     } catch (const std::exception& e) {
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
     for (const auto& c : v.commands) std::cerr << "    " << c << "\n";
     Description minimal = d;
     Verdict mv = v;
-    if (a.do_shrink && a.replay.empty()) {
+    if (a.do_shrink && (a.replay.empty() || a.shrink_replay)) {
       const auto s = shrink(runner, d, v, a.shrink_trials, true);
       minimal = s.minimal, mv = s.verdict;
       row["shrink_trials"] = s.trials;

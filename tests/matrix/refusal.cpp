@@ -26,7 +26,7 @@ std::optional<Refusal> refuse_phase(const Description& d, const Phase& p, int in
     return refusal("optimizer.type", d.optimizer + " is a DeepSpeed optimizer Strata does not implement");
   // examples/train_gpt.cpp: --zero-init builds shards, for stage 3 only.
   if (p.zero_init && p.stage != 3) return refusal("--zero-init", "--zero-init needs stage 3");
-  // runtime/engine_experts.cpp: a PartitionedInit shards over the whole world, experts over
+  // runtime/engine.cpp (the MoE check at initialize): a PartitionedInit shards over the whole world, experts over
   // their expert-parallel groups: MoE models are not built in shards.
   if (p.zero_init && p.stage == 3 && d.model == "tiny-moe")
     return refusal("PartitionedInit", "MoE layers cannot be built inside a PartitionedInit");
