@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
     }
   }
   if (a.bin.empty() || a.work.empty()) return usage("--bin and --work are required");
-  if (a.ci) a.count = kCiCount, a.max_world = 2, a.budget_s = kCiBudgetS;
+  // CI shrinks with 12 trials at most: a failure there is reproduced in full by its printed command.
+  if (a.ci) a.count = kCiCount, a.max_world = 2, a.budget_s = kCiBudgetS, a.shrink_trials = 12;
 
   Runner runner({a.bin, a.work, 300, a.keep});
   const bool fp16 = runner.probe_cpu_fp16();
