@@ -1,0 +1,286 @@
+#include "description.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace matrix {
+
+namespace {
+
+// splitmix64: the same stream on every compiler and library (std's distributions are not).
+struct Rng {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  int below(int n) { return int(next() % uint64_t(n)); }
+  bool chance(int percent) { return below(100) < percent; }
+  template <class T>
+  T pick(const std::vector<T>& v) { return v[size_t(below(int(v.size())))]; }
+  // Weighted: pairs of (weight, value).
+  template <class T>
+  T weighted(const std::vector<std::pair<int, T>>& v) {
+    int total = 0;
+    for (const auto& p : v) total += p.first;
+    int r = below(total);
+    for (const auto& p : v) {
+      if (r < p.first) return p.second;
+      r -= p.first;
+    }
+    return v.back().second;
+  }
+};
+
+// (world, gas) pairs with world * gas = per_step, world <= max_world, gas <= 3.
+std::vector<std::pair<int, int>> layouts(int per_step, int max_world) {
+  std::vector<std::pair<int, int>> out;
+  for (int w = 1; w <= max_world; ++w)
+    if (per_step % w == 0 && per_step / w <= 3) out.push_back({w, per_step / w});
+  return out;
+}
+
+Phase draw_phase(Rng& rng, const Description& d, int max_world) {
+  Phase p;
+  auto ls = layouts(d.per_step, max_world);
+  // A resume mostly moves to another world size (and so another accumulation) when there is one.
+  if (!d.phases.empty() && ls.size() > 1 && rng.chance(80)) {
+    const int before = d.phases[0].world;
+    ls.erase(std::remove_if(ls.begin(), ls.end(), [&](const auto& l) { return l.first == before; }),
+             ls.end());
+  }
+  const auto l = rng.pick(ls);
+  p.world = l.first, p.gas = l.second;
+  p.stage = rng.below(4);
+  if (p.stage > 0)
+    p.offload_optimizer = rng.weighted<std::string>({{6, "none"}, {3, "cpu"}, {p.stage == 3 ? 2 : 1, "nvme"}});
+  if (p.stage == 3)
+    p.offload_param = rng.weighted<std::string>({{6, "none"}, {2, "cpu"}, {1, "nvme"}});
+  if (d.model == "tiny-moe") {
+    // Mostly an ep_size that divides the world and the 4 experts; now and then one that does not
+    // (the refusal is part of what is tested).
+    std::vector<int> fits;
+    for (int e : {1, 2, 4})
+      if (p.world % e == 0) fits.push_back(e);
+    p.ep_size = rng.chance(90) ? rng.pick(fits) : rng.pick(std::vector<int>{2, 3, 4});
+  }
+  p.threads = rng.weighted<int>({{4, 0}, {2, 1}, {2, 2}, {1, 3}});
+  p.zero_init = p.stage == 3 ? rng.chance(30) : rng.chance(3);
+  return p;
+}
+
+}  // namespace
+
+Description generate(uint64_t seed, int max_world) {
+  Rng rng{seed * 0x2545f4914f6cdd1dull + 0x1234567};
+  Description d;
+  d.seed = 1000 + seed % 100000;
+  d.model = rng.weighted<std::string>({{3, "tiny"}, {3, "tiny-tied"}, {3, "tiny-moe"}});
+  d.dtype = rng.weighted<std::string>({{10, "fp32"}, {6, "bf16"}, {1, "fp16"}, {3, "autocast"}});
+  d.optimizer = rng.weighted<std::string>(
+      {{10, "AdamW"}, {7, "Adam"}, {7, "SGD"}, {1, "Lamb"}, {1, "Lion"}});
+  d.scheduler = rng.weighted<std::string>(
+      {{3, "none"}, {2, "WarmupLR"}, {2, "WarmupDecayLR"}, {2, "WarmupCosineLR"}});
+  d.clip = rng.weighted<double>({{3, 0.0}, {2, 1.0}, {2, 0.05}});
+  d.micro = 1 + rng.below(3);
+  std::vector<int> per_steps;
+  for (int ps : {1, 2, 3, 4, 6, 8, 9, 12})
+    if (!layouts(ps, max_world).empty()) per_steps.push_back(ps);
+  d.per_step = rng.pick(per_steps);
+  d.steps = 4 + rng.below(4);
+  d.save_at = rng.chance(60) ? 1 + rng.below(d.steps - 1) : 0;
+  d.phases.push_back(draw_phase(rng, d, max_world));
+  if (d.save_at > 0) d.phases.push_back(draw_phase(rng, d, max_world));
+  // Small sizes cut through parameters (tiny's matrices are 4096-16384 elements); 131073 and 4099
+  // are odd tile lengths (the CPU step cuts each tile over its threads).
+  d.persistence_threshold = rng.pick<int64_t>({0, -1, 64, 1000, 5000});
+  d.reduce_bucket_size = rng.pick<int64_t>({0, 500, 5000, 20000});
+  d.allgather_bucket_size = rng.pick<int64_t>({0, 1000, 20000});
+  d.prefetch_bucket_size = rng.pick<int64_t>({0, 1, 5000, 50000});
+  d.max_live_parameters = rng.pick<int64_t>({0, 20000, 100000});
+  d.max_reuse_distance = rng.pick<int64_t>({-1, 0, 10000});
+  d.sub_group_size = rng.pick<int64_t>({0, 0, 1000, 4099, 65536, 131073});
+  if (d.model == "tiny-moe") {
+    d.top_k = 1 + rng.below(2);
+    d.capacity_factor = rng.pick<double>({1.0, 1.25, 2.0});
+    d.drop_tokens = rng.chance(60);
+    d.noisy_gate_policy = rng.weighted<std::string>({{3, "None"}, {2, "RSample"}, {1, "Jitter"}});
+  }
+  return d;
+}
+
+Description generate(uint64_t seed) { return generate(seed, 4); }
+
+nlohmann::json to_json(const Description& d) {
+  nlohmann::json phases = nlohmann::json::array();
+  for (const auto& p : d.phases)
+    phases.push_back({{"world", p.world}, {"gas", p.gas}, {"stage", p.stage},
+                      {"offload_optimizer", p.offload_optimizer}, {"offload_param", p.offload_param},
+                      {"ep_size", p.ep_size}, {"threads", p.threads}, {"zero_init", p.zero_init}});
+  return {{"seed", d.seed}, {"model", d.model}, {"dtype", d.dtype}, {"optimizer", d.optimizer},
+          {"scheduler", d.scheduler}, {"clip", d.clip}, {"micro", d.micro},
+          {"per_step", d.per_step}, {"steps", d.steps}, {"save_at", d.save_at},
+          {"phases", phases}, {"persistence_threshold", d.persistence_threshold},
+          {"reduce_bucket_size", d.reduce_bucket_size},
+          {"allgather_bucket_size", d.allgather_bucket_size},
+          {"prefetch_bucket_size", d.prefetch_bucket_size},
+          {"max_live_parameters", d.max_live_parameters},
+          {"max_reuse_distance", d.max_reuse_distance}, {"sub_group_size", d.sub_group_size},
+          {"top_k", d.top_k}, {"capacity_factor", d.capacity_factor},
+          {"drop_tokens", d.drop_tokens}, {"noisy_gate_policy", d.noisy_gate_policy}};
+}
+
+Description from_json(const nlohmann::json& j) {
+  Description d;
+  const Description def;
+  d.seed = j.value("seed", def.seed);
+  d.model = j.value("model", def.model);
+  d.dtype = j.value("dtype", def.dtype);
+  d.optimizer = j.value("optimizer", def.optimizer);
+  d.scheduler = j.value("scheduler", def.scheduler);
+  d.clip = j.value("clip", def.clip);
+  d.micro = j.value("micro", def.micro);
+  d.per_step = j.value("per_step", def.per_step);
+  d.steps = j.value("steps", def.steps);
+  d.save_at = j.value("save_at", def.save_at);
+  for (const auto& pj : j.value("phases", nlohmann::json::array())) {
+    Phase p;
+    p.world = pj.value("world", 1);
+    p.gas = pj.value("gas", d.per_step / p.world);
+    p.stage = pj.value("stage", 0);
+    p.offload_optimizer = pj.value("offload_optimizer", std::string("none"));
+    p.offload_param = pj.value("offload_param", std::string("none"));
+    p.ep_size = pj.value("ep_size", 1);
+    p.threads = pj.value("threads", 0);
+    p.zero_init = pj.value("zero_init", false);
+    d.phases.push_back(p);
+  }
+  if (d.phases.empty()) d.phases.push_back(Phase{1, d.per_step});
+  d.persistence_threshold = j.value("persistence_threshold", def.persistence_threshold);
+  d.reduce_bucket_size = j.value("reduce_bucket_size", def.reduce_bucket_size);
+  d.allgather_bucket_size = j.value("allgather_bucket_size", def.allgather_bucket_size);
+  d.prefetch_bucket_size = j.value("prefetch_bucket_size", def.prefetch_bucket_size);
+  d.max_live_parameters = j.value("max_live_parameters", def.max_live_parameters);
+  d.max_reuse_distance = j.value("max_reuse_distance", def.max_reuse_distance);
+  d.sub_group_size = j.value("sub_group_size", def.sub_group_size);
+  d.top_k = j.value("top_k", def.top_k);
+  d.capacity_factor = j.value("capacity_factor", def.capacity_factor);
+  d.drop_tokens = j.value("drop_tokens", def.drop_tokens);
+  d.noisy_gate_policy = j.value("noisy_gate_policy", def.noisy_gate_policy);
+  return d;
+}
+
+std::string summary(const Description& d) {
+  std::ostringstream s;
+  s << d.model << " " << d.dtype << " " << d.optimizer << " sched=" << d.scheduler
+    << " clip=" << d.clip << " micro=" << d.micro << " steps=" << d.steps;
+  for (size_t i = 0; i < d.phases.size(); ++i) {
+    const auto& p = d.phases[i];
+    s << (i == 0 ? " | " : " | resume@" + std::to_string(d.save_at) + " ") << "w" << p.world
+      << " gas" << p.gas << " z" << p.stage;
+    if (p.offload_optimizer != "none") s << " oo=" << p.offload_optimizer;
+    if (p.offload_param != "none") s << " op=" << p.offload_param;
+    if (d.model == "tiny-moe") s << " ep" << p.ep_size;
+    if (p.threads) s << " t" << p.threads;
+    if (p.zero_init) s << " zinit";
+  }
+  if (d.model == "tiny-moe")
+    s << " | k" << d.top_k << " cf" << d.capacity_factor << (d.drop_tokens ? " drop" : " dropless")
+      << " " << d.noisy_gate_policy;
+  if (d.sub_group_size) s << " sub=" << d.sub_group_size;
+  return s.str();
+}
+
+int64_t complexity(const Description& d) {
+  int64_t c = d.steps + d.micro + d.per_step + 10 * int64_t(d.phases.size());
+  c += d.model == "tiny" ? 0 : d.model == "tiny-tied" ? 1 : 3;
+  c += d.dtype == "fp32" ? 0 : 2;
+  c += d.optimizer == "AdamW" ? 0 : 1;
+  c += d.scheduler == "none" ? 0 : 1;
+  c += d.clip == 0.0 ? 0 : 1;
+  for (const auto& p : d.phases) {
+    c += 3 * p.world + p.gas + p.stage + (p.offload_optimizer != "none") * 2 +
+         (p.offload_param != "none") * 2 + p.ep_size + (p.threads != 0) + p.zero_init;
+  }
+  c += (d.persistence_threshold != 0) + (d.reduce_bucket_size != 0) +
+       (d.allgather_bucket_size != 0) + (d.prefetch_bucket_size != 0) +
+       (d.max_live_parameters != 0) + (d.max_reuse_distance != -1) + (d.sub_group_size != 0);
+  if (d.model == "tiny-moe")
+    c += d.top_k + (d.capacity_factor != 1.0) + !d.drop_tokens + (d.noisy_gate_policy != "None");
+  return c;
+}
+
+std::vector<Description> simplifications(const Description& d) {
+  std::vector<Description> out;
+  auto with = [&](auto&& change) {
+    Description s = d;
+    change(s);
+    if (complexity(s) < complexity(d)) out.push_back(s);
+  };
+  // Whole features first: the resume (keeping either phase's layout), the MoE model, the dtype.
+  if (d.phases.size() == 2) {
+    with([](Description& s) { s.phases.pop_back(), s.save_at = 0; });
+    with([](Description& s) { s.phases.erase(s.phases.begin()), s.save_at = 0; });
+  }
+  if (d.save_at > 1) with([](Description& s) { s.save_at -= 1, s.steps -= 1; });
+  if (d.steps > d.save_at + 1 && d.steps > 2) with([](Description& s) { s.steps -= 1; });
+  if (d.model != "tiny")
+    with([](Description& s) {
+      s.model = "tiny";
+      for (auto& p : s.phases) p.ep_size = 1;
+    });
+  if (d.dtype != "fp32") with([](Description& s) { s.dtype = "fp32"; });
+  if (d.optimizer != "AdamW") with([](Description& s) { s.optimizer = "AdamW"; });
+  if (d.scheduler != "none") with([](Description& s) { s.scheduler = "none"; });
+  if (d.clip != 0.0) with([](Description& s) { s.clip = 0.0; });
+  // The layout: fewer micro-batches per step (and so fewer ranks), a smaller micro-batch.
+  for (int ps = 1; ps < d.per_step; ++ps) {
+    with([ps](Description& s) {
+      s.per_step = ps;
+      for (auto& p : s.phases) {
+        if (ps % p.world != 0 || ps / p.world > 3) p.world = 1;
+        p.gas = ps / p.world;
+        if (p.world % p.ep_size != 0) p.ep_size = 1;
+      }
+    });
+  }
+  if (d.micro > 1) with([](Description& s) { s.micro -= 1; });
+  for (size_t i = 0; i < d.phases.size(); ++i) {
+    const auto& p = d.phases[i];
+    auto on = [&](auto&& change) { with([&](Description& s) { change(s.phases[i]); }); };
+    for (int w = 1; w < p.world; ++w)
+      if (d.per_step % w == 0 && d.per_step / w <= 3)
+        on([&](Phase& q) { q.world = w, q.gas = d.per_step / w, q.ep_size = w % q.ep_size ? 1 : q.ep_size; });
+    if (p.offload_param != "none") on([](Phase& q) { q.offload_param = "none"; });
+    if (p.offload_optimizer != "none") on([](Phase& q) { q.offload_optimizer = "none"; });
+    if (p.offload_optimizer == "nvme") on([](Phase& q) { q.offload_optimizer = "cpu"; });
+    if (p.offload_param == "nvme") on([](Phase& q) { q.offload_param = "cpu"; });
+    for (int st = 0; st < p.stage; ++st)
+      on([st](Phase& q) {
+        q.stage = st;
+        if (st < 3) q.offload_param = "none", q.zero_init = false;
+        if (st == 0) q.offload_optimizer = "none";
+      });
+    if (p.ep_size > 1) on([](Phase& q) { q.ep_size = 1; });
+    if (p.threads != 0) on([](Phase& q) { q.threads = 0; });
+    if (p.zero_init) on([](Phase& q) { q.zero_init = false; });
+  }
+  if (d.persistence_threshold) with([](Description& s) { s.persistence_threshold = 0; });
+  if (d.reduce_bucket_size) with([](Description& s) { s.reduce_bucket_size = 0; });
+  if (d.allgather_bucket_size) with([](Description& s) { s.allgather_bucket_size = 0; });
+  if (d.prefetch_bucket_size) with([](Description& s) { s.prefetch_bucket_size = 0; });
+  if (d.max_live_parameters) with([](Description& s) { s.max_live_parameters = 0; });
+  if (d.max_reuse_distance != -1) with([](Description& s) { s.max_reuse_distance = -1; });
+  if (d.sub_group_size) with([](Description& s) { s.sub_group_size = 0; });
+  if (d.model == "tiny-moe") {
+    if (d.top_k > 1) with([](Description& s) { s.top_k = 1; });
+    if (d.capacity_factor != 1.0) with([](Description& s) { s.capacity_factor = 1.0; });
+    if (!d.drop_tokens) with([](Description& s) { s.drop_tokens = true; });
+    if (d.noisy_gate_policy != "None") with([](Description& s) { s.noisy_gate_policy = "None"; });
+  }
+  return out;
+}
+
+}  // namespace matrix

@@ -1,0 +1,86 @@
+// The differential test matrix's run descriptions (issue 30): one training run drawn from the whole
+// feature space that train_gpt offers (ZeRO stage, world size, accumulation, dtype, optimizer,
+// schedule, clipping, offload, bucket and persistence sizes, model variants, MoE keys), optionally
+// saved after some step and resumed at another world size / stage / ep_size / thread count.
+// Everything here is plain data and JSON: the driver needs no LibTorch and compiles in seconds.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace matrix {
+
+// One launch of train_gpt: the part of a description that may change at a resume.
+struct Phase {
+  int world = 1;           // CPU ranks over Gloo (strata-run --num_gpus)
+  int gas = 1;             // gradient_accumulation_steps; world * gas is the description's `per_step`
+  int stage = 0;           // zero_optimization.stage
+  std::string offload_optimizer = "none";  // none | cpu | nvme
+  std::string offload_param = "none";      // none | cpu | nvme
+  int ep_size = 1;         // moe.ep_size (tiny-moe only)
+  int threads = 0;         // OMP_NUM_THREADS; 0: unset (the launcher shares the cores out)
+  bool zero_init = false;  // --zero-init (stage 3 only; refused otherwise)
+};
+
+struct Description {
+  uint64_t seed = 1234;         // train_gpt --seed: the model's init and the data
+  std::string model = "tiny";   // tiny | tiny-tied | tiny-moe
+  std::string dtype = "fp32";   // fp32 | bf16 | fp16 | autocast (torch_autocast bf16, fp32 params)
+  std::string optimizer = "AdamW";  // Adam | AdamW | SGD | Lamb | Lion | ... (the last refused)
+  std::string scheduler = "none";   // none | WarmupLR | WarmupDecayLR | WarmupCosineLR
+  double clip = 0.0;            // gradient_clipping
+  int micro = 2;                // train_micro_batch_size_per_gpu (the same in every phase: the
+                                // MoE capacity is per gate call, so calls must see the same tokens)
+  int per_step = 2;             // micro-batches per optimizer step: world * gas in every phase
+  int steps = 6;                // optimizer steps in all
+  int save_at = 0;              // 0: one phase; else phase 0 runs steps [0, save_at) and saves,
+                                // phase 1 resumes and runs to `steps`
+  std::vector<Phase> phases;    // 1 or 2
+  // zero_optimization knobs (0: the key is left out, the default applies)
+  int64_t persistence_threshold = 0;  // stage3_param_persistence_threshold (-1: 0 given)
+  int64_t reduce_bucket_size = 0;
+  int64_t allgather_bucket_size = 0;
+  int64_t prefetch_bucket_size = 0;
+  int64_t max_live_parameters = 0;
+  int64_t max_reuse_distance = -1;    // -1: left out
+  int64_t sub_group_size = 0;
+  // moe block (tiny-moe)
+  int top_k = 2;
+  double capacity_factor = 1.0;
+  bool drop_tokens = true;
+  std::string noisy_gate_policy = "None";
+};
+
+nlohmann::json to_json(const Description& d);
+Description from_json(const nlohmann::json& j);
+std::string summary(const Description& d);  // one line, for logs and reports
+
+// The description drawn for `seed` (a pure function of it), on at most max_world ranks.
+Description generate(uint64_t seed, int max_world);
+Description generate(uint64_t seed);  // max_world 4
+
+// A refusal the engine or the config reader must answer with a non-zero exit and an error
+// naming `key` (the config key or flag at fault). `phase`: the launch that is refused.
+struct Refusal {
+  int phase = 0;
+  std::string key;
+  std::string why;
+};
+std::optional<Refusal> predict_refusal(const Description& d);
+
+// The dtypes this build's CPU kernels train in (fp16 on the CPU: see refusal.cpp); set once from
+// the driver's probe of train_gpt.
+void set_cpu_fp16_trains(bool trains);
+
+// Simpler descriptions than d, most simplifying first, for the shrinker: each drops or lowers one
+// feature (the resume, a rank, a stage, offload, a knob, the MoE model, a step ...).
+std::vector<Description> simplifications(const Description& d);
+
+// A measure of size the shrinker must lower (so that it terminates).
+int64_t complexity(const Description& d);
+
+}  // namespace matrix

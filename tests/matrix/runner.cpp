@@ -1,0 +1,323 @@
+#include "runner.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+namespace matrix {
+
+namespace {
+
+struct Captured {
+  int exit_code;
+  std::string output;
+};
+
+Captured capture(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line, nullptr, false));
+  return rows;
+}
+
+std::string tail_lines(const std::string& text, int lines) {
+  size_t pos = text.size();
+  for (int i = 0; i <= lines && pos > 0; ++i) {
+    pos = text.rfind('\n', pos - 1);
+    if (pos == std::string::npos) return text;
+  }
+  return text.substr(pos + 1);
+}
+
+double lr_of(const Description& d) { return d.optimizer == "SGD" ? 0.05 : 3e-3; }
+
+double rel(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b) ? 0.0 : INFINITY;
+  const double scale = std::max(std::abs(a), std::abs(b));
+  return scale == 0.0 ? 0.0 : std::abs(a - b) / scale;
+}
+
+}  // namespace
+
+// Tolerances (docs/matrix.md says why). fp32: the example tests' 1e-5 relative on the loss (the
+// same math summed in another order; the matrix measured <= 1.4e-7 on the loss and 4.7e-7 on the
+// gradient norm), 1e-4 on the norm (one sum of squares over differently cut partitions). bf16:
+// 2e-3 on the loss, 2x the examples' bound for stage 3 against stage 0 over 12 steps (1e-3,
+// measured 1.3e-4) since a description also resumes, ~12x the matrix's measured worst (1.7e-4);
+// 1e-2 on the norm (measured 9.1e-4). autocast (bf16 ops, fp32 parameters): 5e-4 and 5e-3,
+// 2.5x the examples' 2e-4 and ~14x / ~30x the measured 3.7e-5 / 1.7e-4. The LR is a function of
+// the step alone: 1e-9.
+Tolerance tolerance_for(const std::string& dtype) {
+  if (dtype == "fp32") return {1e-5, 1e-4, 1e-9};
+  if (dtype == "autocast") return {5e-4, 5e-3, 1e-9};
+  return {2e-3, 1e-2, 1e-9};  // bf16 (and fp16 where it trains)
+}
+
+const char* outcome_name(Outcome o) {
+  switch (o) {
+    case Outcome::kPass: return "pass";
+    case Outcome::kRefusedAsPredicted: return "refused-as-predicted";
+    case Outcome::kMismatch: return "MISMATCH";
+    case Outcome::kCrash: return "CRASH";
+    case Outcome::kNotRefused: return "NOT-REFUSED";
+    case Outcome::kWrongRefusal: return "WRONG-REFUSAL";
+    case Outcome::kOracleFailed: return "ORACLE-FAILED";
+  }
+  return "?";
+}
+
+nlohmann::json config_for(const Description& d, const Phase& p, const std::string& nvme_path) {
+  const double lr = lr_of(d);
+  nlohmann::json c = {{"train_micro_batch_size_per_gpu", d.micro},
+                      {"gradient_accumulation_steps", p.gas},
+                      {"steps_per_print", 1000},
+                      {"gradient_clipping", d.clip}};
+  if (d.optimizer == "SGD")
+    c["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", lr}, {"momentum", 0.9}}}};
+  else
+    c["optimizer"] = {{"type", d.optimizer},
+                      {"params", {{"lr", lr}, {"betas", {0.9, 0.95}},
+                                  {"weight_decay", d.optimizer == "AdamW" ? 0.1 : 0.0}}}};
+  if (d.scheduler == "WarmupLR")
+    c["scheduler"] = {{"type", "WarmupLR"},
+                      {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", lr}, {"warmup_num_steps", 3}}}};
+  else if (d.scheduler == "WarmupDecayLR")
+    c["scheduler"] = {{"type", "WarmupDecayLR"},
+                      {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", lr},
+                                  {"warmup_num_steps", 2}, {"total_num_steps", d.steps + 2}}}};
+  else if (d.scheduler == "WarmupCosineLR")
+    c["scheduler"] = {{"type", "WarmupCosineLR"},
+                      {"params", {{"warmup_num_steps", 2}, {"total_num_steps", d.steps + 2}}}};
+  if (d.dtype == "bf16") c["bf16"] = {{"enabled", true}};
+  if (d.dtype == "fp16") c["fp16"] = {{"enabled", true}, {"initial_scale_power", 8}};
+  if (d.dtype == "autocast") c["torch_autocast"] = {{"enabled", true}, {"dtype", "bfloat16"}};
+  nlohmann::json z = {{"stage", p.stage}};
+  if (d.persistence_threshold) z["stage3_param_persistence_threshold"] = std::max<int64_t>(0, d.persistence_threshold);
+  if (d.reduce_bucket_size) z["reduce_bucket_size"] = d.reduce_bucket_size;
+  if (d.allgather_bucket_size) z["allgather_bucket_size"] = d.allgather_bucket_size;
+  if (d.prefetch_bucket_size) z["stage3_prefetch_bucket_size"] = d.prefetch_bucket_size;
+  if (d.max_live_parameters) z["stage3_max_live_parameters"] = d.max_live_parameters;
+  if (d.max_reuse_distance >= 0) z["stage3_max_reuse_distance"] = d.max_reuse_distance;
+  if (d.sub_group_size) z["sub_group_size"] = d.sub_group_size;
+  if (p.offload_optimizer != "none") {
+    z["offload_optimizer"] = {{"device", p.offload_optimizer}};
+    if (p.offload_optimizer == "nvme") z["offload_optimizer"]["nvme_path"] = nvme_path;
+  }
+  if (p.offload_param != "none") {
+    z["offload_param"] = {{"device", p.offload_param}};
+    if (p.offload_param == "nvme") z["offload_param"]["nvme_path"] = nvme_path;
+  }
+  c["zero_optimization"] = z;
+  if (d.model == "tiny-moe")
+    c["moe"] = {{"num_experts", 4},           {"ep_size", p.ep_size},
+                {"top_k", d.top_k},           {"capacity_factor", d.capacity_factor},
+                {"min_capacity", 4},          {"drop_tokens", d.drop_tokens},
+                {"noisy_gate_policy", d.noisy_gate_policy}, {"aux_loss_coef", 0.01}};
+  return c;
+}
+
+Description oracle_of(const Description& d) {
+  Description o = d;
+  o.save_at = 0;
+  o.phases = {Phase{}};
+  o.phases[0].world = 1;
+  o.phases[0].gas = d.per_step;
+  // ZeRO's knobs do nothing at stage 0: left out, so that descriptions share their oracle.
+  o.persistence_threshold = o.reduce_bucket_size = o.allgather_bucket_size = 0;
+  o.prefetch_bucket_size = o.max_live_parameters = o.sub_group_size = 0;
+  o.max_reuse_distance = -1;
+  return o;
+}
+
+Runner::Runner(RunnerOptions options) : o_(std::move(options)) {
+  capture("mkdir -p '" + o_.work + "/oracle' '" + o_.work + "/nvme'");
+}
+
+Runner::Launch Runner::launch(const Description& d, const Phase& p, int index,
+                              const std::string& folder, const std::string& jsonl,
+                              const std::string& extra) {
+  const std::string config = folder + "/phase" + std::to_string(index) + ".json";
+  std::ofstream(config) << config_for(d, p, o_.work + "/nvme").dump(1) << "\n";
+  std::ostringstream cmd;
+  if (p.threads) cmd << "OMP_NUM_THREADS=" << p.threads << " ";
+  cmd << "timeout " << o_.timeout_s << " ";
+  if (p.world > 1) cmd << o_.bin << "/strata-run --num_gpus " << p.world << " -- ";
+  cmd << o_.bin << "/train_gpt --device cpu --model " << d.model << " --config " << config
+      << " --seed " << d.seed << " --metrics-jsonl " << jsonl << (p.zero_init ? " --zero-init" : "")
+      << extra;
+  const auto r = capture(cmd.str());
+  std::ofstream(folder + "/phase" + std::to_string(index) + ".log") << cmd.str() << "\n" << r.output;
+  return {r.exit_code, r.output, cmd.str()};
+}
+
+bool Runner::oracle_rows(const Description& d, std::vector<nlohmann::json>* rows, Verdict* v) {
+  const Description o = oracle_of(d);
+  const std::string key = to_json(o).dump();
+  const size_t hash = std::hash<std::string>()(key);
+  const std::string folder = o_.work + "/oracle/" + std::to_string(hash);
+  v->commands.push_back("# oracle");
+  auto cached = oracle_cache_.find(key);
+  if (cached != oracle_cache_.end()) {
+    *rows = cached->second;
+    v->commands.push_back("(cached) " + folder);
+    return true;
+  }
+  capture("mkdir -p '" + folder + "'");
+  const auto r = launch(o, o.phases[0], 0, folder, folder + "/metrics.jsonl",
+                        " --steps " + std::to_string(o.steps));
+  v->commands.push_back(r.command);
+  *rows = read_jsonl(folder + "/metrics.jsonl");
+  if (r.exit_code != 0 || int(rows->size()) != o.steps) {
+    v->outcome = Outcome::kOracleFailed;
+    v->detail = "the stage-0 oracle exited " + std::to_string(r.exit_code) + ":\n" +
+                tail_lines(r.output, 6);
+    return false;
+  }
+  oracle_cache_[key] = *rows;
+  return true;
+}
+
+bool Runner::probe_cpu_fp16() {
+  Description d;
+  d.dtype = "fp16";
+  d.steps = 1;
+  d.per_step = 1;
+  d.phases = {Phase{}};
+  const std::string folder = o_.work + "/probe_fp16";
+  capture("mkdir -p '" + folder + "'");
+  return launch(d, d.phases[0], 0, folder, folder + "/m.jsonl", " --steps 1").exit_code == 0;
+}
+
+Verdict Runner::run(const Description& d) {
+  const auto start = std::chrono::steady_clock::now();
+  Verdict v;
+  auto finish = [&]() {
+    v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return v;
+  };
+  const std::string folder = o_.work + "/d" + std::to_string(counter_++);
+  capture("rm -rf '" + folder + "' && mkdir -p '" + folder + "'");
+  const auto refusal = predict_refusal(d);
+
+  std::vector<nlohmann::json> reference;
+  if (!refusal && !oracle_rows(d, &reference, &v)) return finish();
+
+  // The description's phases: the first saves after save_at steps, the second resumes.
+  std::vector<nlohmann::json> rows;
+  v.commands.push_back("# description");
+  for (size_t i = 0; i < d.phases.size(); ++i) {
+    const bool saves = d.save_at > 0 && i == 0;
+    std::string extra = " --steps " + std::to_string(saves ? d.save_at : d.steps);
+    if (saves) extra += " --save-dir " + folder + "/ckpt";
+    if (i > 0) extra += " --resume " + folder + "/ckpt";
+    const std::string jsonl = folder + "/phase" + std::to_string(i) + ".jsonl";
+    const auto r = launch(d, d.phases[i], int(i), folder, jsonl, extra);
+    v.commands.push_back(r.command);
+    if (refusal && refusal->phase == int(i)) {
+      if (r.exit_code == 0) {
+        v.outcome = Outcome::kNotRefused;
+        v.detail = "predicted refused (" + refusal->why + ", naming " + refusal->key +
+                   ") but phase " + std::to_string(i) + " trained";
+      } else if (r.output.find(refusal->key) == std::string::npos) {
+        v.outcome = Outcome::kWrongRefusal;
+        v.detail = "exited " + std::to_string(r.exit_code) + " without naming " + refusal->key +
+                   ":\n" + tail_lines(r.output, 6);
+      } else {
+        v.outcome = Outcome::kRefusedAsPredicted;
+        v.detail = refusal->key + ": " + refusal->why;
+      }
+      if (!o_.keep) capture("rm -rf '" + folder + "'");
+      return finish();
+    }
+    if (r.exit_code != 0) {
+      v.outcome = Outcome::kCrash;
+      v.detail = "phase " + std::to_string(i) + " exited " + std::to_string(r.exit_code) + ":\n" +
+                 tail_lines(r.output, 8);
+      return finish();
+    }
+    const auto got = read_jsonl(jsonl);
+    rows.insert(rows.end(), got.begin(), got.end());
+  }
+  if (int(rows.size()) != d.steps) {
+    v.outcome = Outcome::kCrash;
+    v.detail = "wrote " + std::to_string(rows.size()) + " metrics rows for " + std::to_string(d.steps) + " steps";
+    return finish();
+  }
+  // Per step: the loss (parameters after the steps before it), the gradient norm and the LR.
+  const Tolerance tol = tolerance_for(d.dtype);
+  for (int s = 0; s < d.steps; ++s) {
+    const auto& a = reference[size_t(s)];
+    const auto& b = rows[size_t(s)];
+    struct Metric { const char* name; double bound; double* worst; };
+    double worst_lr = 0;
+    for (const Metric m : {Metric{"loss", tol.loss, &v.worst_loss},
+                           Metric{"grad_norm", tol.grad_norm, &v.worst_grad_norm},
+                           Metric{"lr", tol.lr, &worst_lr}}) {
+      if (!a.contains(m.name) || !b.contains(m.name)) continue;
+      const double x = a.at(m.name).get<double>(), y = b.at(m.name).get<double>();
+      const double e = rel(x, y);
+      *m.worst = std::max(*m.worst, e);
+      if (e > m.bound && v.outcome == Outcome::kPass) {
+        v.outcome = Outcome::kMismatch;
+        std::ostringstream s_;
+        s_.precision(9);
+        s_ << "step " << s + 1 << (d.save_at && s >= d.save_at ? " (after the resume)" : "") << ": "
+           << m.name << " " << y << " vs the oracle's " << x << " (relative " << e << " > " << m.bound << ")";
+        v.detail = s_.str();
+      }
+    }
+  }
+  if (!o_.keep && !is_failure(v.outcome)) capture("rm -rf '" + folder + "'");
+  return finish();
+}
+
+ShrinkResult shrink(Runner& runner, const Description& failing, const Verdict& failure,
+                    int max_trials, bool verbose) {
+  ShrinkResult r{failing, failure, 0};
+  std::set<std::string> tried = {to_json(failing).dump()};  // each description runs once
+  bool progress = true;
+  while (progress && r.trials < max_trials) {
+    progress = false;
+    for (const auto& candidate : simplifications(r.minimal)) {
+      if (r.trials >= max_trials) break;
+      // A simplification the matrix predicts refused tests the refusal, not the defect.
+      if (predict_refusal(candidate).has_value() != predict_refusal(r.minimal).has_value()) continue;
+      if (!tried.insert(to_json(candidate).dump()).second) continue;
+      ++r.trials;
+      const Verdict v = runner.run(candidate);
+      if (verbose)
+        std::cerr << "  shrink trial " << r.trials << ": " << outcome_name(v.outcome) << "  "
+                  << summary(candidate) << "\n";
+      if (v.outcome == failure.outcome) {
+        r.minimal = candidate, r.verdict = v, progress = true;
+        break;
+      }
+    }
+  }
+  return r;
+}
+
+std::string replay_command(const std::string& driver, const std::string& bin, const Description& d) {
+  return driver + " --bin " + bin + " --replay '" + to_json(d).dump() + "'";
+}
+
+}  // namespace matrix

@@ -1,0 +1,88 @@
+// Running a description black-box (train_gpt through strata-run, the metrics JSONL), its oracle
+// (the same training on one process at stage 0 in the same dtype), the comparison with per-dtype
+// tolerances, and the shrinker.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "description.h"
+
+namespace matrix {
+
+struct Tolerance {
+  double loss;       // relative, per step
+  double grad_norm;  // relative, per step
+  double lr;         // relative, per step
+};
+Tolerance tolerance_for(const std::string& dtype);
+
+enum class Outcome {
+  kPass,             // trained, and matched the oracle
+  kRefusedAsPredicted,
+  kMismatch,         // trained, and differed from the oracle beyond the tolerance
+  kCrash,            // exited non-zero where the matrix predicted success
+  kNotRefused,       // trained where the matrix predicted a refusal
+  kWrongRefusal,     // exited non-zero without naming the predicted key
+  kOracleFailed,     // the stage-0 reference itself did not train (a failure too)
+};
+const char* outcome_name(Outcome o);
+inline bool is_failure(Outcome o) { return o != Outcome::kPass && o != Outcome::kRefusedAsPredicted; }
+
+struct Verdict {
+  Outcome outcome = Outcome::kPass;
+  std::string detail;                 // the first mismatch, or the error's last lines
+  std::vector<std::string> commands;  // what ran (shell lines), oracle first
+  double seconds = 0;
+  double worst_loss = 0, worst_grad_norm = 0;  // largest relative differences seen
+};
+
+struct RunnerOptions {
+  std::string bin;      // folder of train_gpt and strata-run
+  std::string work;     // scratch folder (a real file system: NVMe swap files live under it)
+  int timeout_s = 300;  // per launch
+  bool keep = false;    // keep each description's folder
+};
+
+class Runner {
+ public:
+  explicit Runner(RunnerOptions options);
+  Verdict run(const Description& d);
+  // Does this build train fp16 on the CPU? (one tiny step)
+  bool probe_cpu_fp16();
+
+ private:
+  struct Launch {
+    int exit_code;
+    std::string output;
+    std::string command;
+  };
+  Launch launch(const Description& d, const Phase& p, int index, const std::string& folder,
+                const std::string& jsonl, const std::string& extra);
+  // The oracle's rows, run once per distinct oracle (cached under work/oracle).
+  bool oracle_rows(const Description& d, std::vector<nlohmann::json>* rows, Verdict* v);
+  RunnerOptions o_;
+  int counter_ = 0;
+  std::map<std::string, std::vector<nlohmann::json>> oracle_cache_;
+};
+
+// The config file train_gpt reads for phase p of d.
+nlohmann::json config_for(const Description& d, const Phase& p, const std::string& nvme_path);
+// The oracle of d: one process, stage 0, the same dtype, global batch and steps, no resume.
+Description oracle_of(const Description& d);
+
+struct ShrinkResult {
+  Description minimal;
+  Verdict verdict;
+  int trials = 0;
+};
+// Reduces a failing description (greedily, one simplification at a time) to one whose
+// simplifications all pass or fail otherwise; at most max_trials runs.
+ShrinkResult shrink(Runner& runner, const Description& failing, const Verdict& failure,
+                    int max_trials, bool verbose);
+
+// The command that reproduces d through this driver.
+std::string replay_command(const std::string& driver, const std::string& bin, const Description& d);
+
+}  // namespace matrix

@@ -1,0 +1,119 @@
+// The matrix's generator, refusal rules and shrinker moves, checked without running train_gpt.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "tests/matrix/description.h"
+#include "tests/matrix/runner.h"
+
+namespace {
+
+using namespace matrix;
+
+TEST(MatrixGenerator, DescriptionsArePureFunctionsOfTheSeedAndRoundTripThroughJson) {
+  for (uint64_t s = 0; s < 200; ++s) {
+    const auto a = generate(s), b = generate(s);
+    EXPECT_EQ(to_json(a), to_json(b)) << s;
+    EXPECT_EQ(to_json(from_json(to_json(a))), to_json(a)) << s;
+  }
+}
+
+// Every phase keeps the global batch (world x gas = per_step, micro the same), so the oracle's
+// one process with per_step micro-batches sees the same samples and the same gate calls.
+TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
+  std::set<std::string> models, dtypes, optimizers;
+  std::set<int> stages, worlds;
+  int resumes = 0, world_changes = 0, odd_windows = 0;
+  for (uint64_t s = 0; s < 2000; ++s) {
+    const auto d = generate(s, s % 2 ? 4 : 2);
+    ASSERT_FALSE(d.phases.empty());
+    EXPECT_EQ(d.phases.size(), d.save_at > 0 ? 2u : 1u);
+    EXPECT_LT(d.save_at, d.steps);
+    for (const auto& p : d.phases) {
+      EXPECT_EQ(p.world * p.gas, d.per_step) << summary(d);
+      EXPECT_LE(p.world, s % 2 ? 4 : 2);
+      EXPECT_LE(p.gas, 3);
+      stages.insert(p.stage), worlds.insert(p.world);
+    }
+    models.insert(d.model), dtypes.insert(d.dtype), optimizers.insert(d.optimizer);
+    if (d.phases.size() == 2) {
+      ++resumes;
+      world_changes += d.phases[0].world != d.phases[1].world;
+      // Micro-steps done before the save, odd, and resumed with another accumulation.
+      odd_windows += (d.save_at * d.phases[0].gas) % 2 == 1 && d.phases[0].gas != d.phases[1].gas;
+    }
+  }
+  EXPECT_EQ(stages, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(worlds, (std::set<int>{1, 2, 3, 4}));
+  EXPECT_EQ(models, (std::set<std::string>{"tiny", "tiny-tied", "tiny-moe"}));
+  EXPECT_EQ(dtypes, (std::set<std::string>{"fp32", "bf16", "fp16", "autocast"}));
+  EXPECT_GE(optimizers.size(), 5u);
+  EXPECT_GT(resumes, 900);
+  EXPECT_GT(world_changes, 300);
+  EXPECT_GT(odd_windows, 50);
+}
+
+TEST(MatrixRefusal, PredictsWhatTheEngineRefusesByName) {
+  Description d;
+  d.phases = {Phase{}};
+  d.phases[0].world = 2, d.phases[0].gas = 1, d.per_step = 2;
+  EXPECT_FALSE(predict_refusal(d));
+  d.optimizer = "Lamb";
+  ASSERT_TRUE(predict_refusal(d));
+  EXPECT_EQ(predict_refusal(d)->key, "optimizer.type");
+  d.optimizer = "AdamW";
+  d.phases[0].stage = 3, d.phases[0].offload_param = "cpu";
+  ASSERT_TRUE(predict_refusal(d));
+  EXPECT_EQ(predict_refusal(d)->key, "offload_param.device");
+  d.phases[0].offload_optimizer = "cpu";
+  EXPECT_FALSE(predict_refusal(d));
+  d.phases[0].stage = 2;  // parameter offload below stage 3 is read as none (a warning)
+  d.phases[0].offload_optimizer = "nvme";
+  ASSERT_TRUE(predict_refusal(d));
+  EXPECT_EQ(predict_refusal(d)->key, "offload_optimizer.device");
+  d.phases[0].offload_optimizer = "cpu";
+  d.model = "tiny-moe", d.phases[0].ep_size = 4;
+  ASSERT_TRUE(predict_refusal(d));  // 4 does not divide the world of 2
+  EXPECT_EQ(predict_refusal(d)->key, "ep_size");
+  d.phases[0].ep_size = 2;
+  d.phases[0].zero_init = true;
+  ASSERT_TRUE(predict_refusal(d));
+  EXPECT_EQ(predict_refusal(d)->key, "--zero-init");
+}
+
+TEST(MatrixShrinker, EverySimplificationIsSmallerAndKeepsTheLayoutValid) {
+  for (uint64_t s = 0; s < 300; ++s) {
+    const auto d = generate(s);
+    for (const auto& c : simplifications(d)) {
+      EXPECT_LT(complexity(c), complexity(d));
+      EXPECT_EQ(c.phases.size(), c.save_at > 0 ? 2u : 1u) << summary(c);
+      for (const auto& p : c.phases) EXPECT_EQ(p.world * p.gas, c.per_step) << summary(c);
+    }
+  }
+  // The fully simplified description: one phase, one rank, stage 0, the plain model.
+  Description d = generate(7);
+  for (auto next = simplifications(d); !next.empty(); next = simplifications(d)) d = next.front();
+  EXPECT_EQ(d.phases.size(), 1u);
+  EXPECT_EQ(d.phases[0].world, 1);
+  EXPECT_EQ(d.phases[0].stage, 0);
+  EXPECT_EQ(d.model, "tiny");
+}
+
+TEST(MatrixOracle, IsOneProcessAtStage0WithTheSameGlobalBatch) {
+  for (uint64_t s = 0; s < 100; ++s) {
+    const auto d = generate(s);
+    const auto o = oracle_of(d);
+    ASSERT_EQ(o.phases.size(), 1u);
+    EXPECT_EQ(o.phases[0].world, 1);
+    EXPECT_EQ(o.phases[0].gas, d.per_step);
+    EXPECT_EQ(o.phases[0].stage, 0);
+    EXPECT_EQ(o.micro, d.micro);
+    EXPECT_EQ(o.dtype, d.dtype);
+    EXPECT_EQ(o.steps, d.steps);
+    const auto c = config_for(o, o.phases[0], "/nvme");
+    EXPECT_EQ(c.at("zero_optimization").at("stage"), 0);
+    EXPECT_FALSE(c.at("zero_optimization").contains("offload_optimizer"));
+  }
+}
+
+}  // namespace
