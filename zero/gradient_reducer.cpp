@@ -85,14 +85,7 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
   if (!options_.staged_when_complete.empty() && options_.staged_when_complete.size() != plan.size())
     throw Error("GradientReducer: staged_when_complete needs one entry per bucket of the plan");
   where_.resize(params_.size());
-  staged_.assign(params_.size(), false);
   arrived_.assign(params_.size(), false);
-  // Until the first backward teaches the order: the plan's, the buckets staged when complete
-  // (spread over the model) last.
-  for (int late = 0; late < 2; ++late)
-    for (size_t b = 0; b < plan.size(); ++b)
-      if ((!options_.staged_when_complete.empty() && options_.staged_when_complete[b]) == bool(late))
-        launch_order_.push_back(b);
   for (size_t b = 0; b < plan.size(); ++b) {
     auto& bucket = buckets_.emplace_back();
     const auto& first = params_.at(plan[b].front());
@@ -109,6 +102,8 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
       }
     }
     bucket.options = first.options().dtype(options_.comm_dtype);
+    bucket.staged_when_complete =
+        !options_.staged_when_complete.empty() && options_.staged_when_complete[b];
     if (partition) {
       const auto& shard = options_.shards.buckets()[b];
       const int64_t parts = options_.shards.parts();
@@ -124,6 +119,11 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
       bucket.numel = bucket.filled = bucket.out_numel = fill;
     }
   }
+  // Until the first backward teaches the order: the plan's, the buckets staged when complete
+  // (spread over the model) last.
+  for (const bool late : {false, true})
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (buckets_[b].staged_when_complete == late) launch_order_.push_back(b);
 }
 
 void GradientReducer::attach_hooks() {
@@ -162,7 +162,6 @@ void GradientReducer::stage(size_t k) {
       place.add_(grad.is_sparse() ? grad.to_dense().reshape({-1}) : grad.reshape({-1}));
     }
     params_[k].mutable_grad() = torch::Tensor();
-    staged_[k] = true;
     ++bucket.ready;
     return;
   }
@@ -185,7 +184,6 @@ void GradientReducer::stage(size_t k) {
   else
     slot.zero_();
   if (options_.mode == Mode::kPartition) params_[k].mutable_grad() = torch::Tensor();
-  staged_[k] = true;
   ++bucket.ready;
 }
 
@@ -205,8 +203,7 @@ void GradientReducer::arrive(size_t k) {
   const size_t b = where_[k].first;
   auto& bucket = buckets_[b];
   ++bucket.arrived;
-  const bool late = !options_.staged_when_complete.empty() && options_.staged_when_complete[b];
-  if (!late)
+  if (!bucket.staged_when_complete)
     stage(k);
   else if (bucket.arrived == bucket.params.size())
     for (size_t p : bucket.params) stage(p);  // all at once: the buffer lives from here on
@@ -300,7 +297,6 @@ void GradientReducer::finish() {
   while (next_deliver_ < next_launch_) deliver(buckets_[launch_order_[next_deliver_++]]);
   if (!order_learnt_ && group_) learn_launch_order();
   for (auto& bucket : buckets_) bucket.ready = bucket.arrived = 0;
-  std::fill(staged_.begin(), staged_.end(), false);
   std::fill(arrived_.begin(), arrived_.end(), false);
   completed_.clear();
   arrivals_ = 0;

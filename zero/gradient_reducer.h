@@ -106,7 +106,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     torch::Tensor accumulator;   // kPartition: its place in the partition's gradient
     int64_t partition_offset = 0;  // kPartition: where that place starts
     size_t ready = 0;    // parameters staged into the buffer
-    size_t arrived = 0;  // parameters whose gradient arrived (staged or, if late, waiting)
+    size_t arrived = 0;  // parameters whose gradient arrived (staged, or waiting if late)
+    bool staged_when_complete = false;  // Options::staged_when_complete
     comm::WorkPtr work;
   };
   static constexpr size_t kInFlight = 2;  // launched buckets not yet delivered, at most
@@ -125,7 +126,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   comm::GroupPtr group_;
   Options options_;
   std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, index in bucket)
-  std::vector<bool> staged_, arrived_;
+  std::vector<bool> arrived_;
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
   // Positions in launch_order_: the next bucket to launch, the next launched one to deliver.

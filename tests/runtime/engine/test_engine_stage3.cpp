@@ -395,9 +395,10 @@ TEST(Stage3Worker, GradientBucketsLaunchDuringBackwardAtTheDefaultThreshold) {
   const auto x = torch::randn({2, 512});
   for (int step = 0; step < 3; ++step) {
     engine->backward(engine->forward(x));
-    if (world() > 1)
+    if (world() > 1) {
       EXPECT_GT(reducer->launched_during_backward(), 0u) << "step " << step << ": no reduce-scatter "
                                                             "started before backward ended";
+    }
     engine->step();
   }
   const int64_t bound = 2 * std::max<int64_t>(1000, largest);
