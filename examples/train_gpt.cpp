@@ -198,10 +198,9 @@ int run(const Args& args) {
       // Sample j of the global batch is the same whatever the world: ranks take slices.
       const int64_t first = (m * world + rank) * micro;
       auto batch = data.batch(args.seed, step, first, micro, model_config.seq_len);
-      // The gate's noise is keyed by the global micro-batch (the data's own index, m * world +
-      // rank, within the step): each micro-batch and rank draws its own, and any world size and
-      // accumulation draws the same for the same samples, resumed or not.
-      for (auto* layer : moe_layers) layer->set_call_index((step * gas + m) * world + rank);
+      // The engine keys the gates' noise by this global micro-batch (its chunk m * world + rank
+      // of the step's batch), so any world size and accumulation draws the same for the same
+      // samples, resumed or not.
       auto loss = engine->forward(batch.tokens.to(device), batch.targets.to(device));
       for (auto* layer : moe_layers) {
         moe_sums[0] += layer->last().l_aux.detach().to(torch::kDouble);

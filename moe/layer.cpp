@@ -231,6 +231,22 @@ torch::Tensor MoEImpl::loss() const {
   return last_.z_loss.defined() ? aux + last_.z_loss : aux;
 }
 
+void MoEImpl::begin_micro_batch(int64_t index) {
+  call_ = index;
+  calls_in_micro_batch_ = 0;
+  keyed_by_micro_batch_ = true;
+}
+
+uint64_t MoEImpl::next_noise_index() {
+  if (!keyed_by_micro_batch_) return static_cast<uint64_t>(call_++);
+  // The first call of a micro-batch draws what set_call_index(index) would; a layer called
+  // again in the same forward (shared weights) draws a stream of its own, not the next
+  // micro-batch's.
+  const int64_t repeat = calls_in_micro_batch_++;
+  const auto c = static_cast<uint64_t>(call_);
+  return repeat == 0 ? c : key({c, static_cast<uint64_t>(repeat)});
+}
+
 torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& used_token) {
   const auto& o = options_;
   const int64_t d = o.hidden_size, E = o.num_experts, El = num_local_experts(), ep = o.ep_size;
@@ -246,7 +262,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
                             "({}); give one 0/1 entry per token", o.layer_id,
                             c10::str(used_token.sizes()), S, c10::str(input.sizes())));
   }
-  const auto c = static_cast<uint64_t>(call_++);
+  const uint64_t c = next_noise_index();
 
   // 1. Gate, in float32 (DeepSpeed's TopKGate casts input and weight), autocast off: autocast
   // would recast the product to 16 bits (Megatron runs its router in fp32 too).

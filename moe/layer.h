@@ -40,11 +40,13 @@
 //   - W_g from key(seed, GateInit, layer_id): uniform(+-1/sqrt(d)), identical on every rank;
 //   - expert g from key(seed, ExpertInit, layer_id, g) (moe/experts.h);
 //   - call c's gate noise (RSample, RTS, 2nd-expert sampling) from key(seed, GateNoise,
-//     layer_id, c), its Jitter from key(seed, Jitter, layer_id, c). c is the layer's call
-//     counter: 0 at construction, +1 per forward (training or not). The engine's checkpoints
-//     keep it, so a resumed run draws on where it stopped. set_call_index() sets it, e.g. to the
-//     global micro-batch number, so that a 1-rank run with gradient accumulation draws what the
-//     ranks of a data-parallel run draw for the same samples (examples/train_gpt.cpp does).
+//     layer_id, c), its Jitter from key(seed, Jitter, layer_id, c). Under the engine, c is the
+//     global micro-batch: engine->forward calls begin_micro_batch((micro_step * world) + rank)
+//     on every layer, so any world size, accumulation or resume draws the same noise for the
+//     same samples, when micro-batch m of rank r holds the global batch's chunk m * world + r
+//     (a second call of a layer in one forward draws a stream of its own). Used alone, c is the
+//     layer's call counter: 0 at construction, +1 per forward (training or not);
+//     set_call_index() sets it. The engine's checkpoints keep it.
 //
 // For the engine (expert parameters are reduced over the expert-DP group, kept in their own
 // optimizer group and checkpointed per expert): the experts live in a submodule registered as
@@ -153,6 +155,9 @@ class MoEImpl : public torch::nn::Module {
 
   int64_t call_index() const { return call_; }
   void set_call_index(int64_t c) { call_ = c; }
+  // The engine's keying (see the header comment): this forward's noise is that of global
+  // micro-batch `index`; from now on the layer no longer counts calls itself.
+  void begin_micro_batch(int64_t index);
 
   int64_t num_local_experts() const { return options_.num_experts / options_.ep_size; }
   int64_t first_expert() const { return ep_rank_ * num_local_experts(); }
@@ -172,10 +177,14 @@ class MoEImpl : public torch::nn::Module {
   torch::Tensor mix_residual(const torch::Tensor& x, const torch::Tensor& y);
   // Keeps what the last forward did (expert_input_shape empty: no padded buffer was built).
   void record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape);
+  // The c of this call's noise keys (and the counting that goes with it).
+  uint64_t next_noise_index();
 
   MoEOptions options_;
   int64_t ep_rank_ = 0;
   int64_t call_ = 0;
+  int64_t calls_in_micro_batch_ = 0;
+  bool keyed_by_micro_batch_ = false;
   MoEStats last_;
 };
 TORCH_MODULE(MoE);

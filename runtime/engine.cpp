@@ -405,6 +405,7 @@ std::vector<zero::ParamCoordinator::Scope> Engine::begin_forward() {
   // broadcast_buffers: rank 0's buffers before each training forward, as DDP does.
   if (config_.broadcast_buffers && group_ && torch::GradMode::is_enabled())
     broadcast_buffers(*module_, *group_);
+  key_gate_noise();
   std::vector<zero::ParamCoordinator::Scope> scopes;
   for (auto* c : coordinators()) {
     c->rethrow_if_failed();

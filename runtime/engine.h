@@ -194,6 +194,9 @@ class Engine {
   // MoE (runtime/engine_experts.cpp): finds the expert parameters, checks them, meets the
   // expert groups; after the LR schedule moved the others' lr, the experts' follows.
   void find_experts();
+  void refuse_experts_outside_moe_layers() const;
+  // Keys each MoE layer's gate noise by this forward's global micro-batch (moe/layer.h).
+  void key_gate_noise();
   void check_and_broadcast_experts();
   void follow_lr_schedule();
   // The experts' partitioned optimizer (its options and inner optimizer follow `po` and the
@@ -262,6 +265,7 @@ class Engine {
   // MoE: the expert parameters (trainable, module order) in their own partitioned optimizer
   // over the expert-data-parallel group.
   std::vector<moe::ExpertParameter> experts_;
+  std::vector<moe::MoEImpl*> moe_layers_;  // the model's MoE layers, module order
   comm::ParallelGroups expert_groups_;
   std::unique_ptr<zero::PartitionedOptimizer> expert_partitioned_;
   std::shared_ptr<zero::ParamUnits> expert_units_;              // stage 3

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -169,6 +170,7 @@ bool Engine::is_expert(const torch::Tensor& p) const {
 
 void Engine::find_experts() {
   experts_ = moe::expert_parameters(*module_);
+  refuse_experts_outside_moe_layers();
   if (experts_.empty()) {
     if (!config_.moe.given.empty())
       log::info("[strata] note: the config has a moe block, but the model has no strata::moe::MoE "
@@ -176,6 +178,7 @@ void Engine::find_experts() {
                 "(moe::MoEOptions::from_config)");
     return;
   }
+  moe_layers_ = moe::moe_layers(*module_);
   const auto& first = experts_.front();
   for (const auto& e : experts_) {
     if (e.ep_size != first.ep_size)
@@ -224,6 +227,33 @@ void Engine::find_experts() {
   log::info("[strata] MoE: {} expert parameter tensor(s) in {} layer(s), ep_size {}: expert "
             "gradients reduced over expert-data-parallel groups of {} rank(s)",
             experts_.size(), moe::moe_layers(*module_).size(), ep, edp ? edp->size() : 1);
+}
+
+void Engine::refuse_experts_outside_moe_layers() const {
+  // Experts of one's own router would be ordinary parameters here: broadcast from rank 0 and
+  // averaged over every rank, silently mixing experts that differ per rank. Their usual name
+  // (Mixtral's, DeepSeek's "...experts.N...") is how they are recognised.
+  std::unordered_set<std::string> known;
+  for (const auto& e : experts_) known.insert(e.name);
+  for (const auto& p : module_->named_parameters(/*recurse=*/true)) {
+    if (known.count(p.key()) || !moe::is_expert_parameter_name(p.key())) continue;
+    throw Error(fmt::format(
+        "strata::initialize: parameter '{}' sits in a module named 'experts' outside any "
+        "strata::moe::MoE layer; the engine would treat it as an ordinary data-parallel "
+        "parameter (rank 0's values on every rank, gradients averaged over all ranks), which "
+        "mixes experts that differ per rank. Put the experts in a strata::moe::MoE layer "
+        "(MoEOptions::expert_factory builds your own expert modules in it) or, if this is not "
+        "an expert, name its module otherwise",
+        p.key()));
+  }
+}
+
+void Engine::key_gate_noise() {
+  // Micro-batch m of rank r in step s is the global batch's chunk (s * gas + m) * world + r,
+  // whatever the world size and accumulation (micro_steps_ restarts at global_steps * gas after
+  // a resume): a resumed run at another world size draws the noise of the run it continues.
+  const int64_t index = micro_steps_ * data_parallel_size() + data_parallel_rank();
+  for (auto* layer : moe_layers_) layer->begin_micro_batch(index);
 }
 
 void Engine::build_expert_optimizer(const zero::PartitionedOptions& po, InitOptions& options,

@@ -49,6 +49,19 @@ struct MoENetImpl : torch::nn::Module {
 };
 TORCH_MODULE(MoENet);
 
+// A router of one's own with its experts in a ModuleList named "experts" (Mixtral's naming).
+struct OwnMoEImpl : torch::nn::Module {
+  OwnMoEImpl() {
+    router = register_module("router", torch::nn::Linear(8, 2));
+    experts = register_module(
+        "experts", torch::nn::ModuleList(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x; }
+  torch::nn::Linear router{nullptr};
+  torch::nn::ModuleList experts{nullptr};
+};
+TORCH_MODULE(OwnMoE);
+
 json config(int stage) {
   return {{"train_batch_size", 4},
           {"gradient_clipping", 0.5},
@@ -225,7 +238,7 @@ TEST(EngineMoE, StageThreeKeepsTheExpertsInTheirOwnUnit) {
 
 // Refused by name: an MoE model built in shards (PartitionedInit shards over the world, experts
 // belong to their expert-data-parallel group), frozen experts, a config whose moe block disagrees
-// with the layers.
+// with the layers, experts of one's own router outside a strata::moe::MoE.
 TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
   auto message = [](const std::function<void()>& f) {
     try {
@@ -292,6 +305,14 @@ TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
     const auto m = message([&] { strata::initialize(net, c); });
     EXPECT_NE(m.find("moe.aux_loss_coef is 0.5 in the config, the layer's is 0.01"),
               std::string::npos) << m;
+  }
+  {  // a router of one's own: its experts would be ordinary parameters, mixed over the ranks
+    OwnMoE own;
+    const auto m = message([&] { strata::initialize(own, config(2)); });
+    EXPECT_NE(m.find("parameter 'experts.0.weight' sits in a module named 'experts' outside any "
+                     "strata::moe::MoE layer"),
+              std::string::npos) << m;
+    EXPECT_NE(m.find("expert_factory"), std::string::npos) << m;
   }
   {  // the keys it follows: no error
     MoENet net;
