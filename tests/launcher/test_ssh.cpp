@@ -238,8 +238,12 @@ class SshHosts : public ::testing::Test {
     const std::vector<std::string> reference = local_losses();
     ASSERT_EQ(reference.size(), 10u);
     const std::string metrics = dir_ + "/ssh.jsonl";
+    // The local ranks inherit this environment; the remote ones get a login's, so whatever
+    // here chooses the BLAS kernels travels with them: OPENBLAS_CORETYPE (a CI machine may pin
+    // Haswell on an AVX-512 CPU) changes the matrix products' rounding.
     LauncherProcess launcher(
-        over_ssh(hostfile_text, train_gpt(binary, metrics), {"--export", "OMP_NUM_THREADS=1"}),
+        over_ssh(hostfile_text, train_gpt(binary, metrics),
+                 {"--export", "OMP_NUM_THREADS=1", "--export", "OPENBLAS_*"}),
         {{"OMP_NUM_THREADS", "1"}}, setup);
     Finished r = launcher.wait(300);
     ASSERT_EQ(r.code, 0) << r.out << r.err;
