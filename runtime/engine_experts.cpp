@@ -405,11 +405,10 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
                                 reader.folder(), i, saved_calls[i].dump().substr(0, 80)));
       calls[i] = saved_calls[i].get<int64_t>();
     }
-  } else {
-    log::info("[strata] note: {} has no MoE call counters (saved by an older Strata): the MoE "
-              "layers' gate noise continues from call {} (one forward per micro-step)",
-              reader.folder(), saved_micro_steps);
   }
+  // Without counters (saved by an older Strata) they count the saved run's micro-steps. Either
+  // way they matter only to a layer called outside engine->forward, which keys the noise by the
+  // global micro-batch (key_gate_noise).
   return [this, master, weights, state, layout, local, layers, calls] {
     for (size_t i = 0; i < layers.size(); ++i) layers[i]->set_call_index(calls[i]);
     auto& ep = *expert_partitioned_;

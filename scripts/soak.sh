@@ -16,7 +16,7 @@ n=${1:?usage: scripts/soak.sh N [SEED]}
 seed=${2:-$(date +%s)}
 build_dir=${BUILD_DIR:-build}
 out=${SOAK_DIR:-$build_dir/soak/$(date +%Y%m%d-%H%M%S)-seed$seed}
-nice -n 10 cmake --build "$build_dir" -j2 --target strata-matrix train_gpt strata-run || exit 2
+nice -n 10 cmake --build "$build_dir" -j2 --target strata-matrix train_gpt strata-run strata-ckpt || exit 2
 mkdir -p "$out"
 echo "soak: $n descriptions, seed $seed, in $out"
 nice -n 10 "$build_dir/bin/strata-matrix" --bin "$PWD/$build_dir/bin" --work "$PWD/$out/work" \

@@ -1,14 +1,19 @@
 // strata-ckpt: a Strata checkpoint as one file of full weights.
 //   strata-ckpt consolidate DIR [--tag TAG] [--dtype fp32|bf16|fp16] [--out FILE]
 //                               [--safetensors FILE]
+//   strata-ckpt compare DIR_A DIR_B [--tag-a TAG] [--tag-b TAG]
 // --out writes LibTorch's module archive (torch::load(model, FILE) in plain LibTorch);
-// --safetensors writes the safetensors format. Exit 0 done, 1 error, 2 bad command line.
+// --safetensors writes the safetensors format. compare prints, as one JSON object, how far apart
+// the two checkpoints' full weights are (per tensor max |a - b| and max |b|; "worst" the tensor
+// furthest apart), and refuses checkpoints of different models. Exit 0 done, 1 error, 2 bad
+// command line.
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "runtime/checkpoint/compare.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/error.h"
@@ -19,18 +24,35 @@ namespace {
 const char* kUsage =
     "usage: strata-ckpt consolidate DIR [--tag TAG] [--dtype fp32|bf16|fp16] [--out FILE]\n"
     "                               [--safetensors FILE]\n"
+    "       strata-ckpt compare DIR_A DIR_B [--tag-a TAG] [--tag-b TAG]\n"
     "       strata-ckpt --version\n";
 
 struct Usage : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+int compare(const std::vector<std::string>& args) {
+  if (args.size() < 3) throw Usage("compare: expected DIR_A DIR_B");
+  std::string tag_a = "latest", tag_b = "latest";
+  for (size_t i = 3; i < args.size(); i += 2) {
+    if (i + 1 >= args.size()) throw Usage(args[i] + ": missing value");
+    if (args[i] == "--tag-a") tag_a = args[i + 1];
+    else if (args[i] == "--tag-b") tag_b = args[i + 1];
+    else throw Usage("unknown option " + args[i]);
+  }
+  const auto distance = strata::checkpoint::compare_checkpoints(args[1], tag_a, args[2], tag_b);
+  std::puts(distance.to_json().dump().c_str());
+  return 0;
+}
+
 int run(const std::vector<std::string>& args) {
   if (args.size() == 1 && args[0] == "--version") {
     std::puts(strata::version_line());
     return 0;
   }
-  if (args.size() < 2 || args[0] != "consolidate") throw Usage("expected: consolidate DIR");
+  if (!args.empty() && args[0] == "compare") return compare(args);
+  if (args.size() < 2 || args[0] != "consolidate")
+    throw Usage("expected: consolidate DIR or compare DIR_A DIR_B");
   const std::string dir = args[1];
   std::string tag = "latest", dtype_name = "fp32", out, safetensors;
   for (size_t i = 2; i < args.size(); i += 2) {

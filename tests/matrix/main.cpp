@@ -1,7 +1,9 @@
 // strata-matrix: the differential test matrix (issue 30, docs/matrix.md).
 //
 //   strata-matrix --bin DIR --work DIR [--seed S] [--count N] [--max-world W] [--budget-s T]
-//                 [--report FILE.md] [--jsonl FILE] [--no-shrink] [--keep]
+//                 [--report FILE.md] [--jsonl FILE] [--no-shrink] [--keep] [--tools DIR]
+// --tools: the folder of the strata-ckpt that compares the final checkpoints (default --bin;
+// another when --bin holds an older build, whose strata-ckpt has no compare).
 //   strata-matrix --bin DIR --work DIR --ci          # the CI sample (fixed seed, stated budget)
 //   strata-matrix --bin DIR --work DIR --replay JSON # one description (a failure's reproduction)
 //
@@ -23,7 +25,7 @@ namespace {
 using namespace matrix;
 
 struct Args {
-  std::string bin, work, report, jsonl, replay, self = "strata-matrix";
+  std::string bin, tools, work, report, jsonl, replay, self = "strata-matrix";
   uint64_t seed = 30;
   int count = 10;
   int max_world = 4;
@@ -41,7 +43,7 @@ constexpr double kCiBudgetS = strata::test::kSanitized ? 360 : 300;
 int usage(const char* why) {
   std::fprintf(stderr, "strata-matrix: %s\nusage: strata-matrix --bin DIR --work DIR [--ci] [--seed S] "
                "[--count N] [--max-world W] [--budget-s T] [--report FILE] [--jsonl FILE] "
-               "[--replay JSON|@FILE [--shrink]] [--no-shrink] [--keep]\n", why);
+               "[--replay JSON|@FILE [--shrink]] [--no-shrink] [--keep] [--tools DIR]\n", why);
   return 2;
 }
 
@@ -58,6 +60,7 @@ int main(int argc, char** argv) {
     };
     try {
       if (f == "--bin") a.bin = value();
+      else if (f == "--tools") a.tools = value();
       else if (f == "--work") a.work = value();
       else if (f == "--seed") a.seed = std::stoull(value());
       else if (f == "--count") a.count = std::stoi(value());
@@ -80,7 +83,9 @@ int main(int argc, char** argv) {
   // CI shrinks with 12 trials at most: a failure there is reproduced in full by its printed command.
   if (a.ci) a.count = kCiCount, a.max_world = 2, a.budget_s = kCiBudgetS, a.shrink_trials = 12;
 
-  Runner runner({a.bin, a.work, 300, a.keep});
+  RunnerOptions options;
+  options.bin = a.bin, options.tools = a.tools, options.work = a.work, options.keep = a.keep;
+  Runner runner(options);
   const bool fp16 = runner.probe_cpu_fp16();
   set_cpu_fp16_trains(fp16);
   std::cerr << "strata-matrix: fp16 on the CPU " << (fp16 ? "trains" : "is refused (GPU only)") << "\n";
@@ -119,7 +124,8 @@ int main(int argc, char** argv) {
                  v.seconds, summary(d).c_str());
     nlohmann::json row = {{"generator_seed", seed}, {"outcome", outcome_name(v.outcome)},
                           {"seconds", v.seconds}, {"worst_loss", v.worst_loss},
-                          {"worst_grad_norm", v.worst_grad_norm}, {"description", to_json(d)},
+                          {"worst_grad_norm", v.worst_grad_norm}, {"worst_param", v.worst_param},
+                          {"description", to_json(d)},
                           {"summary", summary(d)}};
     if (!is_failure(v.outcome)) {
       if (jsonl.is_open()) jsonl << row.dump() << "\n" << std::flush;

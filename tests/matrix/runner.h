@@ -15,6 +15,9 @@ struct Tolerance {
   double loss;       // relative, per step
   double grad_norm;  // relative, per step
   double lr;         // relative, per step
+  // The parameters after the last step: max |description - oracle| over every element, in
+  // units of lr x steps (about how far Adam moves an element in that many steps).
+  double param;
 };
 Tolerance tolerance_for(const std::string& dtype);
 
@@ -36,10 +39,12 @@ struct Verdict {
   std::vector<std::string> commands;  // what ran (shell lines), oracle first
   double seconds = 0;
   double worst_loss = 0, worst_grad_norm = 0;  // largest relative differences seen
+  double worst_param = 0;  // the parameters' max |difference| / (lr x steps); -1: not compared
 };
 
 struct RunnerOptions {
   std::string bin;      // folder of train_gpt and strata-run
+  std::string tools;    // folder of the strata-ckpt that compares checkpoints (default: bin)
   std::string work;     // scratch folder (a real file system: NVMe swap files live under it)
   int timeout_s = 300;  // per launch
   bool keep = false;    // keep each description's folder
@@ -61,7 +66,12 @@ class Runner {
   Launch launch(const Description& d, const Phase& p, int index, const std::string& folder,
                 const std::string& jsonl, const std::string& extra);
   // The oracle's rows, run once per distinct oracle (cached under work/oracle).
-  bool oracle_rows(const Description& d, std::vector<nlohmann::json>* rows, Verdict* v);
+  // Its final checkpoint is in *final_dir.
+  bool oracle_rows(const Description& d, std::vector<nlohmann::json>* rows, Verdict* v,
+                   std::string* final_dir);
+  // The parameters after the last step against the oracle's (strata-ckpt compare).
+  void compare_parameters(const Description& d, const std::string& mine,
+                          const std::string& oracle, Verdict* v);
   RunnerOptions o_;
   int counter_ = 0;
   std::map<std::string, std::vector<nlohmann::json>> oracle_cache_;

@@ -1,0 +1,29 @@
+// Two checkpoints' full weights side by side (strata-ckpt compare): how far apart each tensor
+// is, for tests that train the same model two ways (the differential matrix, docs/matrix.md).
+#pragma once
+
+#include <string>
+
+#include "runtime/checkpoint/tensor_file.h"
+
+namespace strata::checkpoint {
+
+struct TensorDistance {
+  std::string name;
+  double max_abs = 0;      // max |a - b|
+  double ref_max_abs = 0;  // max |b|
+};
+
+struct CheckpointDistance {
+  std::vector<TensorDistance> tensors;  // in b's order, parameters and buffers
+  TensorDistance worst;                 // the largest max_abs
+  json to_json() const;
+};
+
+// Consolidates both (fp32) and compares them tensor by tensor. Throws strata::Error naming the
+// first tensor only one of them has, or whose shapes differ: such checkpoints are not two runs
+// of one model.
+CheckpointDistance compare_checkpoints(const std::string& dir_a, const std::string& tag_a,
+                                       const std::string& dir_b, const std::string& tag_b);
+
+}  // namespace strata::checkpoint
