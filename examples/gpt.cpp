@@ -44,6 +44,10 @@ GPTConfig GPTConfig::by_name(const std::string& name) {
     c.vocab = 256, c.d_model = 64, c.layers = 2, c.heads = 4, c.ffn = 256, c.seq_len = 64;
   } else if (name == "small") {
     c.vocab = 256, c.d_model = 256, c.layers = 4, c.heads = 8, c.ffn = 1024, c.seq_len = 128;
+  } else if (name == "tiny-zoo") {
+    c = by_name("tiny");
+    c.name = name;
+    c.zoo = true;
   } else if (name == "tiny-moe") {
     c.vocab = 256, c.d_model = 64, c.layers = 2, c.heads = 4, c.ffn = 128, c.seq_len = 64;
     c.experts = 4;
@@ -58,7 +62,7 @@ GPTConfig GPTConfig::by_name(const std::string& name) {
     c.seq_len = 2048, c.experts = 8, c.expert_bias = false;
   } else {
     throw std::invalid_argument(fmt::format(
-        "unknown model '{}': known models are tiny, small, tiny-tied, small-tied, tiny-moe, "
+        "unknown model '{}': known models are tiny, small, tiny-tied, small-tied, tiny-zoo, tiny-moe, "
         "dense-350M, dense-1.3B, moe-8x",
         name));
   }
@@ -130,17 +134,26 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
   else
     head_ = register_module("head", torch::nn::Linear(
                                         torch::nn::LinearOptions(config.d_model, config.vocab).bias(false)));
+  if (config.zoo) {
+    frozen_scale_ = register_parameter("frozen_scale", torch::linspace(0.9, 1.1, config.d_model),
+                                       /*requires_grad=*/false);
+    unused_ = register_module("unused", torch::nn::Linear(config.d_model, config.d_model));
+    odd_ = register_parameter("odd", torch::randn({131073}) * 0.1);
+  }
 }
 
 torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) {
   auto x = embed_(tokens);
+  if (config_.zoo) x = x * frozen_scale_;
   for (auto& block : *blocks_) x = block->as<Block>()->forward(x);
+  if (config_.zoo) x = blocks_[0]->as<Block>()->forward(x);  // block 0 used twice
   return config_.tied ? F::linear(norm_(x), embed_->weight) : head_(norm_(x));
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
   auto out = logits(tokens).to(torch::kFloat);
   auto loss = F::cross_entropy(out.view({-1, config_.vocab}), targets.reshape({-1}));
+  if (config_.zoo) loss = loss + 1e-2 * odd_.to(torch::kFloat).square().mean();
   if (aux_loss_) {
     const auto aux = aux_loss_();
     if (aux.defined()) loss = loss + aux.to(torch::kFloat);

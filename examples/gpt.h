@@ -31,8 +31,13 @@ struct GPTConfig {
   // The output head is the token embedding's weight (the usual C++ tie: one tensor registered
   // under a second name, "head_weight"), initialised N(0, 0.02) as GPT-2's.
   bool tied = false;
+  // tiny-zoo: the shapes a user's model has and the GPT lacks, for the differential matrix
+  // (docs/matrix.md): a frozen parameter ("frozen_scale", used in forward), a parameter never
+  // used ("unused.weight": no gradient), block 0 applied twice (its gradients from two uses), and
+  // a parameter of an odd size, 131073 = 2^17 + 1 elements ("odd", a small L2 term of the loss).
+  bool zoo = false;
   // Sizes by name: tiny, small, tiny-moe, dense-350M, dense-1.3B, moe-8x (../shared/bench/README.md);
-  // "-tied" after tiny or small ties the head to the embedding.
+  // "-tied" after tiny or small ties the head to the embedding; tiny-zoo (above).
   // Unknown name: Error listing the known ones.
   static GPTConfig by_name(const std::string& name);
 };
@@ -96,6 +101,9 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks_{nullptr};
   torch::nn::LayerNorm norm_{nullptr};
   torch::nn::Linear head_{nullptr};  // untied
+  // zoo only (else undefined / null)
+  torch::Tensor frozen_scale_, odd_;
+  torch::nn::Linear unused_{nullptr};
   std::function<torch::Tensor()> aux_loss_;
 };
 TORCH_MODULE(GPT);

@@ -548,6 +548,13 @@ void Engine::plain_step() {
   // the same numbers, and every optimizer and the clipping accept them.
   for (auto& p : params_)
     if (p.grad().defined() && p.grad().is_sparse()) p.mutable_grad() = p.grad().to_dense();
+  // A trainable parameter the forward did not use steps on a zero gradient, as in DeepSpeed
+  // (its engine gives such parameters zero gradients before the all-reduce) and as Strata's
+  // reducer and flat partitions do: one process, several ranks and every stage then step it
+  // alike (AdamW's decay, the moments), on LibTorch 1.13 (zero_grad keeps zeros) and 2.x
+  // (zero_grad leaves None, which LibTorch's optimizers skip) alike.
+  for (auto& p : params_)
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
   if (config_.gradient_clipping.value > 0.0) clip_gradients();
   optimizer_->step();
   if (lr_scheduler_) lr_scheduler_->step();

@@ -84,7 +84,9 @@ Description generate(uint64_t seed, int max_world) {
   Rng rng{seed * 0x2545f4914f6cdd1dull + 0x1234567};
   Description d;
   d.seed = 1000 + seed % 100000;
-  d.model = rng.weighted<std::string>({{3, "tiny"}, {3, "tiny-tied"}, {3, "tiny-moe"}});
+  // tiny-zoo: a frozen parameter, an unused one, a block used twice, an odd size (131073).
+  d.model = rng.weighted<std::string>(
+      {{3, "tiny"}, {3, "tiny-tied"}, {2, "tiny-zoo"}, {3, "tiny-moe"}});
   d.dtype = rng.weighted<std::string>({{10, "fp32"}, {6, "bf16"}, {1, "fp16"}, {3, "autocast"}});
   d.optimizer = rng.weighted<std::string>(
       {{10, "AdamW"}, {7, "Adam"}, {7, "SGD"}, {1, "Lamb"}, {1, "Lion"}});
@@ -202,7 +204,7 @@ std::string summary(const Description& d) {
 
 int64_t complexity(const Description& d) {
   int64_t c = d.steps + d.micro + d.per_step + 10 * int64_t(d.phases.size());
-  c += d.model == "tiny" ? 0 : d.model == "tiny-tied" ? 1 : 3;
+  c += d.model == "tiny" ? 0 : d.model == "tiny-tied" || d.model == "tiny-zoo" ? 1 : 3;
   c += d.dtype == "fp32" ? 0 : 2;
   c += d.optimizer == "AdamW" ? 0 : 1;
   c += d.scheduler == "none" ? 0 : 1;

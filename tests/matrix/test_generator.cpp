@@ -45,7 +45,7 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
   }
   EXPECT_EQ(stages, (std::set<int>{0, 1, 2, 3}));
   EXPECT_EQ(worlds, (std::set<int>{1, 2, 3, 4}));
-  EXPECT_EQ(models, (std::set<std::string>{"tiny", "tiny-tied", "tiny-moe"}));
+  EXPECT_EQ(models, (std::set<std::string>{"tiny", "tiny-tied", "tiny-zoo", "tiny-moe"}));
   EXPECT_EQ(dtypes, (std::set<std::string>{"fp32", "bf16", "fp16", "autocast"}));
   EXPECT_GE(optimizers.size(), 5u);
   EXPECT_GT(resumes, 900);

@@ -83,6 +83,47 @@ TEST(EngineStage0, AdamWMatchesLibTorchAdamW) {
   EXPECT_EQ(engine->global_steps(), 20);
 }
 
+// A parameter the forward never uses steps on a zero gradient at every stage (DeepSpeed's
+// rule; Strata's reducer and flat partitions fill zeros): AdamW's decay shrinks it by
+// (1 - lr * wd) per step, in one process at stage 0 (where LibTorch 2 would skip its None
+// gradient) as at stage 2. Found by the differential matrix (tiny-zoo, stage 0 vs stage 2).
+struct WithUnusedImpl : torch::nn::Module {
+  WithUnusedImpl() {
+    fc = register_module("fc", torch::nn::Linear(8, 1));
+    unused = register_module("unused", torch::nn::Linear(8, 8));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    return torch::mse_loss(fc(x), y);
+  }
+  torch::nn::Linear fc{nullptr}, unused{nullptr};
+};
+TORCH_MODULE(WithUnused);
+
+TEST(EngineStage0, AnUnusedParameterStepsOnAZeroGradientAtEveryStage) {
+  std::vector<torch::Tensor> finals;
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    torch::manual_seed(3);
+    WithUnused net;
+    const auto start = net->unused->weight.detach().clone();
+    auto config = base_config(16, 1);
+    config["zero_optimization"] = {{"stage", stage}};
+    config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-2}, {"weight_decay", 0.1}}}};
+    auto engine = strata::initialize(net, config);
+    for (int64_t step = 0; step < 3; ++step) {
+      auto d = batch(step, 16);
+      engine->backward(engine->forward(d.x, d.y));
+      engine->step();
+    }
+    auto gathered = engine->gathered_parameters();
+    const auto decayed = start * std::pow(1.0 - 1e-2 * 0.1, 3);
+    EXPECT_TRUE(torch::allclose(net->unused->weight, decayed, 1e-6, 1e-9))
+        << (net->unused->weight - decayed).abs().max().item<double>();
+    finals.push_back(net->fc->weight.detach().clone());
+  }
+  EXPECT_TRUE(torch::allclose(finals[0], finals[1], 1e-5, 1e-7));
+}
+
 TEST(EngineStage0, AdamWithL2MatchesLibTorchAdam) {
   auto [net, ref] = twin_nets();
   auto config = base_config(16, 1);
