@@ -3,7 +3,8 @@
 //   strata-matrix --bin DIR --work DIR [--seed S] [--count N] [--max-world W] [--budget-s T]
 //                 [--report FILE.md] [--jsonl FILE] [--no-shrink] [--keep] [--tools DIR]
 // --tools: the folder of the strata-ckpt that compares the final checkpoints (default --bin;
-// another when --bin holds an older build, whose strata-ckpt has no compare).
+// another when --bin holds an older build, whose strata-ckpt has no compare). --first-failure:
+// stop after the first failing description (the seeded-fault runs, tests/matrix/seeded_faults.py).
 //   strata-matrix --bin DIR --work DIR --ci          # the CI sample (fixed seed, stated budget)
 //   strata-matrix --bin DIR --work DIR --replay JSON # one description (a failure's reproduction)
 //
@@ -30,7 +31,7 @@ struct Args {
   int count = 10;
   int max_world = 4;
   double budget_s = 0;  // 0: none
-  bool ci = false, do_shrink = true, keep = false, shrink_replay = false;
+  bool ci = false, do_shrink = true, keep = false, shrink_replay = false, first_failure = false;
   int shrink_trials = 40;
 };
 
@@ -43,7 +44,7 @@ constexpr double kCiBudgetS = strata::test::kSanitized ? 360 : 300;
 int usage(const char* why) {
   std::fprintf(stderr, "strata-matrix: %s\nusage: strata-matrix --bin DIR --work DIR [--ci] [--seed S] "
                "[--count N] [--max-world W] [--budget-s T] [--report FILE] [--jsonl FILE] "
-               "[--replay JSON|@FILE [--shrink]] [--no-shrink] [--keep] [--tools DIR]\n", why);
+               "[--replay JSON|@FILE [--shrink]] [--no-shrink] [--keep] [--tools DIR] [--first-failure]\n", why);
   return 2;
 }
 
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
     try {
       if (f == "--bin") a.bin = value();
       else if (f == "--tools") a.tools = value();
+      else if (f == "--first-failure") a.first_failure = true;
       else if (f == "--work") a.work = value();
       else if (f == "--seed") a.seed = std::stoull(value());
       else if (f == "--count") a.count = std::stoi(value());
@@ -153,6 +155,7 @@ int main(int argc, char** argv) {
     for (const auto& c : mv.commands) text += "    " + c + "\n";
     std::cerr << text;
     failures.push_back(text);
+    if (a.first_failure) break;
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "strata-matrix: %d descriptions in %.0f s:", ran, total);
