@@ -74,9 +74,12 @@ double rel(double a, double b) {
 // kept a stale value is about a unit away. In 16 bits an element whose gradient is near zero can
 // take Adam's whole normalised step the other way (measured up to 0.63 units): 4 units, which
 // still catches values no step could reach (garbage, a wrong load).
-Tolerance tolerance_for(const std::string& dtype) {
+// autocast with MoE: bf16's bounds. Top-k routing with capacity drops turns bf16 rounding into
+// other routes: the CPU Adam's rounding against the device Adam's moved tiny-moe's step-6 loss by
+// 8.2e-4 (k 2, capacity factor 1), as far as autocast itself is from fp32 there (9.1e-4).
+Tolerance tolerance_for(const std::string& dtype, const std::string& model) {
   if (dtype == "fp32") return {1e-5, 1e-4, 1e-9, 0.25};
-  if (dtype == "autocast") return {5e-4, 5e-3, 1e-9, 4.0};
+  if (dtype == "autocast" && model != "tiny-moe") return {5e-4, 5e-3, 1e-9, 4.0};
   return {2e-3, 1e-2, 1e-9, 4.0};  // bf16 (and fp16 where it trains)
 }
 
@@ -276,7 +279,7 @@ Verdict Runner::run(const Description& d) {
     return finish();
   }
   // Per step: the loss (parameters after the steps before it), the gradient norm and the LR.
-  const Tolerance tol = tolerance_for(d.dtype);
+  const Tolerance tol = tolerance_for(d.dtype, d.model);
   for (int s = 0; s < d.steps; ++s) {
     const auto& a = reference[size_t(s)];
     const auto& b = rows[size_t(s)];
@@ -323,13 +326,13 @@ void Runner::compare_parameters(const Description& d, const std::string& mine,
   const double scale = lr_of(d) * d.steps;
   const double e = worst.at("max_abs").get<double>() / scale;
   v->worst_param = e;
-  if (e > tolerance_for(d.dtype).param && v->outcome == Outcome::kPass) {
+  if (e > tolerance_for(d.dtype, d.model).param && v->outcome == Outcome::kPass) {
     v->outcome = Outcome::kMismatch;
     std::ostringstream s_;
     s_.precision(6);
     s_ << "after step " << d.steps << ": parameter '" << worst.at("name").get<std::string>()
        << "' differs from the oracle's by up to " << worst.at("max_abs").get<double>() << " = "
-       << e << " x lr x steps (> " << tolerance_for(d.dtype).param << ")";
+       << e << " x lr x steps (> " << tolerance_for(d.dtype, d.model).param << ")";
     v->detail = s_.str();
   }
 }

@@ -19,7 +19,7 @@ struct Tolerance {
   // units of lr x steps (about how far Adam moves an element in that many steps).
   double param;
 };
-Tolerance tolerance_for(const std::string& dtype);
+Tolerance tolerance_for(const std::string& dtype, const std::string& model);
 
 enum class Outcome {
   kPass,             // trained, and matched the oracle

@@ -7,9 +7,11 @@ share, written down before the matrix ran on it. For each: a scratch worktree of
 fault, train_gpt and strata-run are built there, and the matrix's CI sample (the fixed seed,
 random descriptions not written for any fault) runs against them until its first failure.
 
-    tests/matrix/seeded_faults.py [--build BUILD_DIR] [--work DIR] [--only N,...]
+    tests/matrix/seeded_faults.py [--build BUILD_DIR] [--work DIR] [--only N,...] [--soak N]
 
 Prints one line per fault (caught or not, by which description) and writes report.md in --work.
+A fault the CI sample misses gets, with --soak N, N more random descriptions (seed 31, up to 4
+ranks, as scripts/soak.sh draws them) until the first failure.
 """
 import argparse
 import json
@@ -75,6 +77,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(repo, "build"))
     ap.add_argument("--work", default=os.path.join(repo, "build", "seeded-faults"))
     ap.add_argument("--only", default="")
+    ap.add_argument("--soak", type=int, default=0)
     args = ap.parse_args()
     only = {int(x) for x in args.only.split(",") if x}
     work = os.path.abspath(args.work)
@@ -106,19 +109,25 @@ def main():
             continue
         out = os.path.join(work, f"fault{i}")
         sh(f"rm -rf {out}")
-        m = sh(f"{matrix} --ci --no-shrink --first-failure --bin {tree}/build/bin "
+        found, ran, sample = None, 0, "the CI sample"
+        for mode in ["--ci"] + ([f"--seed 31 --count {args.soak} --max-world 4"] if args.soak else []):
+            sh(f"rm -rf {out} {out}.jsonl")
+            sh(f"{matrix} {mode} --no-shrink --first-failure --bin {tree}/build/bin "
                f"--tools {args.build}/bin --work {out} --jsonl {out}.jsonl")
-        found = None
-        ran = 0
-        if os.path.exists(out + ".jsonl"):
-            for line in open(out + ".jsonl"):
-                row = json.loads(line)
-                ran += 1
-                if row["outcome"] not in ("pass", "refused-as-predicted"):
-                    found = row
-        verdict = (f"CAUGHT by description {ran} ({found['outcome']}): {found['summary']}\n"
+            ran = 0
+            if os.path.exists(out + ".jsonl"):
+                for line in open(out + ".jsonl"):
+                    row = json.loads(line)
+                    ran += 1
+                    if row["outcome"] not in ("pass", "refused-as-predicted"):
+                        found = row
+            if found:
+                break
+            sample = f"{args.soak} soak descriptions (seed 31)"
+        verdict = (f"CAUGHT by description {ran} of {sample} ({found['outcome']}): "
+                   f"{found['summary']}\n"
                    f"      {found.get('detail', '').splitlines()[0] if found.get('detail') else ''}"
-                   if found else f"not caught in {ran} descriptions")
+                   if found else f"not caught ({ran} descriptions of {sample})")
         print(f"{i:2d} {path}: {what}: {verdict} [{time.time() - t0:.0f} s]", flush=True)
         rows.append((i, path, what, verdict, ""))
     sh(f"git -C {tree} checkout -- .")
