@@ -463,12 +463,13 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     const auto layout = flat_layout(*module_, *partitioned_, expert_names());
     shards = layout.shards;
     part = layout.part;
-    // Footers only, here: the checksums of the files this rank reads are checked below, before
-    // anything is installed.
+    // Footers only, but for rank 0's file, whose scalars are checked here: the checksums of
+    // the other files this rank reads are checked below, before anything is installed (with
+    // another world size each rank reads a few of them, not all).
     std::vector<std::unique_ptr<checkpoint::TensorFileReader>> files;
     for (int p = 0; p < saved_parts; ++p)
-      files.push_back(partitioned_files ? reader.open_partition("optim_states", p, false)
-                                        : reader.open_shared("optim_states", nullptr, false));
+      files.push_back(partitioned_files ? reader.open_partition("optim_states", p, p == 0)
+                                        : reader.open_shared("optim_states", nullptr, true));
     const json& first = files.front()->scalars();
     if (first.at("layout") != "flat")
       throw Error(fmt::format("{}: saved by the plain fp32 stage-0 path; resume it with the same "

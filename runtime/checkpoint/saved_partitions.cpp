@@ -11,10 +11,25 @@
 namespace strata::checkpoint {
 namespace {
 
+// The footers' scalars of files not yet verified may be damaged: what they lack or misstate is
+// a strata::Error naming the file, never a JSON exception.
 zero::ShardMap map_of(const std::vector<std::unique_ptr<TensorFileReader>>& files) {
   std::vector<TensorFileInfo> infos;
   for (const auto& f : files) infos.push_back(f->info());
-  return saved_shard_map(infos);
+  try {
+    return saved_shard_map(infos);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{} (or another rank's partition beside it): shard_pieces or "
+                            "flat_numel do not parse ({})",
+                            files.front()->path(), e.what()));
+  }
+}
+
+int64_t flat_numel_of(const TensorFileReader& file) {
+  const json& scalars = file.scalars();
+  if (!scalars.contains("flat_numel"))
+    throw Error(fmt::format("{}: no flat_numel: not a flat-layout partition", file.path()));
+  return json_int(scalars.at("flat_numel"), file.path() + ": flat_numel");
 }
 
 }  // namespace
@@ -94,8 +109,7 @@ void PieceReader::read(const std::string& name, const std::vector<zero::ShardPie
 SavedPartitions::SavedPartitions(std::vector<std::unique_ptr<TensorFileReader>> files)
     : files_(std::move(files)),
       saved_(map_of(files_)),
-      flat_numel_(json_int(files_.front()->scalars().at("flat_numel"),
-                           files_.front()->path() + ": flat_numel")),
+      flat_numel_(flat_numel_of(*files_.front())),
       pieces_(pointers(files_), pieces_of(saved_), flat_numel_) {}
 
 bool SavedPartitions::same_as_saved(const zero::ShardMap& target, int64_t part) const {
