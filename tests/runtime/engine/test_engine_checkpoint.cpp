@@ -10,6 +10,8 @@
 #include <fstream>
 
 #include "runtime/checkpoint/atomic_file.h"
+#include "runtime/checkpoint/layout.h"
+#include "runtime/checkpoint/tensor_file.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "tests/alloc_meter.h"
@@ -342,4 +344,65 @@ TEST(CheckpointHostBytes, Stage3OnNvmeSavesAndLoadsInTilesNotWholeArrays) {
   const double loaded_next = run(false);
   EXPECT_EQ(saved_next, loaded_next);
   strata::checkpoint::remove_tree(dir);
+}
+
+// Checkpoints written before tensor-file version 2 (LibTorch archive payloads) still load: the
+// same checkpoint rewritten file by file as version 1 resumes a stage-3 NVMe engine exactly as
+// the version-2 original does.
+TEST(CheckpointHostBytes, AVersionOneCheckpointStillLoads) {
+  namespace ckpt = strata::checkpoint;
+  const std::string dir = testing::TempDir() + "/v1_" + std::to_string(getpid());
+  const std::string nvme = dir + "/nvme", v2 = dir + "/v2", v1 = dir + "/v1";
+  ckpt::remove_tree(dir);
+  ckpt::make_directories(nvme);
+  json config = {{"train_micro_batch_size_per_gpu", 4},
+                 {"gradient_accumulation_steps", 1},
+                 {"steps_per_print", 1000},
+                 {"zero_optimization",
+                  {{"stage", 3},
+                   {"sub_group_size", 4096},
+                   {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", nvme}}},
+                   {"offload_param", {{"device", "nvme"}, {"nvme_path", nvme}}}}},
+                 {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}}};
+  auto next_loss = [&](auto& engine) {
+    torch::manual_seed(4);
+    const auto x = torch::randn({4, 64}), y = torch::randn({4, 64});
+    engine->backward(engine->forward(x, y));
+    engine->step();
+    return engine->forward(x, y).template item<double>();
+  };
+  double expected = 0;
+  {
+    torch::manual_seed(1);
+    Blocks net(64);
+    auto engine = strata::initialize(net, config);
+    torch::manual_seed(3);
+    engine->backward(engine->forward(torch::randn({4, 64}), torch::randn({4, 64})));
+    engine->step();
+    engine->save_checkpoint(v2, "t");
+    expected = next_loss(engine);
+  }
+  // The same files as version 1, and a manifest that vouches for them.
+  ckpt::link_folder(v2 + "/t", dir + "/copy", /*allow_link=*/false);
+  ckpt::make_directories(v1);
+  ckpt::rename_durable(dir + "/copy", v1 + "/t");
+  ckpt::write_file_atomic(v1 + "/latest", "t");
+  auto manifest = ckpt::CheckpointReader(v1, "t").manifest();
+  for (auto& f : manifest.files) {
+    const std::string path = v1 + "/t/" + f.file;
+    const auto file = ckpt::load_tensor_file(path);
+    const auto info = ckpt::save_tensor_file(path, file.tensors, file.scalars);
+    ASSERT_EQ(info.version, 1);
+    f.bytes = info.bytes;
+    f.crc32c = info.crc32c;
+  }
+  ckpt::write_file_atomic(v1 + "/t/manifest.json", manifest.to_json().dump(1) + "\n");
+  for (const auto& from : {v2, v1}) {
+    torch::manual_seed(2);
+    Blocks net(64);
+    auto engine = strata::initialize(net, config);
+    engine->load_checkpoint(from, "t");
+    EXPECT_EQ(next_loss(engine), expected) << from;
+  }
+  ckpt::remove_tree(dir);
 }
