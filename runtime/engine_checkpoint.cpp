@@ -5,6 +5,11 @@
 //     flat layout, one file per rank at stages 1-2 (shared otherwise), with the partition's
 //     place in the flat layout (shard_pieces.h), so that another world size or sharding can
 //     re-partition them; the plain fp32 stage-0 path stores its per-parameter state instead.
+// At stage 3 and with NVMe offload nothing here is whole in host memory: the model is written and
+// installed one unit at a time, the master and moments stream between swap files and checkpoint
+// in tiles, and a partition of another world size is read from the saved pieces it overlaps
+// (checkpoint/saved_partitions.h). Every file a rank reads is checksummed before anything is
+// installed.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -31,8 +36,6 @@ namespace {
 
 using checkpoint::NamedTensors;
 using checkpoint::pieces_json;
-using checkpoint::saved_pieces;
-using checkpoint::saved_shard_map;
 
 using Names = std::unordered_set<std::string>;
 

@@ -235,10 +235,6 @@ void install_master_state(zero::PartitionedOptimizer& partitioned,
       return t.view(partitioned.master().sizes());
     };
     partitioned.master().copy_(read("master"));
-    if (header.type == "none" && header.tensors.empty()) {
-      optim::import_param_state(optimizer, partitioned.master(), header);
-      return;
-    }
     optim::ParamState state = header;
     for (auto& [name, t] : state.tensors) t = read("state." + name);
     optim::import_param_state(optimizer, partitioned.master(), state);
