@@ -37,6 +37,7 @@
 namespace strata {
 namespace checkpoint {
 class CheckpointWriter;
+class TensorFileWriter;
 class CheckpointReader;
 }  // namespace checkpoint
 
@@ -233,6 +234,10 @@ class Engine {
   // rank 0 keeps them).
   std::vector<std::pair<std::string, torch::Tensor>> stage3_host_copies(bool keep,
                                                                         bool with_experts);
+  // Stage 3: the module's parameters (the experts' left out) and buffers into `out` (rank 0;
+  // null on the others, which gather along), each unit gathered and written in turn, so that no
+  // more than one unit is whole in memory.
+  void stream_stage3_model(checkpoint::TensorFileWriter* out);
   // Stage 3: the saved parameters into the units' shards, the buffers into the module.
   template <class TensorFile>
   void install_stage3_weights(const TensorFile& states);

@@ -5,6 +5,11 @@
 //     flat layout, one file per rank at stages 1-2 (shared otherwise), with the partition's
 //     place in the flat layout (shard_pieces.h), so that another world size or sharding can
 //     re-partition them; the plain fp32 stage-0 path stores its per-parameter state instead.
+// At stage 3 and with NVMe offload nothing here is whole in host memory: the model is written and
+// installed one unit at a time, the master and moments stream between swap files and checkpoint
+// in tiles, and a partition of another world size is read from the saved pieces it overlaps
+// (checkpoint/saved_partitions.h). Every file a rank reads is checksummed before anything is
+// installed.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +22,7 @@
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/rng_state.h"
+#include "runtime/checkpoint/saved_partitions.h"
 #include "runtime/checkpoint/shard_pieces.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
@@ -30,8 +36,6 @@ namespace {
 
 using checkpoint::NamedTensors;
 using checkpoint::pieces_json;
-using checkpoint::saved_pieces;
-using checkpoint::saved_shard_map;
 
 using Names = std::unordered_set<std::string>;
 
@@ -187,6 +191,20 @@ FlatLayout flat_layout(torch::nn::Module& module, const zero::PartitionedOptimiz
   return {numel, units->shards_over(offsets), partitioned.partition_index()};
 }
 
+// The saved model as install_stage3_weights reads it: each tensor from the file when it is
+// asked for (a unit's parameters at a time), integer buffers saved as 16-bit converted back.
+struct StreamedModel {
+  const checkpoint::TensorFileReader& file;
+  const std::vector<std::pair<std::string, torch::ScalarType>>& cast;
+
+  torch::Tensor at(const std::string& name) const {
+    auto t = file.at(name);
+    for (const auto& [buffer, dtype] : cast)
+      if (name == buffer) t = t.to(dtype);
+    return t;
+  }
+};
+
 }  // namespace
 
 std::unordered_set<std::string> Engine::expert_names() const {
@@ -235,6 +253,32 @@ void Engine::install_stage3_weights(const TensorFile& states) {
     if (units_->unit_of(p.value().storage().unsafeGetStorageImpl()) < 0 && !is_expert(p.value()))
       p.value().copy_(states.at("param." + p.key()));  // kept whole (not floating point)
   for (const auto& b : module_->named_buffers()) b.value().copy_(states.at("buffer." + b.key()));
+}
+
+void Engine::stream_stage3_model(checkpoint::TensorFileWriter* out) {
+  // Every name of each parameter (tied weights have several), experts left out.
+  const auto skip = expert_names();
+  std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> names_of;
+  for (const auto& p : module_->named_parameters())
+    if (!skip.count(p.key())) names_of[p.value().unsafeGetTensorImpl()].push_back(p.key());
+  std::unordered_set<const c10::TensorImpl*> in_units;
+  for (size_t u = 0; u < units_->size(); ++u) {
+    coordinator_->pin({u});
+    for (const auto& p : units_->unit(u).params) {
+      in_units.insert(p.unsafeGetTensorImpl());
+      if (!out) continue;
+      const auto it = names_of.find(p.unsafeGetTensorImpl());
+      if (it != names_of.end())
+        for (const auto& name : it->second) out->add("param." + name, p);
+    }
+    coordinator_->unpin();
+    coordinator_->release_all();
+  }
+  if (!out) return;
+  for (const auto& p : module_->named_parameters())  // not in a unit (not floating point): whole
+    if (!skip.count(p.key()) && !in_units.count(p.value().unsafeGetTensorImpl()))
+      out->add("param." + p.key(), p.value());
+  for (const auto& b : module_->named_buffers()) out->add("buffer." + b.key(), b.value());
 }
 
 void Engine::save_16bit_model(const std::string& dir, const std::string& file) {
@@ -295,15 +339,24 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
                        {checkpoint::kSubmodulesKey, submodule_paths(*module_)}};
   if (lr_scheduler_) engine_state["lr_scheduler"] = lr_scheduler_->state_dict();
   if (coordinator_) {
-    // Stage 3: the units gathered one at a time; rank 0 keeps a host copy of each.
-    const auto whole = stage3_host_copies(/*keep=*/rank == 0, /*with_experts=*/false);
-    if (rank == 0) writer.write_shared("model_states", whole, engine_state);
+    // Stage 3: the units gathered one at a time, each written into rank 0's file as it comes;
+    // the footer lists the tensors in the module's order, as the other stages write them.
+    std::vector<std::string> order;
+    for (const auto& [name, t] : model_tensors(*module_, expert_names())) order.push_back(name);
+    if (rank == 0)
+      writer.stream_shared(
+          "model_states",
+          [&](checkpoint::TensorFileWriter& out) { stream_stage3_model(&out); }, engine_state,
+          order);
+    else
+      stream_stage3_model(nullptr);
   } else if (rank == 0) {
     writer.write_shared("model_states", model_tensors(*module_, expert_names()), engine_state);
   }
 
   NamedTensors optim;
   json scalars = json::object();
+  const bool partitioned_files = partitioned_ && partitioned_->shards().parts() > 1;
   if (partitioned_) {
     const auto layout = flat_layout(*module_, *partitioned_, expert_names());
     scalars["layout"] = "flat";
@@ -312,14 +365,17 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
     put_trainables(*module_, expert_names(), scalars, /*flat=*/true);
     // Where this partition's elements sit in the flat layout (zero/shard_map.h).
     scalars["shard_pieces"] = pieces_json(layout.shards.pieces(layout.part));
-    auto [master, state] = export_master_state(*partitioned_, *optimizer_);
-    optim.emplace_back("master", master);
-    if (state) {
-      put_state(*state, "state.", optim, scalars);
-    } else {
+    // The master and its state, streamed from wherever they live (NVMe: tile by tile). The
+    // state's scalars join `scalars` while the file is written, before its footer.
+    auto write = [&](checkpoint::TensorFileWriter& out) {
+      if (write_master_state(*partitioned_, *optimizer_, out, scalars)) return;
       scalars["archive"] = true;
-      optim.emplace_back("archive", bytes_tensor(optim::save_optimizer_archive(*optimizer_)));
-    }
+      out.add("archive", bytes_tensor(optim::save_optimizer_archive(*optimizer_)));
+    };
+    if (partitioned_files)
+      writer.stream_partition("optim_states", write, scalars);
+    else if (rank == 0)
+      writer.stream_shared("optim_states", write, scalars);
   } else {
     scalars["layout"] = "per_param";
     put_trainables(*module_, expert_names(), scalars, /*flat=*/false);
@@ -333,11 +389,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string tag, const json
       put_state(*state, fmt::format("state.{}.", i), optim, scalars);
     }
   }
-  const bool partitioned_files = partitioned_ && partitioned_->shards().parts() > 1;
-  if (partitioned_files)
-    writer.write_partition("optim_states", optim, scalars);
-  else if (rank == 0)
-    writer.write_shared("optim_states", optim, scalars);
+  if (!partitioned_ && rank == 0) writer.write_shared("optim_states", optim, scalars);
   save_expert_states(writer);
   // Each rank's random generators (dropout's draws), so that a resume is exact for them too.
   writer.write_partition(checkpoint::kRngStatesKind, checkpoint::capture_rng_states());
@@ -363,11 +415,19 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   const auto model = model_tensors(*module_, expert_names());
   auto specs = checkpoint::specs_of(model);
   const auto cast_buffers = accept_cast_buffers(reader, specs);
-  auto states = reader.load_shared("model_states", specs);
-  for (auto& [name, t] : states.tensors)
-    for (const auto& [cast, dtype] : cast_buffers)
-      if (name == cast) t = t.to(dtype);
-  const json& engine_state = states.scalars;
+  // Stage 3 reads the model a unit at a time from the verified file; the other stages, whose
+  // model is whole in memory anyway, load it whole.
+  std::optional<checkpoint::TensorFile> states;
+  std::unique_ptr<checkpoint::TensorFileReader> streamed;
+  if (units_) {
+    streamed = reader.open_shared("model_states", &specs);
+  } else {
+    states = reader.load_shared("model_states", specs);
+    for (auto& [name, t] : states->tensors)
+      for (const auto& [cast, dtype] : cast_buffers)
+        if (name == cast) t = t.to(dtype);
+  }
+  const json& engine_state = streamed ? streamed->scalars() : states->scalars;
   const auto global_steps = engine_state.at("global_steps").get<int64_t>();
   const auto saved_micro_steps = engine_state.at("micro_steps").get<int64_t>();
   // Checkpoints before the accumulation was recorded: a boundary is micro = global x gas.
@@ -394,65 +454,54 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
 
   const bool partitioned_files = reader.has_partition("optim_states");
   const int saved_parts = partitioned_files ? reader.world_size() : 1;
-  auto optim_file = [&](int part) {
-    return partitioned_files ? reader.load_partition("optim_states", part)
-                             : reader.load_shared("optim_states");
-  };
-  // What the optimizer gets: the master partition with its state, an archive, or per-parameter
-  // states.
-  torch::Tensor master;
+  // What the optimizer gets: the master partition with its state read from the saved partitions
+  // by range, an archive, or per-parameter states.
+  std::unique_ptr<checkpoint::SavedPartitions> saved;
   std::optional<optim::ParamState> master_state;
   std::optional<std::string> archive;
   std::vector<optim::ParamState> param_states;
+  zero::ShardMap shards;
+  int64_t part = 0;
   if (partitioned_) {
     const auto layout = flat_layout(*module_, *partitioned_, expert_names());
-    const auto& shards = layout.shards;
-    const int64_t part = layout.part;
-    const auto first = optim_file(shards.parts() == saved_parts ? static_cast<int>(part) : 0);
-    if (first.scalars.at("layout") != "flat")
+    shards = layout.shards;
+    part = layout.part;
+    // Footers only, but for rank 0's file, whose scalars are checked here: the checksums of
+    // the other files this rank reads are checked below, before anything is installed (with
+    // another world size each rank reads a few of them, not all).
+    std::vector<std::unique_ptr<checkpoint::TensorFileReader>> files;
+    for (int p = 0; p < saved_parts; ++p)
+      files.push_back(partitioned_files ? reader.open_partition("optim_states", p, p == 0)
+                                        : reader.open_shared("optim_states", nullptr, true));
+    const json& first = files.front()->scalars();
+    if (first.at("layout") != "flat")
       throw Error(fmt::format("{}: saved by the plain fp32 stage-0 path; resume it with the same "
                               "precision and ZeRO stage", reader.folder()));
-    check_same_trainables(first.scalars, "flat_params", *module_, expert_names(), reader.folder());
-    if (first.scalars.at("flat_numel").get<int64_t>() != layout.numel)
+    check_same_trainables(first, "flat_params", *module_, expert_names(), reader.folder());
+    if (first.at("flat_numel").get<int64_t>() != layout.numel)
       throw Error(fmt::format("{}: {} trainable elements saved, this model has {}",
-                              reader.folder(), first.scalars.at("flat_numel").get<int64_t>(),
+                              reader.folder(), first.at("flat_numel").get<int64_t>(),
                               layout.numel));
-    const bool same_layout = shards.parts() == saved_parts &&
-                             first.at("master").numel() == shards.partition_numel() &&
-                             saved_pieces(first, static_cast<int>(part)) == shards.pieces(part);
-    if (same_layout) {
-      master = first.at("master");
-      if (first.scalars.contains("archive"))
-        archive = tensor_bytes(first.at("archive"));
-      else
-        master_state = get_state(first, "state.");
-    } else {
-      // Another world size or sharding: put the saved partitions back into the flat layout and
-      // cut this rank's partition out of it.
-      if (first.scalars.contains("archive"))
+    saved = std::make_unique<checkpoint::SavedPartitions>(std::move(files));
+    saved->verify_for(shards, part);
+    if (saved->scalars().contains("archive")) {
+      // LibTorch's archive holds one partition as it was cut: only the same cut can use it.
+      if (!saved->same_as_saved(shards, part))
         throw Error(fmt::format("{}: this optimizer's state cannot be re-partitioned from {} "
                                 "rank(s) to {} or another sharding (only Strata's Adam and SGD "
                                 "state can)",
                                 reader.folder(), saved_parts, shards.parts()));
-      std::vector<checkpoint::TensorFile> files;
-      for (int p = 0; p < saved_parts; ++p) files.push_back(optim_file(p));
-      const auto saved = saved_shard_map(files);
-      auto mine = [&](const std::string& name) {
-        std::vector<torch::Tensor> parts;
-        for (const auto& f : files) parts.push_back(f.at(name));
-        return shards.gather(saved.assemble(parts, layout.numel), part);
-      };
-      master = mine("master");
-      master_state = get_state(files.front(), "state.");
-      for (auto& [name, t] : master_state->tensors) t = mine("state." + name);
+      saved->file(static_cast<int>(part)).verify();
+      archive = tensor_bytes(saved->file(static_cast<int>(part)).at("archive"));
+    } else {
+      std::vector<std::string> names;
+      for (const auto& spec : saved->file(0).info().tensors) names.push_back(spec.name);
+      master_state = saved_state_header(saved->scalars(), names, partitioned_->master());
+      optim::check_param_state(*optimizer_, partitioned_->master(), *master_state);
     }
-    if (master.sizes() != partitioned_->master().sizes())
-      throw Error(fmt::format("{}: the saved master partition has shape {}, this rank's {}",
-                              reader.folder(), c10::str(master.sizes()),
-                              c10::str(partitioned_->master().sizes())));
-    if (master_state) optim::check_param_state(*optimizer_, partitioned_->master(), *master_state);
   } else {
-    const auto file = optim_file(0);
+    const auto file = partitioned_files ? reader.load_partition("optim_states", 0)
+                                        : reader.load_shared("optim_states");
     const auto layout = file.scalars.at("layout").get<std::string>();
     if (layout == "flat")
       throw Error(fmt::format("{}: saved with mixed precision or ZeRO; resume it with the same "
@@ -505,10 +554,21 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
                       : std::string("saved before checkpoints kept them"));
   }
   if (units_)
-    install_stage3_weights(states);
+    install_stage3_weights(StreamedModel{*streamed, cast_buffers});
   else
-    states.copy_to(model);
-  if (partitioned_) install_master_state(*partitioned_, *optimizer_, master, master_state);
+    states->copy_to(model);
+  if (partitioned_) {
+    auto source = [&](const std::string& name, int64_t offset, int64_t n, float* dst) {
+      saved->read(name, shards, part, offset, n, dst);
+    };
+    if (master_state) {
+      install_master_state(*partitioned_, *optimizer_, source, *master_state);
+    } else {  // the archive holds the state; the master is ours to read
+      auto master = torch::empty({partitioned_->master().numel()}, torch::kFloat);
+      source("master", 0, master.numel(), master.data_ptr<float>());
+      partitioned_->master().copy_(master.view(partitioned_->master().sizes()));
+    }
+  }
   for (size_t i = 0; i < param_states.size(); ++i)
     optim::import_param_state(*optimizer_, params_[i], param_states[i]);
   install_experts();

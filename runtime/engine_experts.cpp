@@ -329,28 +329,37 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   json calls = json::array();
   for (const auto* layer : moe::moe_layers(*module_)) calls.push_back(layer->call_index());
   scalars["moe_call_index"] = calls;
-  checkpoint::NamedTensors tensors;
-  std::vector<zero::ShardPiece> pieces;
-  if (writes) {
-    pieces = to_global(shards.pieces(part), layout);
-    auto [master, state] = export_master_state(ep, *expert_optimizer_);
-    tensors.emplace_back("master", master);
+  if (!writes) {
+    scalars["expert_pieces"] = json::array();
+    writer.write_partition("expert_states", {}, scalars);
+    return;
+  }
+  scalars["expert_pieces"] = checkpoint::pieces_json(to_global(shards.pieces(part), layout));
+  // Streamed (NVMe: a tile at a time); the state's scalars join `scalars` before the footer.
+  writer.stream_partition("expert_states", [&](checkpoint::TensorFileWriter& out) {
+    if (!write_master_state(ep, *expert_optimizer_, out, scalars))
+      throw Error("save_checkpoint: the experts' optimizer state cannot be saved per expert (only "
+                  "Strata's Adam and SGD state can); use one of them for MoE models");
     // The 16-bit weights of the partition: stage 3 keeps them as the units' shards (on NVMe
     // they have no bytes here, and equal the master cast, which is how every step writes them).
     const auto* units = ep.units();
-    tensors.emplace_back("weights", !units ? shards.gather(ep.flat().data(), part)
-                                    : units->partition_offload() == "nvme"
-                                        ? master.to(units->partition().scalar_type())
-                                        : units->partition());
-    if (!state)
-      throw Error("save_checkpoint: the experts' optimizer state cannot be saved per expert (only "
-                  "Strata's Adam and SGD state can); use one of them for MoE models");
-    scalars["state.type"] = state->type;
-    for (const auto& item : state->scalars.items()) scalars["state." + item.key()] = item.value();
-    for (const auto& [name, t] : state->tensors) tensors.emplace_back("state." + name, t.detach());
-  }
-  scalars["expert_pieces"] = checkpoint::pieces_json(pieces);
-  writer.write_partition("expert_states", tensors, scalars);
+    if (!units) {
+      out.add("weights", shards.gather(ep.flat().data(), part));
+    } else if (units->partition_offload() != "nvme") {
+      out.add("weights", units->partition());
+    } else {
+      const auto dtype = units->partition().scalar_type();
+      out.begin({"weights", dtype, {units->partition().numel()}});
+      ep.read_swapped_tiles(offload::OptimizerSwapper::kMaster,
+                            [&](int64_t, int64_t n, const float* src) {
+                              const auto cast =
+                                  torch::from_blob(const_cast<float*>(src), {n}, torch::kFloat)
+                                      .to(dtype);
+                              out.write(cast.data_ptr(), size_t(cast.nbytes()));
+                            });
+      out.end();
+    }
+  }, scalars);
 }
 
 std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointReader& reader,
@@ -368,33 +377,23 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
   const auto& ep = *expert_partitioned_;
   const auto local = local_experts(ep);
   const auto layout = expert_layout(experts_, local);
-  // Every rank's file: the partitions that cover the global layout, each expert once.
-  const checkpoint::SavedExperts saved(reader);
-  if (saved.layout() != layout.describe)
+  // Every rank's file: the partitions that cover the global layout, each expert once. This
+  // rank's partition and its 16-bit weights are read from them by range when installed.
+  const auto saved = std::make_shared<const checkpoint::SavedExperts>(reader);
+  if (saved->layout() != layout.describe)
     throw Error(fmt::format("{}: the checkpoint's MoE experts are not this model's: saved {}, this "
                             "model {}",
-                            reader.folder(), saved.layout().dump(), layout.describe.dump()));
-  auto mine = [&](const std::string& name) {
-    return local.shards.gather(to_local(saved.assemble(name), layout, local.numel), local.part);
-  };
-  const auto master = mine("master");
-  const auto weights = to_local(saved.assemble("weights"), layout, local.numel);
-  optim::ParamState state;
-  state.type = saved.scalars().at("state.type").get<std::string>();
-  if (saved.scalars().contains("state.step")) state.scalars["step"] = saved.scalars().at("state.step");
-  for (const auto& name : saved.state_tensors())
-    state.tensors.emplace_back(name.substr(6), mine(name));
-  if (master.sizes() != ep.master().sizes())
-    throw Error(fmt::format("{}: the experts' master partition has shape {}, this rank's {}",
-                            reader.folder(), c10::str(master.sizes()), c10::str(ep.master().sizes())));
+                            reader.folder(), saved->layout().dump(), layout.describe.dump()));
+  const auto pieces = to_global(local.shards.pieces(local.part), layout);
+  const auto state = saved_state_header(saved->scalars(), saved->state_tensors(), ep.master());
   optim::check_param_state(*expert_optimizer_, ep.master(), state);
   // The layers' call counters (the same on every rank of a program whose ranks run the same
   // forwards). A checkpoint from before they were saved: one forward per micro-step, the usual
   // loop, so that the noise at least does not replay calls 0, 1, ...
   const auto layers = moe::moe_layers(*module_);
   std::vector<int64_t> calls(layers.size(), saved_micro_steps);
-  if (saved.scalars().contains("moe_call_index")) {
-    const json& saved_calls = saved.scalars().at("moe_call_index");
+  if (saved->scalars().contains("moe_call_index")) {
+    const json& saved_calls = saved->scalars().at("moe_call_index");
     if (!saved_calls.is_array() || saved_calls.size() != layers.size())
       throw Error(fmt::format("{}: moe_call_index is {}; this model has {} MoE layer(s), one "
                               "call counter each",
@@ -409,10 +408,26 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
   // Without counters (saved by an older Strata) they count the saved run's micro-steps. Either
   // way they matter only to a layer called outside engine->forward, which keys the noise by the
   // global micro-batch (key_gate_noise).
-  return [this, master, weights, state, layout, local, layers, calls] {
+  return [this, saved, pieces, state, layout, local, layers, calls] {
     for (size_t i = 0; i < layers.size(); ++i) layers[i]->set_call_index(calls[i]);
     auto& ep = *expert_partitioned_;
-    install_master_state(ep, *expert_optimizer_, master, state);
+    install_master_state(
+        ep, *expert_optimizer_,
+        [&](const std::string& name, int64_t offset, int64_t n, float* dst) {
+          saved->read(name, pieces, offset, n, dst);
+        },
+        state);
+    // Local flat elements [lo, lo + n) of the saved 16-bit weights (zeros between experts).
+    auto weights = [&](int64_t lo, int64_t n) {
+      std::vector<zero::ShardPiece> from;
+      for (const auto& s : layout.segments) {
+        const int64_t a = std::max(lo, s.local), b = std::min(lo + n, s.local + s.length);
+        if (a < b) from.push_back({s.global + (a - s.local), b - a, a - lo});
+      }
+      auto t = torch::empty({n}, torch::TensorOptions().dtype(saved->dtype("weights")));
+      saved->read("weights", from, 0, n, t.data_ptr());
+      return t;
+    };
     if (auto* units = ep.units()) {  // stage 3: each unit's shard from its parameters' values
       std::unordered_map<const c10::TensorImpl*, int64_t> offset;
       for (size_t i = 0; i < local.params.size(); ++i)
@@ -420,14 +435,14 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
       for (size_t u = 0; u < units->size(); ++u) {
         std::vector<torch::Tensor> values;
         for (const auto& p : units->unit(u).params)
-          values.push_back(weights.narrow(0, offset.at(p.unsafeGetTensorImpl()), p.numel()));
+          values.push_back(weights(offset.at(p.unsafeGetTensorImpl()), p.numel()));
         units->assign(u, values);
       }
       return;
     }
     const auto& data = ep.flat().data();
     for (const auto& s : layout.segments)
-      data.narrow(0, s.local, s.length).copy_(weights.narrow(0, s.local, s.length));
+      data.narrow(0, s.local, s.length).copy_(weights(s.local, s.length));
   };
 }
 

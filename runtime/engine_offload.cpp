@@ -179,45 +179,85 @@ void Engine::finish_optimizer_offload() {
                 : "");
 }
 
-MasterState export_master_state(const zero::PartitionedOptimizer& partitioned,
-                                const torch::optim::Optimizer& optimizer) {
-  if (!partitioned.swaps())
-    return {partitioned.master(), optim::export_param_state(optimizer, partitioned.master())};
+bool write_master_state(const zero::PartitionedOptimizer& partitioned,
+                        const torch::optim::Optimizer& optimizer, checkpoint::TensorFileWriter& out,
+                        json& scalars) {
+  if (!partitioned.swaps()) {
+    out.add("master", partitioned.master());
+    const auto state = optim::export_param_state(optimizer, partitioned.master());
+    if (!state) return false;
+    scalars["state.type"] = state->type;
+    for (const auto& item : state->scalars.items()) scalars["state." + item.key()] = item.value();
+    for (const auto& [name, t] : state->tensors) out.add("state." + name, t);
+    return true;
+  }
   // Swapped state is Strata's Adam's (finish_optimizer_offload checked it): the step count is in
-  // the optimizer, the arrays in the files.
+  // the optimizer, the arrays in the files, copied into the checkpoint tile by tile.
   const auto& adam = dynamic_cast<const optim::Adam&>(optimizer);
+  const int64_t numel = partitioned.master().numel();
+  auto stream = [&](const std::string& name, Swap::Array a) {
+    out.begin({name, torch::kFloat, {numel}});
+    partitioned.read_swapped_tiles(a, [&](int64_t, int64_t n, const float* src) {
+      out.write(src, size_t(n) * sizeof(float));
+    });
+    out.end();
+  };
+  stream("master", Swap::kMaster);
+  stream("state.exp_avg", Swap::kExpAvg);
+  stream("state.exp_avg_sq", Swap::kExpAvgSq);
+  scalars["state.type"] = "adam";
+  scalars["state.step"] = adam.flat_steps();
+  return true;
+}
+
+optim::ParamState saved_state_header(const json& scalars, const std::vector<std::string>& names,
+                                     const torch::Tensor& master) {
   optim::ParamState state;
-  state.type = "adam";
-  state.tensors = {{"exp_avg", partitioned.read_swapped(Swap::kExpAvg)},
-                   {"exp_avg_sq", partitioned.read_swapped(Swap::kExpAvgSq)}};
-  state.scalars["step"] = adam.flat_steps();
-  return {partitioned.read_swapped(Swap::kMaster), state};
+  state.type = scalars.at("state.type").get<std::string>();
+  if (scalars.contains("state.step")) state.scalars["step"] = scalars.at("state.step");
+  const auto shaped = torch::zeros({1}, torch::kFloat).expand(master.sizes());
+  for (const auto& name : names)
+    if (name.rfind("state.", 0) == 0 && name.find('.', 6) == std::string::npos)
+      state.tensors.emplace_back(name.substr(6), shaped);
+  return state;
 }
 
 void install_master_state(zero::PartitionedOptimizer& partitioned,
-                          torch::optim::Optimizer& optimizer, const torch::Tensor& master,
-                          const std::optional<optim::ParamState>& state) {
+                          torch::optim::Optimizer& optimizer, const PartitionSource& source,
+                          const optim::ParamState& header) {
   torch::NoGradGuard no_grad;
+  const int64_t numel = partitioned.master().numel();
   if (!partitioned.swaps()) {
-    partitioned.master().copy_(master);
-    if (state) optim::import_param_state(optimizer, partitioned.master(), *state);
+    // The master is in memory already: the saved one arrives partition-sized, then in place.
+    auto read = [&](const std::string& name) {
+      auto t = torch::empty({numel}, torch::kFloat);
+      source(name, 0, numel, t.data_ptr<float>());
+      return t.view(partitioned.master().sizes());
+    };
+    partitioned.master().copy_(read("master"));
+    optim::ParamState state = header;
+    for (auto& [name, t] : state.tensors) t = read("state." + name);
+    optim::import_param_state(optimizer, partitioned.master(), state);
     return;
   }
-  if (!state) throw Error("optimizer offload to NVMe: the checkpoint has no Adam state to install");
-  optim::check_param_state(optimizer, partitioned.master(), *state);
   auto& adam = dynamic_cast<optim::Adam&>(optimizer);
-  partitioned.write_swapped(Swap::kMaster, master);
-  if (state->type == "none") {  // saved before the first step
+  auto stream = [&](const std::string& name, Swap::Array a) {
+    partitioned.write_swapped_tiles(a, [&](int64_t offset, int64_t n, float* dst) {
+      source(name, offset, n, dst);
+    });
+  };
+  stream("master", Swap::kMaster);
+  if (header.type == "none") {  // saved before the first step
     partitioned.fill_swapped(Swap::kExpAvg, 0.f);
     partitioned.fill_swapped(Swap::kExpAvgSq, 0.f);
     adam.set_flat_steps(0);
     return;
   }
-  for (const auto& [name, t] : state->tensors) {
-    if (name == "exp_avg") partitioned.write_swapped(Swap::kExpAvg, t);
-    if (name == "exp_avg_sq") partitioned.write_swapped(Swap::kExpAvgSq, t);
+  for (const auto& [name, t] : header.tensors) {
+    if (name == "exp_avg") stream("state.exp_avg", Swap::kExpAvg);
+    if (name == "exp_avg_sq") stream("state.exp_avg_sq", Swap::kExpAvgSq);
   }
-  adam.set_flat_steps(state->scalars.at("step").get<int64_t>());
+  adam.set_flat_steps(header.scalars.at("step").get<int64_t>());
 }
 
 }  // namespace strata

@@ -590,6 +590,19 @@ void PartitionedOptimizer::fill_swapped(offload::OptimizerSwapper::Array a, floa
   swapper_->fill_array(a, value);
 }
 
+void PartitionedOptimizer::read_swapped_tiles(offload::OptimizerSwapper::Array a,
+                                              const offload::OptimizerSwapper::TileIn& consume) const {
+  if (!swapper_) throw Error("PartitionedOptimizer::read_swapped_tiles: the state is not on NVMe");
+  swapper_->read_tiles(a, consume);
+}
+
+void PartitionedOptimizer::write_swapped_tiles(offload::OptimizerSwapper::Array a,
+                                               const offload::OptimizerSwapper::TileOut& produce) {
+  settle();
+  if (!swapper_) throw Error("PartitionedOptimizer::write_swapped_tiles: the state is not on NVMe");
+  swapper_->write_tiles(a, produce);
+}
+
 void PartitionedOptimizer::write_swapped(offload::OptimizerSwapper::Array a,
                                          const torch::Tensor& values) {
   if (!swapper_) throw Error("PartitionedOptimizer::write_swapped: the state is not on NVMe");

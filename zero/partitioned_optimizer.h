@@ -190,6 +190,11 @@ class PartitionedOptimizer {
   torch::Tensor read_swapped(offload::OptimizerSwapper::Array a) const;
   void write_swapped(offload::OptimizerSwapper::Array a, const torch::Tensor& values);
   void fill_swapped(offload::OptimizerSwapper::Array a, float value);  // no host copy needed
+  // The same a tile at a time (checkpoints of partitions that do not fit host memory whole).
+  void read_swapped_tiles(offload::OptimizerSwapper::Array a,
+                          const offload::OptimizerSwapper::TileIn& consume) const;
+  void write_swapped_tiles(offload::OptimizerSwapper::Array a,
+                           const offload::OptimizerSwapper::TileOut& produce);
   const offload::OptimizerSwapper* swapper() const { return swapper_.get(); }
   const ShardMap& shards() const { return shards_; }
   int64_t partition_index() const { return shards_.parts() > 1 ? rank_ : 0; }

@@ -186,7 +186,8 @@ void FileReader::read_at(uint64_t offset, void* buf, size_t n) const {
 }
 
 uint32_t FileReader::crc32c(uint64_t offset, uint64_t n) const {
-  std::vector<char> chunk(std::min<uint64_t>(n, uint64_t(8) << 20));
+  // 1 MiB: the checksum pass of a streamed load must not cost more host memory than its tiles.
+  std::vector<char> chunk(std::min<uint64_t>(n, uint64_t(1) << 20));
   uint32_t crc = 0;
   while (n > 0) {
     const size_t take = size_t(std::min<uint64_t>(n, chunk.size()));

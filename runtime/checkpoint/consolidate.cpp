@@ -9,6 +9,7 @@
 #include "runtime/checkpoint/atomic_file.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/saved_experts.h"
+#include "runtime/checkpoint/saved_partitions.h"
 #include "runtime/checkpoint/shard_pieces.h"
 #include "runtime/error.h"
 
@@ -20,34 +21,38 @@ NamedTensors consolidate_checked(const CheckpointReader& reader, torch::ScalarTy
   const auto model = reader.load_shared("model_states");
   NamedTensors out;
   const bool partitioned = reader.has_partition("optim_states");
-  const auto optim0 = partitioned ? reader.load_partition("optim_states", 0)
-                                  : reader.load_shared("optim_states");
+  // The optimizer files by range: only their masters are read, not the moments beside them.
+  auto first = partitioned ? reader.open_partition("optim_states", 0)
+                           : reader.open_shared("optim_states");
   std::map<std::string, torch::Tensor> master;  // parameter name -> fp32 full value
-  if (optim0.scalars.value("layout", "") == "flat") {
-    std::vector<TensorFile> files{optim0};
+  if (first->scalars().value("layout", "") == "flat") {
+    std::vector<std::unique_ptr<TensorFileReader>> files;
+    files.push_back(std::move(first));
     const int parts = partitioned ? reader.world_size() : 1;
-    for (int p = 1; p < parts; ++p) files.push_back(reader.load_partition("optim_states", p));
-    std::vector<torch::Tensor> masters;
-    for (const auto& f : files) masters.push_back(f.at("master"));
-    const auto flat = saved_shard_map(files).assemble(
-        masters, json_int(optim0.scalars.at("flat_numel"), optim0.path + ": flat_numel"));
+    for (int p = 1; p < parts; ++p) files.push_back(reader.open_partition("optim_states", p));
+    const SavedPartitions saved(std::move(files));
+    const json& scalars = saved.scalars();
+    const std::string& path = saved.file(0).path();
+    auto flat = torch::empty({saved.flat_numel()}, torch::kFloat);
+    saved.read("master", zero::ShardMap::contiguous(flat.numel(), 1), 0, 0, flat.numel(),
+               flat.data_ptr());
     int64_t offset = 0;
-    const json& names = optim0.scalars.at("flat_params");
-    if (!names.is_array()) throw Error(fmt::format("{}: flat_params is not a list", optim0.path));
+    const json& names = scalars.at("flat_params");
+    if (!names.is_array()) throw Error(fmt::format("{}: flat_params is not a list", path));
     for (const auto& name : names) {
-      const auto& saved = model.at("param." + name.get<std::string>());
-      if (saved.numel() > flat.numel() - offset)
+      const auto& param = model.at("param." + name.get<std::string>());
+      if (param.numel() > flat.numel() - offset)
         throw Error(fmt::format("{}: parameter {} ends past the {} elements of the flat layout",
-                                optim0.path, name.dump(), flat.numel()));
-      master[name] = flat.narrow(0, offset, saved.numel()).view(saved.sizes());
-      offset += saved.numel();
+                                path, name.dump(), flat.numel()));
+      master[name] = flat.narrow(0, offset, param.numel()).view(param.sizes());
+      offset += param.numel();
     }
     if (offset != flat.numel())  // the flat layout is the parameters back to back, no gaps
       throw Error(fmt::format("{}: flat_params cover {} of the {} elements of the flat layout",
-                              optim0.path, offset, flat.numel()));
+                              path, offset, flat.numel()));
     // Tied weights: a second name of one tensor takes the value of the name it was saved under.
     // (Named: items() of a temporary would dangle inside the loop.)
-    const json aliases = optim0.scalars.value("flat_param_aliases", json::object());
+    const json aliases = scalars.value("flat_param_aliases", json::object());
     for (const auto& [alias, name] : aliases.items()) master[alias] = master.at(name.get<std::string>());
   }
   // Parameters from the fp32 master when there is one; frozen ones and buffers as saved.

@@ -305,7 +305,8 @@ CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, int rank, i
 }
 
 FileEntry CheckpointWriter::write(const std::string& kind, int file_rank,
-                                  const NamedTensors& tensors, const json& scalars) {
+                                  const WriteTensors& tensors, const json& scalars,
+                                  const std::vector<std::string>& order) {
   if (committed_) throw Error(fmt::format("checkpoint '{}': already committed", tag_));
   for (const auto& f : written_)
     if (f.kind == kind && f.rank == file_rank)
@@ -313,14 +314,39 @@ FileEntry CheckpointWriter::write(const std::string& kind, int file_rank,
   const std::string name =
       file_rank < 0 ? shared_file_name(kind) : partition_file_name(kind, file_rank);
   remove_stale_temporaries(staging_, name);
-  written_.push_back(entry_of(save_tensor_file(staging_ + "/" + name, tensors, scalars), kind,
-                              file_rank));
+  TensorFileWriter file(staging_ + "/" + name);
+  tensors(file);
+  written_.push_back(entry_of(file.commit(scalars, order), kind, file_rank));
   return written_.back();
 }
 
+namespace {
+CheckpointWriter::WriteTensors each_of(const NamedTensors& tensors) {
+  return [&tensors](TensorFileWriter& file) {
+    for (const auto& [name, t] : tensors) file.add(name, t);
+  };
+}
+}  // namespace
+
 FileEntry CheckpointWriter::write_partition(const std::string& kind, const NamedTensors& tensors,
                                             const json& scalars) {
-  return write(kind, rank_, tensors, scalars);
+  return write(kind, rank_, each_of(tensors), scalars, {});
+}
+
+FileEntry CheckpointWriter::stream_partition(const std::string& kind, const WriteTensors& tensors,
+                                             const json& scalars,
+                                             const std::vector<std::string>& order) {
+  return write(kind, rank_, tensors, scalars, order);
+}
+
+FileEntry CheckpointWriter::stream_shared(const std::string& kind, const WriteTensors& tensors,
+                                          const json& scalars,
+                                          const std::vector<std::string>& order) {
+  if (rank_ != 0)
+    throw Error(fmt::format("checkpoint '{}': rank {} wrote shared state '{}'; only rank 0 writes "
+                            "shared files",
+                            tag_, rank_, kind));
+  return write(kind, -1, tensors, scalars, order);
 }
 
 FileEntry CheckpointWriter::write_shared(const std::string& kind, const NamedTensors& tensors,
@@ -329,7 +355,7 @@ FileEntry CheckpointWriter::write_shared(const std::string& kind, const NamedTen
     throw Error(fmt::format("checkpoint '{}': rank {} wrote shared state '{}'; only rank 0 writes "
                             "shared files",
                             tag_, rank_, kind));
-  return write(kind, -1, tensors, scalars);
+  return write(kind, -1, each_of(tensors), scalars, {});
 }
 
 Manifest CheckpointWriter::commit(const RunInfo& info) {
@@ -509,6 +535,29 @@ TensorFile CheckpointReader::load(const FileEntry& e, const std::vector<TensorSp
                             path, file.crc32c, e.crc32c));
   check_specs(path, specs_of(file.tensors), e.tensors);  // the manifest lists what it holds
   return file;
+}
+
+std::unique_ptr<TensorFileReader> CheckpointReader::open(
+    const FileEntry& e, const std::vector<TensorSpec>* expected, bool verify) const {
+  const std::string path = path_of(e);
+  auto file = std::make_unique<TensorFileReader>(path, verify);
+  if (file->info().crc32c != e.crc32c)
+    throw Error(fmt::format("checkpoint file '{}' has CRC32C 0x{:08x} but its manifest says "
+                            "0x{:08x}: it is from another save",
+                            path, file->info().crc32c, e.crc32c));
+  check_specs(path, file->info().tensors, e.tensors);
+  if (expected) check_specs(path, file->info().tensors, *expected);
+  return file;
+}
+
+std::unique_ptr<TensorFileReader> CheckpointReader::open_shared(
+    const std::string& kind, const std::vector<TensorSpec>* expected, bool verify) const {
+  return open(entry(kind, -1), expected, verify);
+}
+
+std::unique_ptr<TensorFileReader> CheckpointReader::open_partition(const std::string& kind,
+                                                                   int rank, bool verify) const {
+  return open(entry(kind, rank), nullptr, verify);
 }
 
 TensorFile CheckpointReader::load_shared(const std::string& kind) const {

@@ -13,7 +13,7 @@
 //     .TAG.next-HEX/                      a re-save of TAG, committed, while it replaces TAG/
 //                                         (only where folders cannot be swapped; see below)
 //
-// Each *.ckpt file is a tensor file (tensor_file.h). Every rank writes into DIR/.TAG.partial/;
+// Each *.ckpt file is a tensor file (tensor_file.h; written as version 2, read as 1 or 2). Every rank writes into DIR/.TAG.partial/;
 // rank 0's commit(), after every rank has written (the caller barriers), checks that each
 // expected file is there, writes the manifest, publishes the folder as DIR/TAG and only then
 // rewrites `latest`. A new tag is one rename. A re-saved tag is swapped in by one atomic
@@ -29,11 +29,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/checkpoint/tensor_file.h"
+#include "runtime/checkpoint/tensor_stream.h"
 
 namespace strata::checkpoint {
 
@@ -93,6 +96,15 @@ class CheckpointWriter {
   // State all ranks share; rank 0 only.
   FileEntry write_shared(const std::string& kind, const NamedTensors& tensors,
                          const json& scalars = json::object());
+  // The same, for state that does not exist whole in memory: `tensors` writes it piece by piece
+  // into the file (tensor_stream.h); the footer lists them in `order` (empty: as written).
+  using WriteTensors = std::function<void(TensorFileWriter&)>;
+  FileEntry stream_partition(const std::string& kind, const WriteTensors& tensors,
+                             const json& scalars = json::object(),
+                             const std::vector<std::string>& order = {});
+  FileEntry stream_shared(const std::string& kind, const WriteTensors& tensors,
+                          const json& scalars = json::object(),
+                          const std::vector<std::string>& order = {});
 
   // Rank 0, after every rank's writes have returned: checks every expected file, writes the
   // manifest, publishes DIR/TAG and then `latest`. Returns the manifest.
@@ -101,8 +113,8 @@ class CheckpointWriter {
   const std::string& staging_folder() const { return staging_; }
 
  private:
-  FileEntry write(const std::string& kind, int file_rank, const NamedTensors& tensors,
-                  const json& scalars);
+  FileEntry write(const std::string& kind, int file_rank, const WriteTensors& tensors,
+                  const json& scalars, const std::vector<std::string>& order);
 
   std::string dir_, tag_, staging_;
   int rank_, world_size_;
@@ -147,12 +159,25 @@ class CheckpointReader {
   TensorFile load_partition(const std::string& kind, int rank,
                             const std::vector<TensorSpec>& expected) const;
 
+  // A file opened for reading by range (tensor_stream.h): its tail's checksum and its footer
+  // checked against the manifest (and `expected`, when given), and with `verify` its bytes
+  // against the checksum in one streaming pass, before any tensor is read (without: call the
+  // reader's verify() before using it).
+  std::unique_ptr<TensorFileReader> open_shared(const std::string& kind,
+                                                const std::vector<TensorSpec>* expected = nullptr,
+                                                bool verify = true) const;
+  std::unique_ptr<TensorFileReader> open_partition(const std::string& kind, int rank,
+                                                   bool verify = true) const;
+
   // Every file's checksum (what the constructor does with verify_checksums).
   void verify() const;
 
  private:
   const FileEntry& entry(const std::string& kind, int rank) const;
   TensorFile load(const FileEntry& entry, const std::vector<TensorSpec>* expected) const;
+  std::unique_ptr<TensorFileReader> open(const FileEntry& entry,
+                                         const std::vector<TensorSpec>* expected,
+                                         bool verify) const;
 
   std::string dir_, folder_;
   Manifest manifest_;

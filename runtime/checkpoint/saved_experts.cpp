@@ -48,59 +48,59 @@ SavedExperts::SavedExperts(const CheckpointReader& reader) : folder_(reader.fold
   std::vector<std::string> paths;
   int full = -1;  // the first rank that saved the experts
   for (int r = 0; r < reader.world_size(); ++r) {
-    files_.push_back(reader.load_partition("expert_states", r));
-    const auto& f = files_.back();
+    files_.push_back(reader.open_partition("expert_states", r));
+    const auto& f = *files_.back();
+    const json& scalars = f.scalars();
     try {
-      if (!f.scalars.contains("expert_layout") || !f.scalars.contains("expert_pieces") ||
-          !f.scalars.contains("expert_numel"))
-        throw Error(fmt::format("{}: expert_states of rank {} lacks its layout or pieces", f.path,
-                                r));
+      if (!scalars.contains("expert_layout") || !scalars.contains("expert_pieces") ||
+          !scalars.contains("expert_numel"))
+        throw Error(fmt::format("{}: expert_states of rank {} lacks its layout or pieces",
+                                f.path(), r));
       if (r == 0) {
-        layout_ = f.scalars.at("expert_layout");
-        numel_ = json_int(f.scalars.at("expert_numel"), f.path + ": expert_numel");
-        check_layout(layout_, numel_, f.path);
-      } else if (f.scalars.at("expert_layout") != layout_ ||
-                 f.scalars.at("expert_numel") != numel_) {
-        throw Error(fmt::format("{}: the ranks' expert_states describe different experts", f.path));
+        layout_ = scalars.at("expert_layout");
+        numel_ = json_int(scalars.at("expert_numel"), f.path() + ": expert_numel");
+        check_layout(layout_, numel_, f.path());
+      } else if (scalars.at("expert_layout") != layout_ || scalars.at("expert_numel") != numel_) {
+        throw Error(fmt::format("{}: the ranks' expert_states describe different experts",
+                                f.path()));
       }
     } catch (const json::exception& e) {
-      throw Error(fmt::format("{}: malformed expert_layout ({})", f.path, e.what()));
+      throw Error(fmt::format("{}: malformed expert_layout ({})", f.path(), e.what()));
     }
-    pieces.push_back(pieces_from_json(f.scalars.at("expert_pieces"), "expert_pieces", f.path));
+    pieces.push_back(pieces_from_json(scalars.at("expert_pieces"), "expert_pieces", f.path()));
     // A rank that saved no experts (a later rank of an unpartitioned group) holds no elements.
-    const bool saved = f.scalars.contains("state.type");
-    partition_numel.push_back(saved ? f.at("master").numel() : 0);
-    paths.push_back(f.path);
+    const bool saved = scalars.contains("state.type");
+    partition_numel.push_back(saved ? f.numel("master") : 0);
+    paths.push_back(f.path());
     if (saved && full < 0) full = r;
-    if (saved && f.at("master").numel() != partition_numel[full])
-      throw Error(fmt::format("{}: its expert partition has {} elements, {}'s has {}", f.path,
-                              f.at("master").numel(), paths[full], partition_numel[full]));
+    if (!saved) continue;
+    // Every tensor is the partition's length, as the first saving rank's master.
+    for (const auto& spec : f.info().tensors)
+      if (spec.shape.size() != 1 || spec.shape[0] != partition_numel[full])
+        throw Error(fmt::format("{}: '{}' has shape {}, not the partition's [{}] ({}'s master)",
+                                f.path(), spec.name, shape_text(spec.shape),
+                                partition_numel[full], paths[full]));
   }
   if (full < 0) throw Error(fmt::format("{}: no rank saved the MoE experts", folder_));
-  full_ = &files_[full];  // files_ is complete: the pointer stays valid
+  full_ = files_[full].get();
   // Every expert element once: no piece outside its partition or past the experts, no overlap.
   check_pieces(pieces, partition_numel, numel_, /*past_end=*/false, paths);
-  map_ = zero::ShardMap::from_pieces(std::move(pieces), full_->at("master").numel());
+  std::vector<const TensorFileReader*> files;
+  for (const auto& f : files_) files.push_back(f.get());
+  pieces_ = std::make_unique<PieceReader>(std::move(files), pieces, numel_);
 }
 
 std::vector<std::string> SavedExperts::state_tensors() const {
   std::vector<std::string> names;
-  for (const auto& [name, t] : full_->tensors)
-    if (name.rfind("state.", 0) == 0) names.push_back(name);
+  for (const auto& spec : full_->info().tensors)
+    if (spec.name.rfind("state.", 0) == 0) names.push_back(spec.name);
   return names;
 }
 
 torch::Tensor SavedExperts::assemble(const std::string& name) const {
-  std::vector<torch::Tensor> parts;
-  const int64_t n = full_->at("master").numel();
-  for (const auto& f : files_) {
-    const bool saved = f.scalars.contains("state.type");
-    parts.push_back(saved ? f.at(name) : torch::empty({0}, full_->at(name).options()));
-    if (saved && (parts.back().dim() != 1 || parts.back().numel() != n))
-      throw Error(fmt::format("{}: '{}' has shape {}, not the partition's [{}]", f.path, name,
-                              shape_text(parts.back().sizes().vec()), n));
-  }
-  return map_.assemble(parts, numel_);
+  auto global = torch::empty({numel_}, torch::TensorOptions().dtype(dtype(name)));
+  read(name, {{0, numel_, 0}}, 0, numel_, global.data_ptr());
+  return global;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> SavedExperts::parameters(

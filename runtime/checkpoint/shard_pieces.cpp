@@ -79,8 +79,44 @@ void check_pieces(const std::vector<std::vector<zero::ShardPiece>>& per_rank,
                             flat_numel));
 }
 
+namespace {
+
+// The shape of tensor `name` in `file`'s footer.
+const std::vector<int64_t>& shape_in(const TensorFileInfo& file, const std::string& name) {
+  for (const auto& t : file.tensors)
+    if (t.name == name) return t.shape;
+  throw Error(fmt::format("checkpoint file '{}': tensor '{}' is missing", file.path, name));
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;  // bounded when the footer was parsed (tensor_bytes)
+  return n;
+}
+
+}  // namespace
+
+TensorFileInfo info_of(const TensorFile& file) {
+  TensorFileInfo info;
+  info.path = file.path;
+  info.crc32c = file.crc32c;
+  info.tensors = specs_of(file.tensors);
+  info.scalars = file.scalars;
+  return info;
+}
+
 std::vector<zero::ShardPiece> saved_pieces(const TensorFile& file, int rank) {
-  const int64_t n = file.at("master").numel();
+  return saved_pieces(info_of(file), rank);
+}
+
+zero::ShardMap saved_shard_map(const std::vector<TensorFile>& files) {
+  std::vector<TensorFileInfo> infos;
+  for (const auto& f : files) infos.push_back(info_of(f));
+  return saved_shard_map(infos);
+}
+
+std::vector<zero::ShardPiece> saved_pieces(const TensorFileInfo& file, int rank) {
+  const int64_t n = numel_of(shape_in(file, "master"));
   std::vector<zero::ShardPiece> pieces;
   if (!file.scalars.contains("shard_pieces")) {
     if (n > 0 && rank > std::numeric_limits<int64_t>::max() / n - 1)
@@ -93,20 +129,21 @@ std::vector<zero::ShardPiece> saved_pieces(const TensorFile& file, int rank) {
   return pieces;
 }
 
-zero::ShardMap saved_shard_map(const std::vector<TensorFile>& files) {
+zero::ShardMap saved_shard_map(const std::vector<TensorFileInfo>& files) {
   if (files.empty()) throw Error("checkpoint: no optim_states partitions to re-partition");
-  const int64_t n = files[0].at("master").numel();
+  const int64_t n = numel_of(shape_in(files[0], "master"));
   std::vector<std::vector<zero::ShardPiece>> per_rank;
   std::vector<std::string> paths;
   int64_t flat_numel = 0;
   for (size_t r = 0; r < files.size(); ++r) {
     const auto& f = files[r];
-    if (f.at("master").dim() != 1)
+    const auto& shape = shape_in(f, "master");
+    if (shape.size() != 1)
       throw Error(fmt::format("{}: its master partition has shape {}, not a flat list", f.path,
-                              shape_text(f.at("master").sizes().vec())));
-    if (f.at("master").numel() != n)
+                              shape_text(shape)));
+    if (shape[0] != n)
       throw Error(fmt::format("{}: its master partition has {} elements, rank 0's {}", f.path,
-                              f.at("master").numel(), n));
+                              shape[0], n));
     const json numel = f.scalars.value("flat_numel", json());
     const int64_t mine = numel.is_null() ? 0 : json_int(numel, f.path + ": flat_numel");
     if (r == 0) flat_numel = mine;

@@ -19,10 +19,15 @@ namespace strata::checkpoint {
 
 json pieces_json(const std::vector<zero::ShardPiece>& pieces);
 // The pieces of the partition in `file`, saved by rank `rank`, each inside the file's "master".
+// Footers (TensorFileInfo) are enough: the pieces and the master's length are in them.
+std::vector<zero::ShardPiece> saved_pieces(const TensorFileInfo& file, int rank);
 std::vector<zero::ShardPiece> saved_pieces(const TensorFile& file, int rank);
 // The map the saved partitions were cut by; files[r] is rank r's optim_states. Every file's
 // master has one length, and the pieces cover the "flat_numel" the files record.
+zero::ShardMap saved_shard_map(const std::vector<TensorFileInfo>& files);
 zero::ShardMap saved_shard_map(const std::vector<TensorFile>& files);
+// What a loaded file's footer said (its tensors' specs and its scalars).
+TensorFileInfo info_of(const TensorFile& file);
 
 // Pieces read from `paths[r]` (partition length partition_numel[r]): each inside its partition
 // without overflow, none overlapping another, together covering [0, flat_numel). With

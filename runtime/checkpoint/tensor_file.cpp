@@ -1,6 +1,7 @@
 #include "runtime/checkpoint/tensor_file.h"
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -10,7 +11,9 @@
 #include <fmt/ranges.h>
 
 #include "runtime/checkpoint/atomic_file.h"
+#include "runtime/checkpoint/tensor_stream.h"
 #include "runtime/error.h"
+#include "runtime/util/crc32c.h"
 
 namespace strata::checkpoint {
 namespace {
@@ -19,7 +22,8 @@ constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', '\x01', 'T'};
 constexpr size_t kTailBytes = 24;  // u64 meta length | u32 crc | u32 0 | magic
 constexpr uint64_t kMaxMetaBytes = uint64_t(1) << 30;
 constexpr const char* kFormat = "strata-tensors";
-constexpr int kVersion = 1;
+constexpr int kArchiveVersion = 1;  // LibTorch's zip archive as the payload
+constexpr int kRawVersion = 2;      // raw tensor bytes at recorded offsets (tensor_stream.h)
 
 struct DtypeName {
   torch::ScalarType dtype;
@@ -127,10 +131,13 @@ TensorFileInfo parse_footer(const FileReader& file, uint64_t meta_bytes, uint32_
   info.crc32c = crc;
   const std::string where = "checkpoint file '" + path + "'";
   try {
-    if (meta.at("format") != kFormat || meta.at("version") != kVersion)
-      corrupt(path, fmt::format("format {} version {}, expected {} version {}",
+    if (meta.at("format") != kFormat ||
+        (meta.at("version") != kArchiveVersion && meta.at("version") != kRawVersion))
+      corrupt(path, fmt::format("format {} version {}, expected {} version {} or {} (a newer "
+                                "Strata's file, or not a Strata tensor file)",
                                 meta.at("format").dump(), meta.at("version").dump(), kFormat,
-                                kVersion));
+                                kArchiveVersion, kRawVersion));
+    info.version = meta.at("version").get<int>();
     const auto payload = json_uint(meta.at("payload_bytes"), where + ": payload_bytes");
     // read_tail() bounds meta_bytes, so this subtraction cannot wrap (a sum could).
     if (payload != file.size() - kTailBytes - meta_bytes)
@@ -147,10 +154,30 @@ TensorFileInfo parse_footer(const FileReader& file, uint64_t meta_bytes, uint32_
       const auto& spec = info.tensors.back();
       if (!names.insert(spec.name).second)
         corrupt(path, fmt::format("its footer names tensor '{}' twice", spec.name));
-      if (tensor_bytes(spec.shape, spec.dtype, where) > payload)
+      const uint64_t bytes = tensor_bytes(spec.shape, spec.dtype, where);
+      if (bytes > payload)
         corrupt(path, fmt::format("its footer's tensor '{}' needs more than the {} payload bytes",
                                   spec.name, payload));
+      if (info.version != kRawVersion) continue;
+      StoredBytes stored;
+      stored.offset = json_uint(t.at("offset"), where + ": offset of " + spec.name);
+      stored.bytes = bytes;
+      const uint64_t crc = json_uint(t.at("crc32c"), where + ": crc32c of " + spec.name);
+      if (crc > UINT32_MAX || stored.offset > payload - bytes)
+        corrupt(path, fmt::format("its footer's tensor '{}' ({} bytes at offset {}, CRC32C {}) "
+                                  "does not lie in the {} payload bytes",
+                                  spec.name, bytes, stored.offset, crc, payload));
+      stored.crc32c = uint32_t(crc);
+      info.stored.push_back(stored);
     }
+    // Version 2: no two tensors share a byte (each is written once, one after another).
+    std::vector<StoredBytes> by_offset = info.stored;
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const StoredBytes& a, const StoredBytes& b) { return a.offset < b.offset; });
+    for (size_t i = 1; i < by_offset.size(); ++i)
+      if (by_offset[i].offset < by_offset[i - 1].offset + by_offset[i - 1].bytes)
+        corrupt(path, fmt::format("its footer places two tensors on payload byte {}",
+                                  by_offset[i].offset));
     info.scalars = meta.at("scalars");
     if (!info.scalars.is_object()) corrupt(path, "its meta JSON's scalars are not an object");
   } catch (const json::exception& e) {
@@ -172,6 +199,12 @@ TensorFile load(const std::string& path, const std::vector<TensorSpec>* expected
   out.path = path;
   out.crc32c = crc;
   out.scalars = std::move(info.scalars);
+  if (info.version == kRawVersion) {
+    for (size_t i = 0; i < info.tensors.size(); ++i)
+      out.tensors.emplace_back(info.tensors[i].name,
+                               read_stored_tensor(file, info.tensors[i], info.stored[i]));
+    return out;
+  }
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(
@@ -381,30 +414,55 @@ TensorFileInfo save_tensor_file(const std::string& path, const NamedTensors& ten
   if (error) std::rethrow_exception(error);
   const uint64_t payload = file.size();
 
-  json meta = {{"format", kFormat},    {"version", kVersion}, {"payload_bytes", payload},
+  json meta = {{"format", kFormat},        {"version", kArchiveVersion}, {"payload_bytes", payload},
                {"tensors", json::array()}, {"scalars", scalars}};
   for (const auto& spec : info.tensors) meta["tensors"].push_back(spec_to_json(spec));
+  info.version = kArchiveVersion;
+  info.crc32c = seal_tensor_file(file, meta);
+  info.bytes = file.size();
+  file.commit();
+  return info;
+}
+
+uint32_t seal_tensor_file(AtomicFile& file, const json& meta) {
   std::string text;
   try {
     text = meta.dump();
   } catch (const json::exception& e) {
-    throw Error(fmt::format("checkpoint file '{}': names or scalars are not valid UTF-8 ({})", path,
-                            e.what()));
+    throw Error(fmt::format("checkpoint file '{}': names or scalars are not valid UTF-8 ({})",
+                            file.path(), e.what()));
   }
-  check_json_depth(text, fmt::format("checkpoint file '{}': its scalars", path));  // readable back
+  // Readable back.
+  check_json_depth(text, fmt::format("checkpoint file '{}': its scalars", file.path()));
   file.write(text);
   std::string tail;
   put_le(tail, text.size(), 8);
   file.write(tail);
-  info.crc32c = file.crc32c();
+  const uint32_t crc = file.crc32c();
   tail.clear();
-  put_le(tail, info.crc32c, 4);
+  put_le(tail, crc, 4);
   put_le(tail, 0, 4);
   tail.append(kMagic, sizeof kMagic);
   file.write(tail);
-  info.bytes = file.size();
-  file.commit();
-  return info;
+  return crc;
+}
+
+TensorFileInfo read_footer(const FileReader& file, bool verify) {
+  uint32_t crc = 0;
+  const uint64_t meta_bytes = read_tail(file, &crc);
+  if (verify) check_crc(file, crc);
+  return parse_footer(file, meta_bytes, crc);
+}
+
+torch::Tensor read_stored_tensor(const FileReader& file, const TensorSpec& spec,
+                                 const StoredBytes& stored) {
+  auto t = torch::empty(spec.shape, torch::TensorOptions().dtype(spec.dtype));
+  file.read_at(stored.offset, t.data_ptr(), size_t(stored.bytes));
+  const uint32_t crc = crc32c(t.data_ptr(), size_t(stored.bytes));
+  if (crc != stored.crc32c)
+    corrupt(file.path(), fmt::format("tensor '{}' has CRC32C 0x{:08x}, its footer says 0x{:08x}",
+                                     spec.name, crc, stored.crc32c));
+  return t;
 }
 
 TensorFile load_tensor_file(const std::string& path) { return load(path, nullptr); }
@@ -414,18 +472,11 @@ TensorFile load_tensor_file(const std::string& path, const std::vector<TensorSpe
 }
 
 TensorFileInfo read_tensor_file_info(const std::string& path) {
-  FileReader file(path);
-  uint32_t crc = 0;
-  const uint64_t meta_bytes = read_tail(file, &crc);
-  return parse_footer(file, meta_bytes, crc);
+  return read_footer(FileReader(path), /*verify=*/false);
 }
 
 TensorFileInfo verify_tensor_file(const std::string& path) {
-  FileReader file(path);
-  uint32_t crc = 0;
-  const uint64_t meta_bytes = read_tail(file, &crc);
-  check_crc(file, crc);
-  return parse_footer(file, meta_bytes, crc);
+  return read_footer(FileReader(path), /*verify=*/true);
 }
 
 }  // namespace strata::checkpoint

@@ -2,20 +2,27 @@
 //
 // Layout (all integers little-endian):
 //
-//   [payload]  LibTorch's own archive (torch::serialize::OutputArchive, a zip) holding the
-//              tensors under keys "t0", "t1", ... in list order (names live in the footer, so
-//              any string is a valid name);
-//   [meta]     UTF-8 JSON: {"format": "strata-tensors", "version": 1, "payload_bytes": P,
-//              "tensors": [{"name", "dtype", "shape"}...], "scalars": {...}};
+//   [payload]  version 2 (what checkpoints write, tensor_stream.h): each tensor's raw bytes
+//              (C order, little-endian) at the offset its footer entry records;
+//              version 1 (save_tensor_file, and every checkpoint before version 2): LibTorch's
+//              own archive (torch::serialize::OutputArchive, a zip) holding the tensors under
+//              keys "t0", "t1", ... in list order (names live in the footer, so any string is
+//              a valid name);
+//   [meta]     UTF-8 JSON: {"format": "strata-tensors", "version": 1 or 2, "payload_bytes": P,
+//              "tensors": [{"name", "dtype", "shape"}...], "scalars": {...}}; version 2's
+//              tensor entries add "offset" (bytes into the payload) and "crc32c" (of the
+//              tensor's bytes);
 //   [tail]     u64 meta length | u32 CRC32C of every byte before this field | u32 0 |
 //              8-byte magic "STRATA\x01T".
 //
-// The tail comes last so that the file streams straight from the archive writer into an
-// AtomicFile with no second copy in memory; a truncated file has no magic at its end, and any
-// flipped byte fails the CRC. Loading checks the CRC first (one streaming pass), then reads the
-// archive through pread, then (when given) the expected names, shapes and dtypes, before any
-// tensor is built. Tensors are saved from, and loaded to, the CPU; a tensor that is a view into
-// a larger storage (a shard of a flat buffer) is saved as its own bytes, never its whole storage.
+// The tail comes last so that the file streams into an AtomicFile with no second copy in
+// memory; a truncated file has no magic at its end, and any flipped byte fails the CRC. Loading
+// checks the CRC first (one streaming pass), then reads the payload through pread, then (when
+// given) the expected names, shapes and dtypes, before any tensor is built. Version 2 exists so
+// that a tensor can be written and read in pieces (a partition streamed from NVMe swap files);
+// a whole tensor read from it is checked against its own CRC too. Tensors are saved from, and
+// loaded to, the CPU; a tensor that is a view into a larger storage (a shard of a flat buffer)
+// is saved as its own bytes, never its whole storage.
 #pragma once
 
 #include <cstdint>
@@ -73,12 +80,20 @@ json parse_json_bounded(const std::string& text, const std::string& where);
 void check_specs(const std::string& path, const std::vector<TensorSpec>& actual,
                  const std::vector<TensorSpec>& expected);
 
+// Where a version-2 tensor's bytes lie in the payload, and their CRC32C.
+struct StoredBytes {
+  uint64_t offset = 0, bytes = 0;
+  uint32_t crc32c = 0;
+};
+
 // What a file's footer says, read without touching the payload.
 struct TensorFileInfo {
   std::string path;
   uint64_t bytes = 0;    // file size
   uint32_t crc32c = 0;   // the checksum in its tail
+  int version = 0;       // 1: LibTorch archive payload; 2: raw bytes at offsets
   std::vector<TensorSpec> tensors;
+  std::vector<StoredBytes> stored;  // version 2: tensors[i]'s bytes; empty for version 1
   json scalars = json::object();
 };
 
@@ -108,5 +123,14 @@ TensorFile load_tensor_file(const std::string& path, const std::vector<TensorSpe
 TensorFileInfo read_tensor_file_info(const std::string& path);
 // The footer, after checking the whole file's checksum.
 TensorFileInfo verify_tensor_file(const std::string& path);
+
+class AtomicFile;
+class FileReader;
+// For the writers of both versions: `meta` as the footer and the tail, after the payload.
+// Returns the checksum in the tail. Throws strata::Error naming the file for names or scalars
+// that are not UTF-8.
+uint32_t seal_tensor_file(AtomicFile& file, const json& meta);
+// For the readers: the footer of an open file, checking the whole file's CRC when `verify`.
+TensorFileInfo read_footer(const FileReader& file, bool verify);
 
 }  // namespace strata::checkpoint

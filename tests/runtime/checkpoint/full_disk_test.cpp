@@ -107,7 +107,7 @@ TEST(FullDisk, AFileSizeLimitFailsTheSaveNamingTheFile) {
   rlimit saved{};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
   const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
-  for (const auto& [limit, file] : {std::pair{rlim_t(1000), "model_states.ckpt"},
+  for (const auto& [limit, file] : {std::pair{rlim_t(100), "model_states.ckpt"},
                                     std::pair{rlim_t(model_bytes + 64), "optim_states.ckpt"}}) {
     rlimit small = saved;
     small.rlim_cur = limit;
