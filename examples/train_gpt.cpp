@@ -3,7 +3,11 @@
 //
 //   build/bin/train_gpt --config configs/gpt_tiny.json [--model tiny] [--steps N] [--seed S]
 //                       [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]
-//                       [--save-dir DIR] [--save-every N] [--resume DIR]
+//                       [--save-dir DIR] [--save-every N] [--resume DIR] [--print-config]
+//                       [--lr ... --precision fp32|bf16|fp16: examples/train_args.h]
+//
+// A Hugging Face or Megatron-DeepSpeed config runs as its program would run it: "auto" filled
+// from the flags and the model, and a client AdamW where the config names no optimizer.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,80 +23,13 @@
 #include "examples/data.h"
 #include "examples/gpt.h"
 #include "examples/gpt_moe.h"
+#include "examples/train_args.h"
 #include "runtime/log.h"
 
 namespace {
 
 using strata::Error;
 using Clock = std::chrono::steady_clock;
-
-struct Args {
-  std::string config;
-  std::string model = "tiny";
-  std::optional<int64_t> steps;
-  uint64_t seed = 1234;
-  std::string data;
-  std::string metrics_jsonl;
-  std::string device;
-  std::string save_dir;
-  int64_t save_every = 0;  // 0: only at the end
-  std::string resume;
-  std::optional<int64_t> seq_len;  // tokens per sample, instead of the model's
-  bool zero_init = false;          // build the model in shards (stage 3)
-};
-
-const char* kUsage =
-    "usage: train_gpt --config FILE [--model tiny|small|tiny-tied|tiny-zoo|tiny-moe|dense-350M|dense-1.3B|moe-8x]\n"
-    "                 [--steps N] [--seed S] [--seq-len N] [--zero-init]\n"
-    "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n"
-    "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n";
-
-int64_t parse_int(const std::string& flag, const std::string& text, int64_t min) {
-  try {
-    size_t used = 0;
-    const long long value = std::stoll(text, &used);
-    if (used == text.size() && value >= min) return value;
-  } catch (const std::exception&) {
-  }
-  throw Error(fmt::format("{} {}: expected an integer >= {}", flag, text, min));
-}
-
-Args parse_args(int argc, char** argv) {
-  Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (flag == "--version") {
-      std::puts(strata::version_line());
-      std::exit(0);
-    }
-    if (flag == "--zero-init") {
-      args.zero_init = true;
-      continue;
-    }
-    if (i + 1 >= argc) throw Error(fmt::format("{}: missing value\n{}", flag, kUsage));
-    const std::string value = argv[++i];
-    if (flag == "--config") args.config = value;
-    else if (flag == "--model") args.model = value;
-    else if (flag == "--steps") args.steps = parse_int(flag, value, 1);
-    else if (flag == "--seq-len") args.seq_len = parse_int(flag, value, 1);
-    else if (flag == "--seed") args.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
-    else if (flag == "--data") args.data = value;
-    else if (flag == "--metrics-jsonl") args.metrics_jsonl = value;
-    else if (flag == "--device") args.device = value;
-    else if (flag == "--save-dir") args.save_dir = value;
-    else if (flag == "--save-every") args.save_every = parse_int(flag, value, 1);
-    else if (flag == "--resume") args.resume = value;
-    else throw Error(fmt::format("unknown option {}\n{}", flag, kUsage));
-  }
-  if (args.config.empty()) throw Error(fmt::format("--config FILE is required\n{}", kUsage));
-  if (args.save_every > 0 && args.save_dir.empty())
-    throw Error("--save-every needs --save-dir DIR");
-  return args;
-}
 
 std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
@@ -106,10 +43,10 @@ int64_t default_steps(const strata::Config& config) {
   if (config.scheduler.present && params.contains("total_num_steps") &&
       params["total_num_steps"].is_number_integer())
     return params["total_num_steps"].get<int64_t>();
-  return 200;
+  return strata::examples::kDefaultSteps;
 }
 
-int run(const Args& args) {
+int run(const strata::examples::TrainArgs& args) {
   using namespace strata::examples;
   const auto data = args.data.empty() ? TokenData::synthetic() : TokenData::from_file(args.data);
   torch::Device device = torch::kCPU;
@@ -129,10 +66,23 @@ int run(const Args& args) {
   if (device.is_cuda()) on_device.emplace(device);
 
   // The config first: an MoE model's layers are built from its moe block and its groups.
-  strata::InitOptions init;
-  auto config = strata::load_engine_config(args.config, init);
+  // "auto" and absent batch keys come from the flags and the model, as the HF Trainer fills them.
   auto model_config = GPTConfig::by_name(args.model);
   if (args.seq_len) model_config.seq_len = *args.seq_len;  // shorter sequences, same weights
+  strata::InitOptions init;
+  init.autos = auto_values(args, model_config);
+  auto config = strata::load_engine_config(args.config, init);
+  const std::string filled = describe_filled(config, args, model_config);
+  if (!filled.empty())
+    strata::log::info("train_gpt: values the config leaves to the program, from train_gpt's:{}",
+                      filled);
+  const int64_t steps = args.steps.value_or(default_steps(config));
+  const std::string client = add_client_optimizer(config, args, steps, init);
+  if (!client.empty())
+    strata::log::info("train_gpt: the config names no optimizer{}; passing train_gpt's own: {}",
+                      config.scheduler.present ? "" : " or scheduler", client);
+  if (args.print_config && (!init.group || init.group->rank() == 0))
+    std::printf("%s\n", strata::to_json(config).dump(2).c_str());
   torch::manual_seed(args.seed);
   // --zero-init (DeepSpeed's zero.Init): at stage 3 the model is built in shards, so that no
   // rank ever holds it whole (zero/partitioned_init.h).
@@ -154,7 +104,6 @@ int run(const Args& args) {
   auto engine =
       std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));
 
-  const int64_t steps = args.steps.value_or(default_steps(engine->config()));
   const int64_t micro = engine->train_micro_batch_size_per_gpu();
   const int64_t gas = engine->gradient_accumulation_steps();
   const int64_t world = engine->data_parallel_size();
@@ -266,7 +215,12 @@ int run(const Args& args) {
 
 int main(int argc, char** argv) {
   try {
-    return run(parse_args(argc, argv));
+    return run(strata::examples::parse_train_args(argc, argv));
+  } catch (const c10::Error& e) {
+    // LibTorch's own message without its C++ backtrace, which says nothing to a user.
+    strata::log::end_status();
+    std::fprintf(stderr, "train_gpt: error: %s\n", e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     strata::log::end_status();
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());

@@ -102,6 +102,18 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       scaler_(LossScaler::from_config(config_.fp16)),
       last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
   if (!module_) throw Error("strata::initialize: the model is empty (a null module holder)");
+  // Before any offload, partition or step: a clear refusal instead of LibTorch's "not
+  // implemented for 'Half'" (with a backtrace) in the first forward.
+  if (config_.fp16.enabled && !options.allow_fp16_on_cpu) {
+    const auto params = module_->parameters();
+    const auto device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+    if (device.is_cpu())
+      throw Error(fmt::format(
+          "{}: fp16.enabled = true, but the model is on the CPU, where LibTorch has no fp16 "
+          "kernels for matrix products or LayerNorm; use bf16 (\"bf16\": {{\"enabled\": true}}, "
+          "fp16 off; train_gpt: --precision bf16 with \"auto\") or train on a GPU",
+          config_.source));
+  }
   // Features this config asks for that this build's engine does not run yet: refuse rather
   // than train something other than what the config says.
   const auto pending = pending_features(config_);

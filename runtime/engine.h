@@ -66,6 +66,10 @@ struct InitOptions {
   // the others' lr was 0 then, the experts' follows it 1:1).
   OptimizerBuilder expert_optimizer_builder;
   AutoValues autos;
+  // fp16 on a CPU device is refused at initialize: LibTorch 1.13's CPU kernels have no Half
+  // matrix product or LayerNorm, so a model would fail in its first forward. Set it for a model
+  // whose every op has a CPU Half kernel (the engine's own loss-scaling tests).
+  bool allow_fp16_on_cpu = false;
   // ZeRO-3: the module paths whose parameters are gathered and released together ("units",
   // e.g. {"embed", "blocks.0", ...}). Empty: the children of every ModuleList / Sequential and
   // the remaining top-level modules (zero/param_units.h).

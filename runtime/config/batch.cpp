@@ -20,6 +20,7 @@ const char* const G = "gradient_accumulation_steps";
 bool mul(int64_t a, int64_t b, int64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
 
 void derived(Autoable<int64_t>& field, const char* key, int64_t value, Ctx& ctx) {
+  if (field.is_auto) ctx.filled.push_back({key, json(value), ""});
   field.value = value;
   field.is_auto = false;
   auto& u = ctx.unresolved;
@@ -42,9 +43,11 @@ void resolve_batch(Config& cfg, Ctx& ctx) {
   if (!ctx.present.count(T) && !ctx.present.count(M) && autos.micro_batch_per_gpu) {
     if (!assign(root_block(), &cfg, M, json(*autos.micro_batch_per_gpu), "", ctx)) return;
     ctx.present.insert(M);
+    ctx.filled.push_back({M, json(*autos.micro_batch_per_gpu), "micro_batch_per_gpu"});
     if (!ctx.present.count(G) && autos.gradient_accumulation_steps) {
       if (!assign(root_block(), &cfg, G, json(*autos.gradient_accumulation_steps), "", ctx)) return;
       ctx.present.insert(G);
+      ctx.filled.push_back({G, json(*autos.gradient_accumulation_steps), "gradient_accumulation_steps"});
     }
   }
   auto known = [&](const char* key, const Autoable<int64_t>& a) { return ctx.present.count(key) && !a.is_auto; };
@@ -105,8 +108,13 @@ void resolve_batch(Config& cfg, Ctx& ctx) {
   }
   // Unresolved "auto"s are reported with what would resolve them (rules.cpp).
   if (t.is_auto || m.is_auto) return;
+  // A tool without a program (strata-config check) says what the program would pass.
+  const char* from_program = ctx.options.allow_unresolved_auto
+                                 ? ", or pass the program's: --auto micro_batch_per_gpu=N"
+                                 : ", or pass AutoValues::micro_batch_per_gpu";
   ctx.error(ctx.present.count(G) ? G : "",
-            fmt::format("the batch size is not set: give {} or {} (and optionally {})", T, M, G));
+            fmt::format("the batch size is not set: give {} or {} (and optionally {}){}", T, M, G,
+                        from_program));
 }
 
 }  // namespace strata::schema

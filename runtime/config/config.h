@@ -275,6 +275,17 @@ struct Config {
   // JSON paths still written "auto" (only with LoadOptions::allow_unresolved_auto); to_json
   // prints "auto" there.
   std::vector<std::string> unresolved_autos;
+
+  // Each value the program supplied (LoadOptions::autos): an "auto" resolved, or a batch key the
+  // file left out. `from` names the AutoValues member(s) read ("lr", "beta1, beta2"), or is
+  // empty for HF's constants and for train_batch_size derived from the other two; a program maps
+  // it to its own setting to say where each value came from.
+  struct Filled {
+    std::string path;
+    json value;
+    std::string from;
+  };
+  std::vector<Filled> filled;
 };
 
 // Values a program passes for "auto" entries, as Hugging Face's Trainer passes its
@@ -290,6 +301,10 @@ struct AutoValues {
   std::optional<bool> fp16, bf16;
   std::optional<int64_t> hidden_size;  // for bucket sizes, as HF derives them from the model
 };
+
+// strata-config's --auto NAME=VALUE: sets the AutoValues member NAME ("lr", "hidden_size", ...).
+// Returns "" on success, else what was wrong with the assignment.
+std::string set_auto_value(AutoValues& autos, const std::string& assignment);
 
 struct LoadOptions {
   int64_t world_size = 1;

@@ -62,6 +62,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     throw ConfigError(source, std::move(errors));
   }
   cfg.unresolved_autos = ctx.unresolved;
+  cfg.filled = std::move(ctx.filled);
   return cfg;
 }
 

@@ -39,9 +39,11 @@ void unresolved_autos(Ctx& ctx) {
   for (const std::string& path : ctx.unresolved) {
     const std::string from = auto_source(path);
     const std::string how = from.empty() ? "write a value" : fmt::format("the program passes {}, or write a value", from);
+    const std::string flags = auto_needs(path);
     if (ctx.options.allow_unresolved_auto)
-      ctx.warn(path, fmt::format("{} = \"auto\" stays unresolved here; in training it comes from {}", path,
-                                 from.empty() ? "a value you write" : from));
+      ctx.warn(path, fmt::format("{} = \"auto\" stays unresolved here; in training it comes from {}{}", path,
+                                 from.empty() ? "a value you write" : from,
+                                 flags.empty() ? "" : " (here: " + flags + ")"));
     else
       ctx.error(path, fmt::format("{} = \"auto\" and nothing resolves it: {}", path, how));
   }

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/config/autos.h"
+
 namespace strata::schema {
 
 const Field* Block::find(const std::string& key) const {
@@ -173,6 +175,7 @@ void read_field(const Field& f, void* obj, const json& val, const std::string& p
       return;
     }
     value = *resolved;
+    ctx.filled.push_back({p, value, auto_member(p)});
   } else if (is_auto && auto_is_default) {
     ctx.warn(shown, fmt::format("{} = \"auto\" is read as the default, {}, as DeepSpeed reads it", shown,
                                 show(f.default_value)));
@@ -209,6 +212,14 @@ void read_block_as(const Block& b, void* obj, const json& in, const std::string&
     const std::string& k = it.key();
     const Field* f = b.find(k);
     if (!f) {
+      // The JSON comment convention ("_comment", a key disabled by a leading '_'): DeepSpeed
+      // reads its top level as a plain dict and skips such keys; its blocks forbid extra keys,
+      // so inside a block they stay errors.
+      if (path.empty() && !k.empty() && k[0] == '_') {
+        ctx.warn(k, fmt::format("'{}' is ignored: a top-level key that begins with '_' is a comment",
+                                k));
+        continue;
+      }
       unknown_key(b, k, shown, ctx);
       continue;
     }

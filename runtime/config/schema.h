@@ -131,6 +131,7 @@ struct Ctx {
   std::vector<Issue> issues;
   std::set<std::string> present;          // canonical paths of the keys the file gave
   std::vector<std::string> unresolved;    // paths left "auto"
+  std::vector<Config::Filled> filled;     // values taken from the program (Config::filled)
   std::unordered_map<std::string, std::string> spelled;  // canonical path -> path as written
 
   Ctx(const LoadOptions& o, std::string src, const PositionMap* pos)

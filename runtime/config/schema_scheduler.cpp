@@ -133,9 +133,10 @@ Block make_one_cycle() {
 
 template <class T>
 void warmup_keys(BlockBuilder<T>& b) {
+  // 0 is what HF's Trainer passes by default (--warmup_steps 0); DeepSpeed takes max(2, n).
   b.add(&T::warmup_num_steps, "warmup_num_steps")
-      .positive()
-      .describe("Steps over which the learning rate warms up");
+      .min(0)
+      .describe("Steps over which the learning rate warms up (fewer than 2 count as 2, as in DeepSpeed)");
   b.add(&T::warmup_type, "warmup_type")
       .describe("Shape of the warm-up: log or linear");  // the value is checked by with_warmup_finish
   b.add(&T::last_batch_iteration, "last_batch_iteration")

@@ -1,6 +1,7 @@
 // strata-config: checks a training config the way the engine will read it, and prints the
 // config reference generated from the schema tables.
-//   strata-config check FILE [--world-size N] [--allow-optimizer NAME] [--allow-scheduler NAME]
+//   strata-config check FILE [--world-size N] [--auto NAME=VALUE ...] [--allow-optimizer NAME]
+//                            [--allow-scheduler NAME]
 //   strata-config schema [--markdown | --json]
 //   strata-config --version
 // stdout: the resolved config (every key, defaults included); stderr: warnings and errors.
@@ -20,7 +21,8 @@ namespace {
 constexpr int kValid = 0, kInvalid = 1, kUsage = 2;
 
 const char* const kUsageText =
-    "usage: strata-config check FILE [--world-size N] [--allow-optimizer NAME] [--allow-scheduler NAME]\n"
+    "usage: strata-config check FILE [--world-size N] [--auto NAME=VALUE ...]\n"
+    "                           [--allow-optimizer NAME] [--allow-scheduler NAME]\n"
     "       strata-config schema [--markdown | --json]\n"
     "       strata-config --help | --version\n";
 
@@ -33,10 +35,16 @@ const char* const kHelpText =
     "the math but that Strata does not implement, and batch sizes that do not satisfy\n"
     "train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world\n"
     "size are errors. \"auto\" values that only the training program can fill (learning rate,\n"
-    "steps, hidden size) are left as \"auto\" with a warning.\n"
+    "steps, hidden size) are left as \"auto\" with a warning naming the --auto value that would\n"
+    "fill each; given those values, the check resolves the config as the engine does with the\n"
+    "same InitOptions::autos (a missing batch size included).\n"
     "\n"
     "options:\n"
     "  --world-size N          data-parallel world size for the batch triangle (default 1)\n"
+    "  --auto NAME=VALUE       a value the program passes for \"auto\" (AutoValues::NAME): lr, beta1,\n"
+    "                          beta2, eps, weight_decay, max_grad_norm, micro_batch_per_gpu,\n"
+    "                          gradient_accumulation_steps, warmup_steps, total_steps, fp16, bf16,\n"
+    "                          hidden_size; repeat for each\n"
     "  --allow-optimizer NAME  accept optimizer type NAME, as a program that registers it would\n"
     "  --allow-scheduler NAME  accept scheduler type NAME likewise\n"
     "\n"
@@ -120,6 +128,11 @@ int run(int argc, char** argv) {
       const std::string* v = value();
       if (!v || !parse_world_size(*v, options.world_size))
         return usage("--world-size needs a whole number >= 1");
+    } else if (a == "--auto") {
+      const std::string* v = value();
+      if (!v) return usage("--auto needs NAME=VALUE");
+      const std::string problem = strata::set_auto_value(options.autos, *v);
+      if (!problem.empty()) return usage(problem);
     } else if (a == "--allow-optimizer" || a == "--allow-scheduler") {
       const std::string* v = value();
       if (!v || v->empty()) return usage(a + " needs a type name");

@@ -49,9 +49,10 @@ std::optional<Refusal> refuse_phase(const Description& d, const Phase& p, int in
   // runtime/engine_offload.cpp finish_optimizer_offload: NVMe steps Strata's Adam/AdamW only.
   if (oo == "nvme" && d.optimizer == "SGD")
     return refusal("offload_optimizer.device", "the NVMe optimizer tier steps Adam/AdamW only");
-  // fp16 on the CPU: LibTorch's CPU kernels (1.13) have no Half matrix products.
+  // runtime/engine.cpp (the Engine constructor): fp16 on a CPU device is refused at initialize,
+  // as LibTorch's CPU kernels (1.13) have no Half matrix products or LayerNorm.
   if (d.dtype == "fp16" && !g_cpu_fp16_trains)
-    return refusal("not implemented for 'Half'", "fp16 is GPU-only here: LibTorch's CPU kernels (LayerNorm) have no Half");
+    return refusal("fp16.enabled", "fp16 is GPU-only: the engine refuses it on a CPU device");
   return std::nullopt;
 }
 

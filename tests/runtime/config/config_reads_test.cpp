@@ -1,5 +1,6 @@
 // What a valid config turns into: defaults, legacy spellings, built-in optimizer and scheduler
 // params, Hugging Face "auto" resolution, the batch triangle, the printout, pending features.
+#include <map>
 #include <filesystem>
 #include <set>
 
@@ -411,6 +412,50 @@ TEST(ConfigReads, ExampleConfigsRoundTripThroughToJson) {
     EXPECT_EQ(to_json(second), printed);
   }
   EXPECT_GE(seen, 5u);
+}
+
+}  // namespace
+}  // namespace strata::test
+
+namespace strata::test {
+namespace {
+
+// #34: top-level "_" keys are comments (a note); inside a block they stay errors.
+TEST(ConfigReads, UnderscoreKeysAtTheTopLevelAreComments) {
+  const Config c = load(with(R"("_comment": "zero 2 for 8 GPUs", "_quantize_training": {"enabled": true})"));
+  EXPECT_CONTAINS(joined_warnings(c), "'_comment' is ignored");
+  EXPECT_CONTAINS(load_error(with(R"("zero_optimization": {"_stage": 2})")), "unknown key 'zero_optimization._stage'");
+  EXPECT_CONTAINS(load_error(with(R"("trian_batch_size": 8)")), "did you mean");
+}
+
+// #34: each "auto" resolved from AutoValues is recorded with the member it read.
+TEST(ConfigReads, FilledAutosNameTheirSource) {
+  LoadOptions o;
+  o.autos.micro_batch_per_gpu = 4;
+  o.autos.lr = 3e-4;
+  o.autos.hidden_size = 64;
+  const Config c = load(R"({"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+      "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                            "stage3_param_persistence_threshold": "auto"}})", o);
+  std::map<std::string, std::pair<json, std::string>> filled;
+  for (const auto& f : c.filled) filled[f.path] = {f.value, f.from};
+  EXPECT_EQ(filled["train_micro_batch_size_per_gpu"], std::make_pair(json(4), std::string("micro_batch_per_gpu")));
+  EXPECT_EQ(filled["train_batch_size"], std::make_pair(json(4), std::string("")));
+  EXPECT_EQ(filled["optimizer.params.lr"], std::make_pair(json(3e-4), std::string("lr")));
+  EXPECT_EQ(filled["zero_optimization.reduce_bucket_size"].first, json(4096));
+  EXPECT_EQ(filled["zero_optimization.stage3_prefetch_bucket_size"].first, json(3686));
+  EXPECT_EQ(filled["zero_optimization.stage3_param_persistence_threshold"].first, json(640));
+}
+
+TEST(ConfigReads, AutoValuesFromNameValueText) {
+  AutoValues a;
+  EXPECT_EQ(set_auto_value(a, "lr=1e-3"), "");
+  EXPECT_EQ(set_auto_value(a, "bf16=true"), "");
+  EXPECT_EQ(*a.lr, 1e-3);
+  EXPECT_TRUE(*a.bf16);
+  EXPECT_CONTAINS(set_auto_value(a, "hidden_size=big"), "expected an integer");
+  EXPECT_CONTAINS(set_auto_value(a, "learning_rate=1"), "unknown name");
 }
 
 }  // namespace

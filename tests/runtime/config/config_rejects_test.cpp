@@ -257,8 +257,8 @@ TEST(ConfigRejects, SchedulerTypesAndParams) {
                   "did you mean \"WarmupCosineLR\"?");
   EXPECT_CONTAINS(load_error(with(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_type": 1}})")),
                   "scheduler.params.warmup_type = 1");
-  EXPECT_CONTAINS(load_error(with(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}})")),
-                  "scheduler.params.warmup_num_steps = 0 is out of range");
+  EXPECT_CONTAINS(load_error(with(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -1}})")),
+                  "scheduler.params.warmup_num_steps = -1 is out of range");
   EXPECT_CONTAINS(load_error(with(R"("scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 0.1}})")),
                   "scheduler.params.cycle_min_lr is missing");
   EXPECT_CONTAINS(load_error(with(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": [0.1, -1]}})")),

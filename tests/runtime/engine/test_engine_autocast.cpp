@@ -45,7 +45,9 @@ json minimal_config(const json& precision) {
 }
 
 std::vector<torch::ScalarType> dtypes_seen(const json& precision) {
-  auto engine = strata::initialize(Recorder(), minimal_config(precision));
+  strata::InitOptions options;
+  options.allow_fp16_on_cpu = true;  // element-wise ops only
+  auto engine = strata::initialize(Recorder(), minimal_config(precision), std::move(options));
   const auto x = torch::randn({4});
   auto loss = engine->forward(x, std::vector<torch::Tensor>{torch::randn({4}), torch::arange(3)},
                               std::make_tuple(torch::randn({2}), int64_t{1}), torch::arange(4));
@@ -101,6 +103,7 @@ TEST(AutoCast, TheRealConfigsWithAutoCastTrainInFp16) {
   for (const auto& file : files) {
     SCOPED_TRACE(file.filename().string());
     strata::InitOptions options;
+    options.allow_fp16_on_cpu = true;  // Elementwise has CPU Half kernels
     options.autos.fp16 = true;
     options.autos.bf16 = false;
     options.autos.micro_batch_per_gpu = 16;

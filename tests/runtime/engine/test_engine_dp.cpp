@@ -176,6 +176,13 @@ struct ScaleNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(ScaleNet);
 
+// ScaleNet's ops have CPU Half kernels: the engine lets fp16 run on the CPU when told so.
+strata::InitOptions cpu_fp16() {
+  strata::InitOptions options;
+  options.allow_fp16_on_cpu = true;
+  return options;
+}
+
 // fp16 at stage 1: only the last rank's gradient overflows at step 2, and every rank skips the
 // step (the flag is all-reduced) and halves its scale; the other steps proceed everywhere.
 TEST(EngineDataParallelWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
@@ -187,7 +194,7 @@ TEST(EngineDataParallelWorker, Fp16OverflowOnOneRankIsSkippedOnEveryRank) {
                  {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"hysteresis", 1}}},
                  {"zero_optimization", {{"stage", 1}}},
                  {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.01}}}}}};
-  auto engine = strata::initialize(net, config);
+  auto engine = strata::initialize(net, config, cpu_fp16());
   for (int64_t step = 0; step < 4; ++step) {
     const auto b = global_batch(step, 4);
     auto loss = engine->forward(b.x, b.y);

@@ -128,6 +128,13 @@ struct ScaleNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(ScaleNet);
 
+// ScaleNet's ops have CPU Half kernels: the engine lets fp16 run on the CPU when told so.
+strata::InitOptions cpu_fp16() {
+  strata::InitOptions options;
+  options.allow_fp16_on_cpu = true;
+  return options;
+}
+
 // fp16 with a hysteresis of 1: an overflowing step changes nothing but halves the scale.
 TEST(MixedPrecision, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   torch::manual_seed(5);
@@ -136,7 +143,7 @@ TEST(MixedPrecision, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   config["fp16"] = {{"enabled", true}, {"initial_scale_power", 10}, {"hysteresis", 1}};
   config["scheduler"] = {{"type", "WarmupLR"},
                          {"params", {{"warmup_max_lr", 1e-2}, {"warmup_num_steps", 10}}}};
-  auto engine = strata::initialize(net, config);
+  auto engine = strata::initialize(net, config, cpu_fp16());
   EXPECT_EQ(engine->loss_scale(), 1024.0);
   for (int64_t step = 0; step < 6; ++step) {
     const auto d = batch(step, 16);
@@ -181,7 +188,7 @@ TEST_P(OffloadedOptimizer, StepsLikeTheDeviceStep) {
       config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 1e-2}, {"momentum", 0.9}}}};
     config["zero_optimization"]["sub_group_size"] = 3;
     if (offload) config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
-    auto engine = strata::initialize(net, config);
+    auto engine = strata::initialize(net, config, cpu_fp16());
     for (int64_t micro = 0; micro < 6 * gas; ++micro) {
       const auto d = batch(micro, 16 / gas);
       auto loss = engine->forward(d.x, d.y);

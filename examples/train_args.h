@@ -1,0 +1,74 @@
+// train_gpt's command line, and what it hands the engine beside the config: the values for
+// "auto" (as Hugging Face's Trainer fills them from its TrainingArguments and the model) and,
+// when the config names no optimizer, a client AdamW and schedule (as Megatron-DeepSpeed builds
+// them in the program). The flags mirror the Trainer's arguments, with its defaults:
+//
+//   --lr 5e-5  --weight-decay 0  --betas 0.9,0.999  --eps 1e-8  --clip 1.0  --micro-batch 8
+//   --grad-accum 1  --warmup-steps 0  --steps (the schedule's total_num_steps, else 200)
+//   --precision fp32|bf16|fp16 (fp32)
+//
+// They fill only what the config leaves to the program ("auto", absent batch keys, a missing
+// optimizer or scheduler); a number written in the config is used as written.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+
+#include <strata/strata.h>
+
+#include "examples/gpt.h"
+
+namespace strata::examples {
+
+// The run's length when neither --steps nor the config's schedule gives one.
+constexpr int64_t kDefaultSteps = 200;
+
+struct TrainArgs {
+  std::string config;
+  std::string model = "tiny";
+  std::optional<int64_t> steps;
+  uint64_t seed = 1234;
+  std::string data;
+  std::string metrics_jsonl;
+  std::string device;
+  std::string save_dir;
+  int64_t save_every = 0;  // 0: only at the end
+  std::string resume;
+  std::optional<int64_t> seq_len;  // tokens per sample, instead of the model's
+  bool zero_init = false;          // build the model in shards (stage 3)
+  bool print_config = false;       // print the resolved config, as DeepSpeed logs it
+
+  // The Trainer's hyper-parameters (HF TrainingArguments' defaults).
+  double lr = 5e-5;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double clip = 1.0;
+  int64_t micro_batch = 8;
+  int64_t grad_accum = 1;
+  int64_t warmup_steps = 0;
+  std::string precision = "fp32";
+
+  std::set<std::string> given;  // the flags on the command line, to tell them from defaults
+};
+
+// Exits for --help and --version; throws strata::Error for a bad command line.
+TrainArgs parse_train_args(int argc, char** argv);
+
+// What the flags and the model resolve "auto" to. `steps` is the run's length when --steps
+// fixed it (else the schedule's own total_num_steps, or train_gpt's 200, is used).
+AutoValues auto_values(const TrainArgs& args, const GPTConfig& model);
+
+// One line per value taken from the program (Config::filled), each naming the flag or the model
+// size it came from; "" when the config had nothing to fill.
+std::string describe_filled(const Config& config, const TrainArgs& args, const GPTConfig& model);
+
+// With no optimizer in the config: an AdamW from the flags (and, with no scheduler either,
+// DeepSpeed's WarmupCosineLR over `steps` with --warmup-steps), as Megatron-DeepSpeed passes
+// its own to deepspeed.initialize. Returns what was passed, for the log; "" when nothing was.
+std::string add_client_optimizer(const Config& config, const TrainArgs& args, int64_t steps,
+                                 InitOptions& init);
+
+}  // namespace strata::examples
