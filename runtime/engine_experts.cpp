@@ -152,14 +152,6 @@ std::vector<zero::ShardPiece> to_global(const std::vector<zero::ShardPiece>& pie
   return out;
 }
 
-// This rank's local flat layout (flat_numel elements) cut out of a global expert tensor.
-torch::Tensor to_local(const torch::Tensor& global, const ExpertLayout& layout, int64_t flat_numel) {
-  auto local = torch::zeros({flat_numel}, global.options());
-  for (const auto& s : layout.segments)
-    local.narrow(0, s.local, s.length).copy_(global.narrow(0, s.global, s.length));
-  return local;
-}
-
 }  // namespace
 
 bool Engine::is_expert(const torch::Tensor& p) const {
@@ -194,7 +186,7 @@ void Engine::find_experts() {
   const int64_t ep = first.ep_size;
   // The layers are the program's, built before the engine saw the config: a key of the moe block
   // they do not follow would do nothing.
-  for (auto* layer : moe::moe_layers(*module_)) {
+  for (auto* layer : moe_layers_) {
     const std::string differs = layer->options().differs_from(config_.moe);
     if (!differs.empty())
       throw Error(fmt::format("{}: {} (MoE layer {}); build the layers from the config "
@@ -207,7 +199,7 @@ void Engine::find_experts() {
   // over a group of the right size but other members (or another order) would train and save
   // other ranks' experts under this rank's indices.
   const auto& layout_group = expert_groups_.expert_parallel;
-  for (auto* layer : moe::moe_layers(*module_)) {
+  for (auto* layer : moe_layers_) {
     const auto& g = layer->options().ep_group;
     if ((g ? g->size() : 1) != ep)
       throw Error(fmt::format("strata::initialize: an MoE layer's expert-parallel group has {} "
@@ -226,7 +218,7 @@ void Engine::find_experts() {
   const auto& edp = expert_groups_.expert_data_parallel;
   log::info("[strata] MoE: {} expert parameter tensor(s) in {} layer(s), ep_size {}: expert "
             "gradients reduced over expert-data-parallel groups of {} rank(s)",
-            experts_.size(), moe::moe_layers(*module_).size(), ep, edp ? edp->size() : 1);
+            experts_.size(), moe_layers_.size(), ep, edp ? edp->size() : 1);
 }
 
 void Engine::refuse_experts_outside_moe_layers() const {
@@ -327,7 +319,7 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   json scalars = {{"expert_layout", layout.describe}, {"expert_numel", layout.numel}};
   // Each layer's call counter, which names its gate noise (moe/layer.h): a resumed run draws on.
   json calls = json::array();
-  for (const auto* layer : moe::moe_layers(*module_)) calls.push_back(layer->call_index());
+  for (const auto* layer : moe_layers_) calls.push_back(layer->call_index());
   scalars["moe_call_index"] = calls;
   if (!writes) {
     scalars["expert_pieces"] = json::array();
@@ -390,7 +382,7 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
   // The layers' call counters (the same on every rank of a program whose ranks run the same
   // forwards). A checkpoint from before they were saved: one forward per micro-step, the usual
   // loop, so that the noise at least does not replay calls 0, 1, ...
-  const auto layers = moe::moe_layers(*module_);
+  const auto layers = moe_layers_;
   std::vector<int64_t> calls(layers.size(), saved_micro_steps);
   if (saved->scalars().contains("moe_call_index")) {
     const json& saved_calls = saved->scalars().at("moe_call_index");

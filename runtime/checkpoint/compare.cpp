@@ -24,20 +24,20 @@ CheckpointDistance compare_checkpoints(const std::string& dir_a, const std::stri
   const NamedTensors a = consolidate(dir_a, tag_a), b = consolidate(dir_b, tag_b);
   std::map<std::string, torch::Tensor> by_name;
   for (const auto& [name, t] : a) by_name.emplace(name, t);
+  auto only_in_b = [&](const std::string& name) {
+    return Error(fmt::format("strata-ckpt compare: {} holds '{}', {} does not", dir_b, name,
+                             dir_a));
+  };
   if (a.size() != b.size() || by_name.size() != a.size()) {
     for (const auto& [name, t] : b)
-      if (!by_name.count(name))
-        throw Error(fmt::format("strata-ckpt compare: {} holds '{}', {} does not", dir_b, name,
-                                dir_a));
+      if (!by_name.count(name)) throw only_in_b(name);
     throw Error(fmt::format("strata-ckpt compare: {} holds {} tensors, {} holds {}", dir_a,
                             a.size(), dir_b, b.size()));
   }
   CheckpointDistance out;
   for (const auto& [name, tb] : b) {
     auto it = by_name.find(name);
-    if (it == by_name.end())
-      throw Error(fmt::format("strata-ckpt compare: {} holds '{}', {} does not", dir_b, name,
-                              dir_a));
+    if (it == by_name.end()) throw only_in_b(name);
     const torch::Tensor& ta = it->second;
     if (ta.sizes() != tb.sizes())
       throw Error(fmt::format("strata-ckpt compare: '{}' is {} in {} and {} in {}", name,

@@ -2,30 +2,18 @@
 // differential matrix's parameter check, docs/matrix.md); a run against itself is 0 apart, a run
 // with another LR is apart by about what the LR moved, and checkpoints of two different models
 // are refused by name.
-#include <cstdio>
 #include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/examples/train_gpt_runs.h"
 #include "tests/runtime/checkpoint/scratch_dir.h"
 
 namespace {
 
-struct Captured {
-  int code;
-  std::string out;
-};
-
-Captured capture(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using train_gpt_runs::capture;
 
 const std::string kBin = STRATA_BIN_DIR;
 
@@ -37,7 +25,7 @@ std::string train(const std::string& dir, const std::string& name, const std::st
       "optimizer": {"type": "AdamW", "params": {"lr": )" << lr << "}}}";
   const auto r = capture(kBin + "/train_gpt --device cpu --model " + model + " --config " +
                          config + " --steps 2 --seed 4 --save-dir " + out);
-  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   return out;
 }
 
@@ -50,8 +38,8 @@ TEST(CompareTool, TellsHowFarTwoRunsOfOneModelAreAndRefusesOtherModels) {
 
   auto compare = [&](const std::string& x, const std::string& y) {
     const auto r = capture(kBin + "/strata-ckpt compare " + x + " " + y);
-    EXPECT_EQ(r.code, 0) << r.out;
-    return nlohmann::json::parse(r.out.substr(r.out.find('{')));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output.substr(r.output.find('{')));
   };
   const auto same = compare(a, again);
   EXPECT_EQ(same.at("worst").at("max_abs").get<double>(), 0.0) << same.dump();
@@ -65,9 +53,9 @@ TEST(CompareTool, TellsHowFarTwoRunsOfOneModelAreAndRefusesOtherModels) {
   EXPECT_FALSE(apart.at("worst").at("name").get<std::string>().empty());
 
   const auto other = capture(kBin + "/strata-ckpt compare " + a + " " + tied);
-  EXPECT_EQ(other.code, 1) << other.out;
-  EXPECT_NE(other.out.find("strata-ckpt compare: "), std::string::npos) << other.out;
-  EXPECT_NE(other.out.find(tied), std::string::npos) << other.out;
+  EXPECT_EQ(other.exit_code, 1) << other.output;
+  EXPECT_NE(other.output.find("strata-ckpt compare: "), std::string::npos) << other.output;
+  EXPECT_NE(other.output.find(tied), std::string::npos) << other.output;
 }
 
 }  // namespace
