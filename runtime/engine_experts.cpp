@@ -339,6 +339,8 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
       out.add("weights", shards.gather(ep.flat().data(), part));
     } else if (units->partition_offload() != "nvme") {
       out.add("weights", units->partition());
+    } else if (!ep.swaps()) {  // parameters on NVMe, the master in host memory
+      out.add("weights", ep.master().to(units->partition().scalar_type()));
     } else {
       const auto dtype = units->partition().scalar_type();
       out.begin({"weights", dtype, {units->partition().numel()}});
