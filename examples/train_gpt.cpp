@@ -165,7 +165,8 @@ int run(const strata::examples::TrainArgs& args) {
       if (!moe_layers.empty()) group->all_reduce(moe_sums, strata::comm::ReduceOp::Sum);
     }
     const double loss = loss_sum.item<double>() / gas;
-    const double lr = engine->get_lr().at(0);
+    const std::vector<double> lrs = engine->get_lr();  // the experts' groups after the dense ones
+    const double lr = lrs.at(0);
     const auto now = Clock::now();
     const double step_s = std::chrono::duration<double>(now - step_start).count();
     const double elapsed = std::chrono::duration<double>(now - start).count();
@@ -181,7 +182,8 @@ int run(const strata::examples::TrainArgs& args) {
         {{"Train/Samples/tokens_per_s", tokens_per_s, engine->global_samples()}});
     if (metrics.is_open()) {
       nlohmann::json row = {{"step", step + 1},      {"loss", loss},
-                            {"lr", lr},              {"tokens_per_s", tokens_per_s},
+                            {"lr", lr},              {"lrs", lrs},
+                            {"tokens_per_s", tokens_per_s},
                             {"step_time_s", step_s}, {"samples", engine->global_samples()}};
       if (!std::isnan(engine->last_grad_norm())) row["grad_norm"] = engine->last_grad_norm();
       row["loss_scale"] = engine->loss_scale();

@@ -605,9 +605,13 @@ void Engine::partitioned_step() {
   follow_lr_schedule();
 }
 
+// The dense optimizer's groups, then the experts' (DeepSpeed-MoE keeps experts in groups of their
+// own): every group a step will use.
 std::vector<double> Engine::get_lr() const {
   std::vector<double> lrs;
   for (auto& group : optimizer_->param_groups()) lrs.push_back(group.options().get_lr());
+  if (expert_optimizer_)
+    for (auto& group : expert_optimizer_->param_groups()) lrs.push_back(group.options().get_lr());
   return lrs;
 }
 

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/layout.h"
 #include "runtime/error.h"
 
 namespace strata::checkpoint {
@@ -19,9 +20,29 @@ json CheckpointDistance::to_json() const {
                      {"ref_max_abs", worst.ref_max_abs}}}};
 }
 
+namespace {
+
+// The parameters of model_states as saved (the experts live in their own files, from their
+// masters, so consolidate's view covers them).
+NamedTensors as_trained(const std::string& dir, const std::string& tag) {
+  NamedTensors out;
+  for (auto& [key, t] : CheckpointReader(dir, tag).load_shared("model_states").tensors)
+    if (key.rfind("param.", 0) == 0 && t.is_floating_point())
+      out.emplace_back("as-trained:" + key, t.to(torch::kFloat));
+  return out;
+}
+
+NamedTensors both_views(const std::string& dir, const std::string& tag) {
+  NamedTensors out = consolidate(dir, tag);
+  for (auto& named : as_trained(dir, tag)) out.push_back(std::move(named));
+  return out;
+}
+
+}  // namespace
+
 CheckpointDistance compare_checkpoints(const std::string& dir_a, const std::string& tag_a,
                                        const std::string& dir_b, const std::string& tag_b) {
-  const NamedTensors a = consolidate(dir_a, tag_a), b = consolidate(dir_b, tag_b);
+  const NamedTensors a = both_views(dir_a, tag_a), b = both_views(dir_b, tag_b);
   std::map<std::string, torch::Tensor> by_name;
   for (const auto& [name, t] : a) by_name.emplace(name, t);
   auto only_in_b = [&](const std::string& name) {

@@ -20,9 +20,12 @@ struct CheckpointDistance {
   json to_json() const;
 };
 
-// Consolidates both (fp32) and compares them tensor by tensor. Throws strata::Error naming the
-// first tensor only one of them has, or whose shapes differ: such checkpoints are not two runs
-// of one model.
+// Consolidates both (fp32) and compares them tensor by tensor; then the parameters as the model
+// held them when it saved (model_states: the working copy the forward reads, 16-bit under mixed
+// precision), named "as-trained:param.NAME". The second view sees a working copy that no longer
+// follows its master (a 16-bit shard written back short, a stale host copy), which the master
+// alone hides. Throws strata::Error naming the first tensor only one of them has, or whose
+// shapes differ: such checkpoints are not two runs of one model.
 CheckpointDistance compare_checkpoints(const std::string& dir_a, const std::string& tag_a,
                                        const std::string& dir_b, const std::string& tag_b);
 

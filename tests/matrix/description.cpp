@@ -103,14 +103,17 @@ Description generate(uint64_t seed, int max_world) {
   d.phases.push_back(draw_phase(rng, d, max_world));
   if (d.save_at > 0) d.phases.push_back(draw_phase(rng, d, max_world));
   // Small sizes cut through parameters (tiny's matrices are 4096-16384 elements); 131073 and 4099
-  // are odd tile lengths (the CPU step cuts each tile over its threads).
+  // are odd tile lengths. The CPU Adam cuts a tile of at least 2^16 elements per thread over its
+  // threads in 64-element blocks: 131073 = 2^17 + 1 (2 threads) and 196609 = 3 x 2^16 + 1 (2 or
+  // 3 threads) sit one element past that split's boundary (tiny holds ~137k parameters, tiny-zoo
+  // ~270k, so a partition of 1-2 ranks has such a tile).
   d.persistence_threshold = rng.pick<int64_t>({0, -1, 64, 1000, 5000});
   d.reduce_bucket_size = rng.pick<int64_t>({0, 500, 5000, 20000});
   d.allgather_bucket_size = rng.pick<int64_t>({0, 1000, 20000});
   d.prefetch_bucket_size = rng.pick<int64_t>({0, 1, 5000, 50000});
   d.max_live_parameters = rng.pick<int64_t>({0, 20000, 100000});
   d.max_reuse_distance = rng.pick<int64_t>({-1, 0, 10000});
-  d.sub_group_size = rng.pick<int64_t>({0, 0, 1000, 4099, 65536, 131073});
+  d.sub_group_size = rng.pick<int64_t>({0, 0, 1000, 4099, 65536, 131073, 196609});
   if (d.model == "tiny-moe") {
     d.top_k = 1 + rng.below(2);
     d.capacity_factor = rng.pick<double>({1.0, 1.25, 2.0});

@@ -56,6 +56,35 @@ double rel(double a, double b) {
   return scale == 0.0 ? 0.0 : std::abs(a - b) / scale;
 }
 
+// Every parameter group follows the one schedule (train_gpt gives every group the config's LR;
+// the experts' groups are DeepSpeed-MoE's own): each step's "lrs" all equal its "lr", in the
+// description and in the oracle. The oracle runs the experts' optimizer through the same code,
+// so only this invariant, not the comparison, sees a group that stopped following the schedule.
+// (An older train_gpt writes no "lrs": nothing to check.)
+void check_group_lrs(const Description& d, const std::vector<nlohmann::json>& oracle,
+                            const std::vector<nlohmann::json>& mine, double bound, Verdict* v) {
+  for (const auto* rows : {&mine, &oracle})
+    for (size_t s = 0; s < rows->size(); ++s) {
+      const auto& row = (*rows)[s];
+      if (!row.contains("lrs") || !row.contains("lr") || v->outcome != Outcome::kPass) continue;
+      const double lr = row.at("lr").get<double>();
+      const auto& lrs = row.at("lrs");
+      for (size_t g = 0; g < lrs.size(); ++g) {
+        const double e = rel(lr, lrs[g].get<double>());
+        if (e <= bound) continue;
+        v->outcome = Outcome::kMismatch;
+        std::ostringstream s_;
+        s_.precision(9);
+        s_ << (rows == &oracle ? "the oracle's " : "") << "step " << s + 1
+           << (rows == &mine && d.save_at && int(s) >= d.save_at ? " (after the resume)" : "")
+           << ": parameter group " << g << " steps at lr " << lrs[g].get<double>()
+           << ", the schedule's lr is " << lr << " (every group follows one schedule)";
+        v->detail = s_.str();
+        return;
+      }
+    }
+}
+
 }  // namespace
 
 // Tolerances (docs/matrix.md says why). fp32: the example tests' 1e-5 relative on the loss (the
@@ -302,6 +331,7 @@ Verdict Runner::run(const Description& d) {
       }
     }
   }
+  check_group_lrs(d, reference, rows, tol.lr, &v);
   compare_parameters(d, folder + "/final", oracle_final, &v);
   if (!o_.keep && !is_failure(v.outcome)) capture("rm -rf '" + folder + "'");
   return finish();

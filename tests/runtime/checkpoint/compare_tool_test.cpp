@@ -1,7 +1,7 @@
 // `strata-ckpt compare` as a process: two runs of one model are compared tensor by tensor (the
 // differential matrix's parameter check, docs/matrix.md); a run against itself is 0 apart, a run
-// with another LR is apart by about what the LR moved, and checkpoints of two different models
-// are refused by name.
+// with another LR is apart by about what the LR moved (in the masters and in the weights as the
+// model held them), and checkpoints of two different models are refused by name.
 #include <fstream>
 #include <string>
 
@@ -44,6 +44,11 @@ TEST(CompareTool, TellsHowFarTwoRunsOfOneModelAreAndRefusesOtherModels) {
   const auto same = compare(a, again);
   EXPECT_EQ(same.at("worst").at("max_abs").get<double>(), 0.0) << same.dump();
   EXPECT_FALSE(same.at("tensors").empty());
+  // Both views: the consolidated masters and the weights as the model held them (model_states).
+  int as_trained = 0;
+  for (const auto& t : same.at("tensors"))
+    as_trained += t.at("name").get<std::string>().rfind("as-trained:param.", 0) == 0;
+  EXPECT_GT(as_trained, 0) << same.dump();
 
   // Adam moves each element by about lr per step: two steps at 1e-3 more than the other run's.
   const auto apart = compare(a, faster);
