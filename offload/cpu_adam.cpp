@@ -9,6 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
 // GCC 12 warns inside its own AVX-512 headers (their _mm512_undefined_* placeholders).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
@@ -309,6 +313,21 @@ const char* cpu_adam_isa() {
   }
 }
 
+int64_t cpu_adam_grain() {
+  static const int64_t grain = [] {
+    constexpr int64_t kDefault = int64_t(1) << 16;
+    const char* env = std::getenv("STRATA_CPU_ADAM_GRAIN");
+    if (env == nullptr || *env == '\0') return kDefault;
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (*end != '\0' || v < 1)
+      throw Error(fmt::format("STRATA_CPU_ADAM_GRAIN='{}': give a positive number of elements "
+                              "per thread (default {}), or unset it", env, kDefault));
+    return int64_t(v);
+  }();
+  return grain;
+}
+
 void cpu_adam_step(float* p, float* m, float* v, const void* g, Float g_type, void* out,
                    Float out_type, int64_t n, const optim::AdamScalars& s, int threads) {
   if (n <= 0) return;
@@ -316,7 +335,7 @@ void cpu_adam_step(float* p, float* m, float* v, const void* g, Float g_type, vo
   RangeFn fn = g_type == Float::kF32    ? pick_out<int(Float::kF32)>(isa, out, out_type)
                : g_type == Float::kBF16 ? pick_out<int(Float::kBF16)>(isa, out, out_type)
                                         : pick_out<int(Float::kF16)>(isa, out, out_type);
-  split_over_threads(n, threads, int64_t(1) << 16, [&](int, int64_t begin, int64_t end) {
+  split_over_threads(n, threads, cpu_adam_grain(), [&](int, int64_t begin, int64_t end) {
     fn(p, m, v, g, out, begin, end, s);
   });
 }

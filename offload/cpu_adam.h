@@ -22,8 +22,15 @@ const char* cpu_adam_isa();
 
 // p, m, v: fp32, n elements. g: n elements of `g_type`, read times s.grad_scale. out (may be
 // null): n elements of `out_type` that receive the new p. `threads` <= 0: as many as the CPU has.
+// Each thread takes at least cpu_adam_grain() elements (below that a thread costs more than it
+// saves).
 void cpu_adam_step(float* p, float* m, float* v, const void* g, Float g_type, void* out,
                    Float out_type, int64_t n, const optim::AdamScalars& s, int threads);
+
+// The least elements per thread of cpu_adam_step: 65536, or the environment variable
+// STRATA_CPU_ADAM_GRAIN (a positive integer, read once), which tests lower so that small models
+// take the threaded split too (the differential matrix draws it, docs/matrix.md).
+int64_t cpu_adam_grain();
 
 // The sum of squares of n elements of `type` (a gradient's, for its norm), accumulated in fp32
 // lanes flushed to double every few thousand elements, split over threads as the step is: one

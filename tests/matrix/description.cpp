@@ -67,6 +67,14 @@ Phase draw_phase(Rng& rng, const Description& d, int max_world) {
     p.ep_size = rng.chance(90) ? rng.pick(fits) : rng.pick(std::vector<int>{2, 3, 4});
   }
   p.threads = rng.weighted<int>({{4, 0}, {2, 1}, {2, 2}, {1, 3}});
+  // The CPU Adam (offloaded optimizers) splits a tile over threads only past 2^16 elements per
+  // thread, more than most of these small models' partitions hold: half the offloaded phases
+  // lower that to 4096, so that their tiles take the threaded split too.
+  // (A lowered grain matters only with several threads: such a phase sets 2 or 3.)
+  if (p.offload_optimizer != "none" && rng.chance(50)) {
+    p.adam_grain = 4096;
+    if (p.threads < 2) p.threads = 2 + int(rng.below(2));
+  }
   p.zero_init = p.stage == 3 ? rng.chance(30) : rng.chance(3);
   // Not with the tied model in 16 bits: its constructor re-draws the tied embedding in place
   // (normal_(0, 0.02)), which inside a PartitionedInit of a 16-bit dtype draws in that dtype (as
@@ -106,14 +114,17 @@ Description generate(uint64_t seed, int max_world) {
   // are odd tile lengths. The CPU Adam cuts a tile of at least 2^16 elements per thread over its
   // threads in 64-element blocks: 131073 = 2^17 + 1 (2 threads) and 196609 = 3 x 2^16 + 1 (2 or
   // 3 threads) sit one element past that split's boundary (tiny holds ~137k parameters, tiny-zoo
-  // ~270k, so a partition of 1-2 ranks has such a tile).
+  // ~270k, so a partition of 1-2 ranks has such a tile); 12289 = 3 x 2^12 + 1 is the same for a
+  // phase that lowers the split's grain to 4096 (adam_grain), and fits every partition. A tile
+  // splits only on a rank with several threads (one rank alone, or OMP_NUM_THREADS set), at
+  // stages 1-2 (stage 3 rounds tiles up to its 4 KiB grid).
   d.persistence_threshold = rng.pick<int64_t>({0, -1, 64, 1000, 5000});
   d.reduce_bucket_size = rng.pick<int64_t>({0, 500, 5000, 20000});
   d.allgather_bucket_size = rng.pick<int64_t>({0, 1000, 20000});
   d.prefetch_bucket_size = rng.pick<int64_t>({0, 1, 5000, 50000});
   d.max_live_parameters = rng.pick<int64_t>({0, 20000, 100000});
   d.max_reuse_distance = rng.pick<int64_t>({-1, 0, 10000});
-  d.sub_group_size = rng.pick<int64_t>({0, 0, 1000, 4099, 65536, 131073, 196609});
+  d.sub_group_size = rng.pick<int64_t>({0, 0, 1000, 4099, 12289, 12289, 12289, 65536, 131073, 196609});
   if (d.model == "tiny-moe") {
     d.top_k = 1 + rng.below(2);
     d.capacity_factor = rng.pick<double>({1.0, 1.25, 2.0});
@@ -130,7 +141,8 @@ nlohmann::json to_json(const Description& d) {
   for (const auto& p : d.phases)
     phases.push_back({{"world", p.world}, {"gas", p.gas}, {"stage", p.stage},
                       {"offload_optimizer", p.offload_optimizer}, {"offload_param", p.offload_param},
-                      {"ep_size", p.ep_size}, {"threads", p.threads}, {"zero_init", p.zero_init}});
+                      {"ep_size", p.ep_size}, {"threads", p.threads}, {"zero_init", p.zero_init},
+                      {"adam_grain", p.adam_grain}});
   return {{"seed", d.seed}, {"model", d.model}, {"dtype", d.dtype}, {"optimizer", d.optimizer},
           {"scheduler", d.scheduler}, {"clip", d.clip}, {"micro", d.micro},
           {"per_step", d.per_step}, {"steps", d.steps}, {"save_at", d.save_at},
@@ -166,6 +178,7 @@ Description from_json(const nlohmann::json& j) {
     p.offload_param = pj.value("offload_param", std::string("none"));
     p.ep_size = pj.value("ep_size", 1);
     p.threads = pj.value("threads", 0);
+    p.adam_grain = pj.value("adam_grain", 0);
     p.zero_init = pj.value("zero_init", false);
     d.phases.push_back(p);
   }
@@ -196,6 +209,7 @@ std::string summary(const Description& d) {
     if (p.offload_param != "none") s << " op=" << p.offload_param;
     if (d.model == "tiny-moe") s << " ep" << p.ep_size;
     if (p.threads) s << " t" << p.threads;
+    if (p.adam_grain) s << " g" << p.adam_grain;
     if (p.zero_init) s << " zinit";
   }
   if (d.model == "tiny-moe")
@@ -214,7 +228,8 @@ int64_t complexity(const Description& d) {
   c += d.clip == 0.0 ? 0 : 1;
   for (const auto& p : d.phases) {
     c += 3 * p.world + p.gas + p.stage + (p.offload_optimizer != "none") * 2 +
-         (p.offload_param != "none") * 2 + p.ep_size + (p.threads != 0) + p.zero_init;
+         (p.offload_param != "none") * 2 + p.ep_size + (p.threads != 0) + p.zero_init +
+         (p.adam_grain != 0);
   }
   c += (d.persistence_threshold != 0) + (d.reduce_bucket_size != 0) +
        (d.allgather_bucket_size != 0) + (d.prefetch_bucket_size != 0) +
@@ -277,6 +292,7 @@ std::vector<Description> simplifications(const Description& d) {
       });
     if (p.ep_size > 1) on([](Phase& q) { q.ep_size = 1; });
     if (p.threads != 0) on([](Phase& q) { q.threads = 0; });
+    if (p.adam_grain != 0) on([](Phase& q) { q.adam_grain = 0; });
     if (p.zero_init) on([](Phase& q) { q.zero_init = false; });
   }
   if (d.persistence_threshold) with([](Description& s) { s.persistence_threshold = 0; });

@@ -23,6 +23,7 @@ struct Phase {
   std::string offload_param = "none";      // none | cpu | nvme
   int ep_size = 1;         // moe.ep_size (tiny-moe only)
   int threads = 0;         // OMP_NUM_THREADS; 0: unset (the launcher shares the cores out)
+  int adam_grain = 0;      // STRATA_CPU_ADAM_GRAIN (the CPU Adam's least elements per thread); 0: unset
   bool zero_init = false;  // --zero-init (stage 3 only; refused otherwise)
 };
 

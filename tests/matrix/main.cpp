@@ -7,6 +7,7 @@
 // stop after the first failing description (the seeded-fault runs, tests/matrix/seeded_faults.py).
 //   strata-matrix --bin DIR --work DIR --ci          # the CI sample (fixed seed, stated budget)
 //   strata-matrix --bin DIR --work DIR --replay JSON # one description (a failure's reproduction)
+//   strata-matrix --list [--seed S] [--count N]      # the descriptions a seed draws, run nothing
 //
 // Each description runs black-box (train_gpt, strata-run, the metrics JSONL) beside its oracle;
 // a failure is shrunk and printed as the command that reproduces it. Exit 1 if any failed.
@@ -32,6 +33,7 @@ struct Args {
   int max_world = 4;
   double budget_s = 0;  // 0: none
   bool ci = false, do_shrink = true, keep = false, shrink_replay = false, first_failure = false;
+  bool list = false;  // print the drawn descriptions (JSON lines, with the predicted refusal); run nothing
   int shrink_trials = 40;
 };
 
@@ -44,7 +46,8 @@ constexpr double kCiBudgetS = strata::test::kSanitized ? 360 : 300;
 int usage(const char* why) {
   std::fprintf(stderr, "strata-matrix: %s\nusage: strata-matrix --bin DIR --work DIR [--ci] [--seed S] "
                "[--count N] [--max-world W] [--budget-s T] [--report FILE] [--jsonl FILE] "
-               "[--replay JSON|@FILE [--shrink]] [--no-shrink] [--keep] [--tools DIR] [--first-failure]\n", why);
+               "[--replay JSON|@FILE [--shrink]] [--no-shrink] [--keep] [--tools DIR] [--first-failure]\n"
+               "       strata-matrix --list [--seed S] [--count N] [--max-world W]\n", why);
   return 2;
 }
 
@@ -63,6 +66,7 @@ int main(int argc, char** argv) {
       if (f == "--bin") a.bin = value();
       else if (f == "--tools") a.tools = value();
       else if (f == "--first-failure") a.first_failure = true;
+      else if (f == "--list") a.list = true;
       else if (f == "--work") a.work = value();
       else if (f == "--seed") a.seed = std::stoull(value());
       else if (f == "--count") a.count = std::stoi(value());
@@ -80,6 +84,18 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       return usage(e.what());
     }
+  }
+  if (a.list) {  // what a seed draws (for looking at the feature space's coverage); runs nothing
+    for (int i = 0; i < a.count; ++i) {
+      const uint64_t s = a.seed * 1000003ull + uint64_t(i);
+      const Description d = generate(s, a.max_world);
+      const auto refusal = predict_refusal(d);
+      std::printf("%s\n", nlohmann::json({{"generator_seed", s}, {"description", to_json(d)},
+                                          {"refused", refusal ? refusal->key : ""}})
+                               .dump()
+                               .c_str());
+    }
+    return 0;
   }
   if (a.bin.empty() || a.work.empty()) return usage("--bin and --work are required");
   // CI shrinks with 12 trials at most: a failure there is reproduced in full by its printed command.

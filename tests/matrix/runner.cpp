@@ -200,6 +200,7 @@ Runner::Launch Runner::launch(const Description& d, const Phase& p, int index,
   std::ofstream(config) << config_for(d, p, o_.work + "/nvme").dump(1) << "\n";
   std::ostringstream cmd;
   if (p.threads) cmd << "OMP_NUM_THREADS=" << p.threads << " ";
+  if (p.adam_grain) cmd << "STRATA_CPU_ADAM_GRAIN=" << p.adam_grain << " ";
   cmd << "timeout " << o_.timeout_s << " ";
   if (p.world > 1) cmd << o_.bin << "/strata-run --num_gpus " << p.world << " -- ";
   cmd << o_.bin << "/train_gpt --device cpu --model " << d.model << " --config " << config
