@@ -60,10 +60,15 @@ GPTConfig GPTConfig::by_name(const std::string& name) {
   } else if (name == "moe-8x") {
     c.vocab = 32000, c.d_model = 1024, c.layers = 12, c.heads = 16, c.ffn = 4096;
     c.seq_len = 2048, c.experts = 8, c.expert_bias = false;
+  } else if (name == "moe-ds") {  // the peer's --deepseek: 64 routed experts of FFN 512, top-6,
+    // 2 shared experts, sigmoid + bias, dropless
+    c.vocab = 32000, c.d_model = 1024, c.layers = 12, c.heads = 16, c.ffn = 512;
+    c.seq_len = 2048, c.experts = 64, c.top_k = 6, c.expert_bias = false;
+    c.deepseek = true, c.shared_experts = 2, c.aux_loss_coef = 0.0;
   } else {
     throw std::invalid_argument(fmt::format(
         "unknown model '{}': known models are tiny, small, tiny-tied, small-tied, tiny-zoo, tiny-moe, "
-        "dense-350M, dense-1.3B, moe-8x",
+        "dense-350M, dense-1.3B, moe-8x, moe-ds",
         name));
   }
   return c;

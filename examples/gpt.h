@@ -28,6 +28,10 @@ struct GPTConfig {
   // The built-in experts' biases; moe-8x has none, as every other linear layer here and the peers'
   // experts (peer_torch_gpt.py, peer_deepspeed_gpt.py).
   bool expert_bias = true;
+  // DeepSeek-V3-style MoE (moe-ds, the peer's --deepseek): the sigmoid router with its balancing
+  // bias (no auxiliary loss), dropless, and shared_experts always-on experts of the expert FFN.
+  bool deepseek = false;
+  int64_t shared_experts = 0;
   // The output head is the token embedding's weight (the usual C++ tie: one tensor registered
   // under a second name, "head_weight"), initialised N(0, 0.02) as GPT-2's.
   bool tied = false;
@@ -36,7 +40,8 @@ struct GPTConfig {
   // used ("unused.weight": no gradient), block 0 applied twice (its gradients from two uses), and
   // a parameter of an odd size, 131073 = 2^17 + 1 elements ("odd", a small L2 term of the loss).
   bool zoo = false;
-  // Sizes by name: tiny, small, tiny-moe, dense-350M, dense-1.3B, moe-8x (../shared/bench/README.md);
+  // Sizes by name: tiny, small, tiny-moe, dense-350M, dense-1.3B, moe-8x, moe-ds
+  // (../shared/bench/README.md);
   // "-tied" after tiny or small ties the head to the embedding; tiny-zoo (above).
   // Unknown name: Error listing the known ones.
   static GPTConfig by_name(const std::string& name);

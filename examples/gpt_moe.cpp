@@ -25,6 +25,12 @@ moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, ui
   if (!given("capacity_factor")) merged.capacity_factor = model.capacity_factor;
   if (!given("eval_capacity_factor")) merged.eval_capacity_factor = model.capacity_factor;
   if (!given("aux_loss_coef")) merged.aux_loss_coef = model.aux_loss_coef;
+  if (model.deepseek) {  // the router the model was designed with, where the block is silent
+    if (!given("score_func")) merged.score_func = "sigmoid";
+    if (!given("bias_update_speed") && merged.score_func == "sigmoid") merged.bias_update_speed = 1e-3;
+    if (!given("drop_tokens")) merged.drop_tokens = false;
+    if (!given("n_shared_experts")) merged.n_shared_experts = model.shared_experts;
+  }
   auto options = moe::MoEOptions::from_config(merged, model.d_model, model.ffn, 0, seed, world);
   options.expert_bias = model.expert_bias;
   return options;

@@ -15,7 +15,7 @@ namespace strata::examples {
 namespace {
 
 const char* kUsage =
-    "usage: train_gpt --config FILE [--model tiny|small|tiny-tied|tiny-zoo|tiny-moe|dense-350M|dense-1.3B|moe-8x]\n"
+    "usage: train_gpt --config FILE [--model tiny|small|tiny-tied|tiny-zoo|tiny-moe|dense-350M|dense-1.3B|moe-8x|moe-ds]\n"
     "                 [--steps N] [--seed S] [--seq-len N] [--zero-init] [--print-config]\n"
     "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n"
     "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n"

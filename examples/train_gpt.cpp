@@ -143,6 +143,10 @@ int run(const strata::examples::TrainArgs& args) {
     auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
     // MoE: the layers' auxiliary loss (mean over micro-batches and ranks) and dropped routes.
     auto moe_sums = torch::zeros({2}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+    // Each layer's routes per expert (chosen, before drops), summed over micro-batches and ranks.
+    auto moe_loads = torch::zeros({int64_t(moe_layers.size()),
+                                   moe_layers.empty() ? 0 : moe_layers[0]->options().num_experts},
+                                  torch::TensorOptions().dtype(torch::kLong).device(device));
     for (int64_t m = 0; m < gas; ++m) {
       // Sample j of the global batch is the same whatever the world: ranks take slices.
       const int64_t first = (m * world + rank) * micro;
@@ -155,6 +159,8 @@ int run(const strata::examples::TrainArgs& args) {
         moe_sums[0] += layer->last().l_aux.detach().to(torch::kDouble);
         moe_sums[1] += layer->last().dropped.to(torch::kDouble);
       }
+      for (size_t l = 0; l < moe_layers.size(); ++l)
+        moe_loads[int64_t(l)] += moe_layers[l]->last().exp_counts;
       engine->backward(loss);
       engine->step();
       loss_sum += loss.detach();
@@ -162,7 +168,10 @@ int run(const strata::examples::TrainArgs& args) {
     // The global batch's mean loss (ranks' means averaged): one host sync per optimizer step.
     if (auto& group = engine->data_parallel_group()) {
       group->all_reduce(loss_sum, strata::comm::ReduceOp::Avg);
-      if (!moe_layers.empty()) group->all_reduce(moe_sums, strata::comm::ReduceOp::Sum);
+      if (!moe_layers.empty()) {
+        group->all_reduce(moe_sums, strata::comm::ReduceOp::Sum);
+        group->all_reduce(moe_loads, strata::comm::ReduceOp::Sum);
+      }
     }
     const double loss = loss_sum.item<double>() / gas;
     const std::vector<double> lrs = engine->get_lr();  // the experts' groups after the dense ones
@@ -194,6 +203,17 @@ int run(const strata::examples::TrainArgs& args) {
         const auto sums = moe_sums.cpu();
         row["l_aux"] = sums[0].item<double>() / double(gas * world);
         row["dropped_tokens"] = static_cast<int64_t>(sums[1].item<double>());
+        // Balance per layer: the busiest expert's routes over the mean, and the idle experts.
+        const auto loads = moe_loads.cpu().to(torch::kDouble);
+        std::vector<double> max_over_mean;
+        std::vector<int64_t> idle;
+        for (int64_t l = 0; l < loads.size(0); ++l) {
+          max_over_mean.push_back(loads[l].max().item<double>() /
+                                  std::max(loads[l].mean().item<double>(), 1e-30));
+          idle.push_back(loads[l].eq(0).sum().item<int64_t>());
+        }
+        row["expert_load_max_over_mean"] = max_over_mean;
+        row["idle_experts"] = idle;
       }
       metrics << row.dump() << '\n' << std::flush;
       if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: write failed",

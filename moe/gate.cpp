@@ -60,7 +60,29 @@ void check(const torch::Tensor& logits, const GateOptions& o) {
                               "got {}", S, c10::str(o.used_token.sizes())));
     }
   }
-  if (o.k >= 2 && o.noisy_gate_policy == NoisyGatePolicy::RSample) {
+  if (o.score_func == ScoreFunc::Sigmoid) {
+    if (o.expert_bias.defined() &&
+        (o.expert_bias.dim() != 1 || o.expert_bias.size(0) != E ||
+         o.expert_bias.scalar_type() != torch::kFloat))
+      throw Error(fmt::format("moe::gate: expert_bias is {} {}; it must be a [{}] float32 tensor",
+                              c10::str(o.expert_bias.sizes()),
+                              std::string(c10::toString(o.expert_bias.scalar_type())), E));
+    if (o.n_group < 1 || E % o.n_group != 0 || o.topk_group < 1 || o.topk_group > o.n_group ||
+        (o.n_group > 1 && E / o.n_group < 2) ||
+        (o.n_group > 1 && o.k > o.topk_group * (E / o.n_group)))
+      throw Error(fmt::format("moe::gate: n_group = {}, topk_group = {} for {} experts and k = {}; "
+                              "n_group must divide the experts into groups of at least 2, "
+                              "1 <= topk_group <= n_group, and k fit in topk_group groups",
+                              o.n_group, o.topk_group, E, o.k));
+    if (!std::isfinite(o.route_scale) || o.route_scale <= 0)
+      throw Error(fmt::format("moe::gate: route_scale = {}; it must be a finite number > 0",
+                              o.route_scale));
+    if (o.sequence_length < 0 || (o.sequence_length > 0 && S % o.sequence_length != 0))
+      throw Error(fmt::format("moe::gate: sequence_length = {} does not divide the {} tokens",
+                              o.sequence_length, S));
+  }
+  if (o.k >= 2 && o.noisy_gate_policy == NoisyGatePolicy::RSample &&
+      o.score_func == ScoreFunc::Softmax) {
     // DeepSpeed ignores RSample silently beyond top-1 (Jitter, the layer's, applies at every k);
     // say so once per process.
     static std::atomic<bool> warned{false};
@@ -107,6 +129,39 @@ torch::Tensor rank_within_expert(const torch::Tensor& expert, const torch::Tenso
                    starts.index_select(0, expert.index_select(0, perm)));
 }
 
+// The sigmoid router's choice (gate.h): top-k of scores + bias, within each token's topk_group
+// best groups. Stable sorts: ties go to the lower group / expert.
+torch::Tensor choose_biased(const torch::Tensor& scores, const GateOptions& o) {
+  const int64_t S = scores.size(0), E = scores.size(1);
+  auto chooser = o.expert_bias.defined()
+                     ? scores + o.expert_bias.to(scores.device(), scores.scalar_type()).view({1, E})
+                     : scores;
+  if (o.n_group > 1) {
+    const int64_t G = o.n_group, per = E / G;
+    const auto grouped = chooser.view({S, G, per});
+    const auto group_score =
+        std::get<0>(grouped.sort(/*stable=*/true, 2, true)).narrow(2, 0, 2).sum(2);  // [S, G]
+    const auto best = std::get<1>(group_score.sort(true, 1, true)).narrow(1, 0, o.topk_group);
+    const auto allowed = torch::zeros({S, G}, scores.options().dtype(torch::kBool))
+                             .scatter_(1, best, true);
+    chooser = chooser.masked_fill(allowed.logical_not().unsqueeze(2).expand({S, G, per}).reshape({S, E}),
+                                  -std::numeric_limits<double>::infinity());
+  }
+  return std::get<1>(chooser.sort(/*stable=*/true, 1, true)).narrow(1, 0, o.k);
+}
+
+// DeepSeek-V3's sequence-wise balance loss (gate.h), differentiable through `scores`.
+torch::Tensor sequence_balance_loss(const torch::Tensor& scores, const torch::Tensor& idx,
+                                    const GateOptions& o) {
+  const int64_t S = scores.size(0), E = scores.size(1), k = idx.size(1);
+  const int64_t T = o.sequence_length > 0 ? o.sequence_length : S, B = S / T;
+  const auto share = scores / scores.sum(1, true);
+  const auto P = share.view({B, T, E}).mean(1);
+  const auto chosen = torch::zeros({S, E}, scores.options()).scatter_(1, idx, 1.0);
+  const auto f = chosen.view({B, T, E}).sum(1) * (static_cast<double>(E) / double(k * T));
+  return (f * P).sum(1).mean();
+}
+
 }  // namespace
 
 int64_t gate_capacity(int64_t num_tokens, int64_t num_experts, double factor,
@@ -145,12 +200,15 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(dev);
   auto gen = noise_generator(o.seed, dev);
 
-  const auto gates = torch::softmax(logits, 1);
+  const bool sigmoid = o.score_func == ScoreFunc::Sigmoid;
+  const auto gates = sigmoid ? torch::sigmoid(logits) : torch::softmax(logits, 1);
   const auto plain = logits.detach();
 
   // Each token's k experts: idx [S, k].
   torch::Tensor idx;
-  if (k == 1) {
+  if (sigmoid) {
+    idx = choose_biased(gates.detach(), o);
+  } else if (k == 1) {
     const bool rsample = o.training && o.noisy_gate_policy == NoisyGatePolicy::RSample;
     idx = (rsample ? plain + gumbel(gen, S, E, plain) : gates.detach()).argmax(1, true);
   } else if (k == 2) {
@@ -180,7 +238,9 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   const auto me = gates.mean(0);
   const auto ce = ce_counts.to(gates.scalar_type()) / static_cast<double>(S);
   torch::Tensor l_aux;
-  if (k == 1) {
+  if (sigmoid) {
+    l_aux = sequence_balance_loss(gates, idx, o);
+  } else if (k == 1) {
     l_aux = (me * ce).sum() * E;
   } else {
     l_aux = (me * ce).mean() * E * E;
@@ -201,7 +261,7 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   // DeepSpeed's top1gating asserts this (its topk over tokens would fail otherwise). Checked on
   // the group's count, so that every rank of the group throws, or none (one rank's short batch
   // would leave the others waiting in their next collective).
-  if (k == 1 && group.tokens < o.min_capacity) {
+  if (k == 1 && !sigmoid && group.tokens < o.min_capacity) {
     throw Error(fmt::format("moe::gate: {} tokens but min_capacity = {}; top-1 gating needs at "
                             "least min_capacity tokens (as DeepSpeed): lower min_capacity (0 is "
                             "allowed) or route a larger batch", group.tokens, o.min_capacity));
@@ -220,13 +280,13 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   torch::Tensor place;
   int64_t place_bound = R;
   bool place_is_slot_order = true;  // the survivors' order is the slots' order
-  if (k == 1 && o.use_rts) {
+  if (k == 1 && o.use_rts && !sigmoid) {
     const auto prio = torch::rand({S}, gen, torch::dtype(torch::kFloat).device(dev));
     place = priority_place(prio.index_select(0, token), token);
     place_is_slot_order = false;
-  } else if (k == 2) {
+  } else if (k == 2 && !sigmoid) {
     place = torch::arange(R, i64);
-  } else if (k >= 3 && o.drop_policy == DropPolicy::Probs) {
+  } else if ((k >= 3 || sigmoid) && o.drop_policy == DropPolicy::Probs) {
     place = priority_place(gates.detach().gather(1, idx).t().reshape(-1), token);
     place_is_slot_order = false;
   } else {
@@ -257,7 +317,13 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   // over the kept [S, E] mask, g / clamp(sum_e, eps).
   const double eps = logits.scalar_type() == torch::kFloat ? std::numeric_limits<float>::epsilon()
                                                            : std::numeric_limits<double>::epsilon();
-  if (k == 1) {
+  if (sigmoid) {
+    // The chosen unbiased scores, normalised over the k chosen before any drop (the routers of
+    // DeepSeek-V3, torchtitan and Megatron-Core drop after weighing).
+    auto w = gates.gather(1, idx);
+    if (o.norm_topk_prob) w = w / (w.sum(1, true) + 1e-20);
+    out.weight = (w * o.route_scale).t().reshape(-1);
+  } else if (k == 1) {
     out.weight = gates.gather(1, idx).squeeze(1);
   } else if (k == 2) {
     const auto kept_sk = kept.view({2, S}).t().to(gates.scalar_type());

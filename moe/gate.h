@@ -50,6 +50,18 @@
 // copied, the 2nd-expert Gumbel cost moe-8x 4% of its step on one H200.) The layer derives the
 // seed from (seed, step, micro-batch, layer). DeepSpeed draws from the global RNG.
 //
+// The sigmoid router (score_func Sigmoid, DeepSeek-V3 §2.1.2, as torchtitan and Megatron-Core
+// write it), for every k: scores s = sigmoid(logits); each token's k experts are the top-k of
+// s + expert_bias (the bias chooses, it never weighs), within its topk_group best groups when
+// n_group > 1 (a group's score: the sum of its two best s + bias; ties to the lower index); the
+// combine weights are the chosen unbiased s, divided by their sum when norm_topk_prob, times
+// route_scale, computed before any capacity drop (a dropped route adds nothing). Capacity and
+// drops follow the k >= 3 rules (drop_policy; Probs ranks by s). l_aux is DeepSeek-V3's
+// sequence-wise balance loss: per sequence of sequence_length tokens, sum_i f_i * P_i with
+// f_i = E / (k T) x (the sequence's routes to i) and P_i the mean over its tokens of
+// s_i / sum_j s_j; averaged over the sequences (weighed by the layer's aux_loss_coef, 0 for the
+// bias-only balancing). The gate's noise (RSample, 2nd-expert sampling, RTS) does not apply.
+//
 // What differs from DeepSpeed, on purpose:
 //   - noisy_gate_policy Jitter multiplies the gate's INPUT (before W_g), for every k, so it
 //     belongs to the layer (moe/layer.h); here it is accepted and does nothing. RSample with
@@ -73,6 +85,7 @@ namespace strata::moe {
 
 enum class NoisyGatePolicy { None, Jitter, RSample };
 enum class DropPolicy { Probs, Position };
+enum class ScoreFunc { Softmax, Sigmoid };
 
 // What agree_over_group agrees on: the tokens routed, and (drop_tokens = false only, else 0:
 // reading it would make the host wait for the device) the largest expert load.
@@ -97,6 +110,16 @@ struct GateOptions {
   uint64_t seed = 0;
   // Optional [S] 0/1 mask of the tokens to route (DeepSpeed's used_token; k = 1 only).
   torch::Tensor used_token;
+  // DeepSeek-V3's router (score_func Sigmoid; see "The sigmoid router" above). expert_bias: [E]
+  // float32, added to the scores to choose the experts only (undefined: no bias).
+  ScoreFunc score_func = ScoreFunc::Softmax;
+  torch::Tensor expert_bias;
+  int64_t n_group = 1;     // experts in n_group equal groups; routes stay within topk_group of them
+  int64_t topk_group = 1;
+  bool norm_topk_prob = true;
+  double route_scale = 1.0;
+  // The sequence-wise balance loss's sequences: tokens [s * T, (s + 1) * T) form one (0: all S).
+  int64_t sequence_length = 0;
   // Expert parallelism: maps this rank's counts to their maxima over the expert-parallel group
   // (one all-reduce MAX), so that every rank's capacity, and so its buffers, have one shape.
   // Empty: this rank alone. Must return at least its argument in each field.

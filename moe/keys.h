@@ -15,6 +15,7 @@ enum class KeyTag : uint64_t {
   GateNoise = 3,
   Jitter = 4,
   ResidualInit = 5,  // use_residual's MLP (part 0) and coefficient (part 1)
+  SharedInit = 6,    // the shared experts' MLP
 };
 
 // SplitMix64's finaliser: a bijection on 64 bits that spreads every input bit.

@@ -41,6 +41,14 @@ void check(const MoEOptions& o) {
     throw Error(fmt::format("moe::MoE: aux_loss_coef = {}; it must be a finite number >= 0",
                             o.aux_loss_coef));
   }
+  if (!std::isfinite(o.bias_update_speed) || o.bias_update_speed < 0 || o.n_shared_experts < 0) {
+    throw Error(fmt::format("moe::MoE: bias_update_speed = {}, n_shared_experts = {}; both must "
+                            "be >= 0", o.bias_update_speed, o.n_shared_experts));
+  }
+  if (o.bias_update_speed > 0 && o.score_func != ScoreFunc::Sigmoid) {
+    throw Error(fmt::format("moe::MoE: bias_update_speed = {} balances the sigmoid router; set "
+                            "score_func = ScoreFunc::Sigmoid or leave it 0", o.bias_update_speed));
+  }
   if (o.ep_group && o.ep_group->size() != o.ep_size) {
     throw Error(fmt::format("moe::MoE: ep_size = {} but the expert-parallel group {} has {} ranks; "
                             "pass comm::create_expert_groups(world, ep_size).expert_parallel",
@@ -105,6 +113,11 @@ GateOptions MoEOptions::gate_options() const {
   g.drop_policy = drop_policy;
   g.z_loss_coef = router_z_loss_coef;
   g.seed = seed;
+  g.score_func = score_func;
+  g.n_group = n_group;
+  g.topk_group = topk_group;
+  g.norm_topk_prob = norm_topk_prob;
+  g.route_scale = route_scale;
   return g;
 }
 
@@ -130,6 +143,13 @@ MoEOptions MoEOptions::from_config(const MoeConfig& c, int64_t hidden, int64_t f
   o.seed = seed;
   o.layer_id = layer_id;
   o.use_residual = c.use_residual;
+  o.score_func = c.score_func == "sigmoid" ? ScoreFunc::Sigmoid : ScoreFunc::Softmax;
+  o.bias_update_speed = c.bias_update_speed;
+  o.n_group = c.n_group;
+  o.topk_group = c.topk_group;
+  o.norm_topk_prob = c.norm_topk_prob;
+  o.route_scale = c.route_scale;
+  o.n_shared_experts = c.n_shared_experts;
   o.ep_size = c.ep_size;
   // comm's expert layout refuses an ep_size that does not divide the world, naming both.
   o.ep_group = comm::expert_groups(world, static_cast<int>(c.ep_size)).expert_parallel;
@@ -156,6 +176,13 @@ std::string MoEOptions::differs_from(const MoeConfig& c) const {
       {"router_z_loss_coef", c.router_z_loss_coef, router_z_loss_coef},
       {"aux_loss_coef", c.aux_loss_coef, aux_loss_coef},
       {"use_residual", c.use_residual, use_residual},
+      {"score_func", c.score_func, score_func == ScoreFunc::Sigmoid ? "sigmoid" : "softmax"},
+      {"bias_update_speed", c.bias_update_speed, bias_update_speed},
+      {"n_group", c.n_group, n_group},
+      {"topk_group", c.topk_group, topk_group},
+      {"norm_topk_prob", c.norm_topk_prob, norm_topk_prob},
+      {"route_scale", c.route_scale, route_scale},
+      {"n_shared_experts", c.n_shared_experts, n_shared_experts},
   };
   for (const auto& [key, in_config, here] : keys)
     if (c.given.count(key) && in_config != here)
@@ -184,6 +211,24 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   eo.layer_id = o.layer_id;
   eo.factory = o.expert_factory;
   experts = register_module("experts", Experts(std::move(eo)));
+  if (o.score_func == ScoreFunc::Sigmoid) expert_bias_ = torch::zeros({o.num_experts}, torch::kFloat);
+  if (o.n_shared_experts > 0) {
+    // Named draws, as the experts': the same at any ep_size.
+    const uint64_t shared_key = layer_key(o, KeyTag::SharedInit, 0);
+    if (o.expert_factory) {
+      shared_experts = build_seeded(o.expert_factory, kSharedExperts, shared_key);
+    } else {
+      if (o.ffn_size < 1)
+        throw Error(fmt::format("moe::MoE: n_shared_experts with the built-in MLP needs "
+                                "ffn_size >= 1 (it is {})", o.ffn_size));
+      DenseMlp dense(o.hidden_size, o.n_shared_experts * o.ffn_size, o.expert_bias);
+      auto gen = at::detail::createCPUGenerator(shared_key);
+      init_linear(dense->fc1, gen);
+      init_linear(dense->fc2, gen);
+      shared_experts = torch::nn::AnyModule(dense);
+    }
+    register_module("shared_experts", shared_experts.ptr());
+  }
   if (!o.use_residual) return;
   // Residual MoE, drawn from named keys as the experts are: Linear's init bounds for the built-in
   // MLP and the coefficient; a factory's MLP under a seeded default generator (build_seeded).
@@ -215,6 +260,11 @@ torch::Tensor MoEImpl::mix_residual(const torch::Tensor& x, const torch::Tensor&
   return y * coef.narrow(-1, 0, 1) + dense * coef.narrow(-1, 1, 1);
 }
 
+torch::Tensor MoEImpl::add_shared(const torch::Tensor& x, const torch::Tensor& y) {
+  if (shared_experts.is_empty()) return y;
+  return y + shared_experts.forward<torch::Tensor>(x);
+}
+
 int64_t MoEStats::dropped_count() const {
   if (!dropped.defined()) {
     throw Error("moe::MoEStats::dropped_count: no forward has run yet; call it after forward()");
@@ -229,6 +279,39 @@ torch::Tensor MoEImpl::loss() const {
   // Each term under its own coefficient (z_loss has router_z_loss_coef applied by the gate).
   const auto aux = last_.l_aux * options_.aux_loss_coef;
   return last_.z_loss.defined() ? aux + last_.z_loss : aux;
+}
+
+void MoEImpl::set_expert_bias(const torch::Tensor& bias) {
+  if (options_.score_func != ScoreFunc::Sigmoid)
+    throw Error(fmt::format("moe::MoE (layer {}): set_expert_bias on a softmax router; the bias "
+                            "belongs to score_func Sigmoid", options_.layer_id));
+  if (!bias.defined() || bias.dim() != 1 || bias.size(0) != options_.num_experts ||
+      !bias.is_floating_point() || !torch::isfinite(bias).all().item<bool>())
+    throw Error(fmt::format("moe::MoE (layer {}): expert bias {}; it must be [{}] finite numbers",
+                            options_.layer_id, bias.defined() ? c10::str(bias.sizes()) : "undefined",
+                            options_.num_experts));
+  torch::NoGradGuard no_grad;
+  expert_bias_ = bias.detach().to(torch::kCPU, torch::kFloat).clone();
+  bias_on_device_ = torch::Tensor();
+}
+
+torch::Tensor MoEImpl::take_expert_load() {
+  auto load = load_.defined() ? load_ : torch::zeros({options_.num_experts}, torch::kLong);
+  load_ = torch::Tensor();
+  return load;
+}
+
+void MoEImpl::update_expert_bias(const torch::Tensor& load) {
+  if (options_.bias_update_speed <= 0) return;
+  if (!load.defined() || load.numel() != options_.num_experts)
+    throw Error(fmt::format("moe::MoE (layer {}): update_expert_bias takes [{}] expert loads",
+                            options_.layer_id, options_.num_experts));
+  torch::NoGradGuard no_grad;
+  const auto l = load.detach().to(torch::kCPU, torch::kDouble).reshape({-1});
+  // DeepSeek-V3: up for an expert loaded below the mean, down above it, unchanged at the mean.
+  const auto direction = torch::sign(l.mean() - l).to(torch::kFloat);
+  expert_bias_ = expert_bias_ + direction * static_cast<float>(options_.bias_update_speed);
+  bias_on_device_ = torch::Tensor();
 }
 
 void MoEImpl::begin_micro_batch(int64_t index) {
@@ -270,6 +353,12 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
   go.training = is_training();
   go.seed = layer_key(o, KeyTag::GateNoise, c);
   if (used_token.defined()) go.used_token = used_token.reshape({-1});  // the gate refuses k > 1
+  if (expert_bias_.defined()) {
+    if (!bias_on_device_.defined() || bias_on_device_.device() != x.device())
+      bias_on_device_ = host_to_device(expert_bias_, x.device());
+    go.expert_bias = bias_on_device_;
+    if (input.dim() >= 3) go.sequence_length = input.size(-2);  // [..., T, d]: sequences of T
+  }
   if (o.ep_group && ep > 1) {
     // One capacity, so one buffer shape, over the group, also where the ranks' token counts
     // differ: the counts' maxima in one all-reduce, on the host (no device sync).
@@ -295,6 +384,10 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
     g = gate_routes(logits, go);
   }
   const int64_t C = g.capacity;
+  if (expert_bias_.defined() && is_training()) {  // the step's loads, for the bias (no sync)
+    torch::NoGradGuard no_grad;
+    load_ = load_.defined() ? load_ + g.exp_counts : g.exp_counts.clone();
+  }
 
   if (ep == 1 && experts->grouped(x)) {
     // All experts here and the grouped kernel: the routes go straight into its packed rows (no
@@ -302,7 +395,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
     const auto out = experts->forward_routes(x, o.k, g.expert, g.slot, g.kept, g.kept_counts);
     const auto y = combine_tokens(out.rows, o.k, out.position, g.weight, g.kept);
     record(g, C, {});
-    return mix_residual(x, y).view(input.sizes());
+    return add_shared(x, mix_residual(x, y)).view(input.sizes());
   }
 
   // 2. Dispatch into [E * C, d] (rows expert * C + slot; dropped routes to scratch row E * C).
@@ -326,7 +419,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
   const auto y = combine_tokens(back, o.k, position, g.weight, g.kept);
 
   record(g, C, expert_in.sizes().vec());
-  return mix_residual(x, y).view(input.sizes());
+  return add_shared(x, mix_residual(x, y)).view(input.sizes());
 }
 
 void MoEImpl::record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape) {

@@ -106,6 +106,21 @@ struct MoEOptions {
   // and y = moe(x) * c0 + mlp(x) * c1 with [c0, c1] = softmax(coefficient(x)), coefficient a
   // Linear(d, 2) ("coefficient"). Both are ordinary data-parallel parameters.
   bool use_residual = false;
+  // DeepSeek-V3's MoE (moe/gate.h, "The sigmoid router"): sigmoid scores chosen with a balancing
+  // bias, group-limited routing, and shared experts. The bias ([E] float32, not a parameter: no
+  // optimizer, no weight decay) moves by bias_update_speed toward balance after each optimizer
+  // step (update_expert_bias; the engine calls it with the step's loads summed over every rank
+  // and micro-batch); 0 keeps it at zero.
+  ScoreFunc score_func = ScoreFunc::Softmax;
+  double bias_update_speed = 0.0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool norm_topk_prob = true;
+  double route_scale = 1.0;
+  // Shared experts: "shared_experts", one dense MLP of n_shared_experts x ffn_size (the built-in
+  // MLP, or expert_factory(kSharedExperts)) on every token, added to the routed output; an
+  // ordinary data-parallel parameter under expert parallelism.
+  int64_t n_shared_experts = 0;
 
   // The gate's options for one call (training flag and seed filled by the layer).
   GateOptions gate_options() const;
@@ -120,8 +135,10 @@ struct MoEOptions {
   std::string differs_from(const MoeConfig& config) const;
 };
 
-// The index expert_factory is called with for use_residual's dense MLP.
+// The index expert_factory is called with for use_residual's dense MLP, and for the shared
+// experts (one module of n_shared_experts x the expert's FFN width).
 inline constexpr int64_t kResidualMLP = -1;
+inline constexpr int64_t kSharedExperts = -2;
 
 // What the last forward did, for losses and monitoring.
 struct MoEStats {
@@ -159,6 +176,16 @@ class MoEImpl : public torch::nn::Module {
   // micro-batch `index`; from now on the layer no longer counts calls itself.
   void begin_micro_batch(int64_t index);
 
+  // The sigmoid router's balancing (MoEOptions::bias_update_speed). The bias ([E] float32 on the
+  // CPU; the gate moves a copy to the logits' device); the routes each expert was chosen for
+  // (before capacity drops) summed over this rank's training forwards since the last take, [E]
+  // int64 on the layer's device (zeros before the first forward); and the update: bias +=
+  // bias_update_speed * sign(mean(load) - load), from loads every rank agrees on.
+  const torch::Tensor& expert_bias() const { return expert_bias_; }
+  void set_expert_bias(const torch::Tensor& bias);
+  torch::Tensor take_expert_load();
+  void update_expert_bias(const torch::Tensor& load);
+
   int64_t num_local_experts() const { return options_.num_experts / options_.ep_size; }
   int64_t first_expert() const { return ep_rank_ * num_local_experts(); }
 
@@ -167,6 +194,7 @@ class MoEImpl : public torch::nn::Module {
   // use_residual only (else empty / null): "mlp.*" and "coefficient.{weight,bias}".
   torch::nn::AnyModule mlp;
   torch::nn::Linear coefficient{nullptr};
+  torch::nn::AnyModule shared_experts;  // n_shared_experts > 0 only: "shared_experts.*"
 
  protected:
   // forward(x) through torch::nn::AnyModule (used_token left out).
@@ -175,6 +203,8 @@ class MoEImpl : public torch::nn::Module {
  private:
   // use_residual: the experts' output y [S, d] mixed with the dense MLP's on x [S, d].
   torch::Tensor mix_residual(const torch::Tensor& x, const torch::Tensor& y);
+  // n_shared_experts: y plus the shared experts' output on x.
+  torch::Tensor add_shared(const torch::Tensor& x, const torch::Tensor& y);
   // Keeps what the last forward did (expert_input_shape empty: no padded buffer was built).
   void record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape);
   // The c of this call's noise keys (and the counting that goes with it).
@@ -186,6 +216,9 @@ class MoEImpl : public torch::nn::Module {
   int64_t calls_in_micro_batch_ = 0;
   bool keyed_by_micro_batch_ = false;
   MoEStats last_;
+  torch::Tensor expert_bias_;  // [E] float32, CPU (sigmoid router)
+  torch::Tensor bias_on_device_;  // its copy on the logits' device, refreshed when it moves
+  torch::Tensor load_;         // [E] int64, routes chosen since take_expert_load()
 };
 TORCH_MODULE(MoE);
 

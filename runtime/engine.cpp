@@ -515,6 +515,7 @@ void Engine::step() {
       partitioned_step();
     else
       plain_step();
+    balance_experts();
     if (coordinator_) last_live_peak_ = 0;
     for (auto* c : coordinators()) {  // experts and the rest: each one's peak (an upper bound)
       last_live_peak_ += c->live_bytes_peak();

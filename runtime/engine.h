@@ -204,6 +204,10 @@ class Engine {
   void key_gate_noise();
   void check_and_broadcast_experts();
   void follow_lr_schedule();
+  // The sigmoid router's bias (moe/layer.h): after an optimizer step, each balancing layer's
+  // loads summed over the step's micro-batches and every rank move its bias toward balance;
+  // checked identical on every rank.
+  void balance_experts();
   // The experts' partitioned optimizer (its options and inner optimizer follow `po` and the
   // program's expert_optimizer_builder); at stage 3 the experts' units and coordinator first.
   void build_expert_optimizer(const zero::PartitionedOptions& po, InitOptions& options,

@@ -305,6 +305,39 @@ void Engine::follow_lr_schedule() {
   for (auto& group : expert_optimizer_->param_groups()) group.options().set_lr(lr);
 }
 
+void Engine::balance_experts() {
+  std::vector<moe::MoEImpl*> layers;
+  for (auto* layer : moe_layers_)
+    if (layer->options().bias_update_speed > 0) layers.push_back(layer);
+  if (layers.empty()) return;
+  const auto device = experts_.front().param.device();
+  std::vector<torch::Tensor> loads;
+  for (auto* layer : layers) loads.push_back(layer->take_expert_load().to(device));
+  if (last_step_skipped_) return;  // an overflow step moves nothing, the bias neither
+  auto total = torch::stack(loads);  // [layers, E] int64: exact sums
+  if (group_) group_->all_reduce(total, comm::ReduceOp::Sum);
+  total = total.cpu();
+  for (size_t i = 0; i < layers.size(); ++i) layers[i]->update_expert_bias(total[int64_t(i)]);
+  if (!group_ || group_->size() < 2) return;
+  // Every rank moved the same bias by the same loads; a rank whose bias differs (a program that
+  // set it on one rank only) would route otherwise from now on: stop, naming the layer.
+  std::vector<torch::Tensor> biases;
+  for (auto* layer : layers) biases.push_back(layer->expert_bias());
+  const auto mine = torch::cat(biases);
+  const auto both = torch::cat({mine, -mine});
+  auto highest = both.to(device);
+  group_->all_reduce(highest, comm::ReduceOp::Max);
+  const auto differs = highest.cpu().ne(both).nonzero();
+  if (differs.numel() > 0) {
+    const int64_t at = differs[0][0].item<int64_t>() % mine.numel();
+    const int64_t E = layers.front()->options().num_experts;
+    throw Error(fmt::format("step {}: MoE layer {}'s expert bias differs between ranks (expert {} "
+                            "here {}); set it on every rank alike (set_expert_bias) or not at all",
+                            global_steps_ + 1, layers[size_t(at / E)]->options().layer_id,
+                            at % E, mine[at].item<float>()));
+  }
+}
+
 void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   if (!expert_partitioned_) return;
   const auto& ep = *expert_partitioned_;
@@ -321,6 +354,18 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   json calls = json::array();
   for (const auto* layer : moe_layers_) calls.push_back(layer->call_index());
   scalars["moe_call_index"] = calls;
+  // The sigmoid routers' biases (null for a layer without), the same on every rank.
+  json biases = json::array();
+  for (const auto* layer : moe_layers_) {
+    const auto& b = layer->expert_bias();
+    if (!b.defined()) {
+      biases.push_back(nullptr);
+      continue;
+    }
+    const auto* v = b.data_ptr<float>();
+    biases.push_back(std::vector<double>(v, v + b.numel()));
+  }
+  scalars["moe_expert_bias"] = biases;
   if (!writes) {
     scalars["expert_pieces"] = json::array();
     writer.write_partition("expert_states", {}, scalars);
@@ -399,11 +444,40 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
       calls[i] = saved_calls[i].get<int64_t>();
     }
   }
+  // The sigmoid routers' biases (a checkpoint from before them: zeros, as a new run's).
+  std::vector<torch::Tensor> biases(layers.size());
+  if (saved->scalars().contains("moe_expert_bias")) {
+    const json& saved_biases = saved->scalars().at("moe_expert_bias");
+    if (!saved_biases.is_array() || saved_biases.size() != layers.size())
+      throw Error(fmt::format("{}: moe_expert_bias is {}; this model has {} MoE layer(s)",
+                              reader.folder(), saved_biases.dump().substr(0, 80), layers.size()));
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const json& b = saved_biases[i];
+      const bool has = layers[i]->expert_bias().defined();
+      if (b.is_null() != !has)
+        throw Error(fmt::format("{}: MoE layer {} {} an expert bias in the checkpoint and {} here "
+                                "(score_func differs between the runs)", reader.folder(), i,
+                                b.is_null() ? "has no" : "has", has ? "one" : "none"));
+      if (b.is_null()) continue;
+      std::vector<double> values;
+      try {
+        values = b.get<std::vector<double>>();
+      } catch (const json::exception&) {
+        throw Error(fmt::format("{}: moe_expert_bias[{}] is not a list of numbers", reader.folder(), i));
+      }
+      if (int64_t(values.size()) != layers[i]->options().num_experts)
+        throw Error(fmt::format("{}: moe_expert_bias[{}] holds {} values for {} experts",
+                                reader.folder(), i, values.size(), layers[i]->options().num_experts));
+      biases[i] = torch::tensor(values, torch::kDouble).to(torch::kFloat);
+    }
+  }
   // Without counters (saved by an older Strata) they count the saved run's micro-steps. Either
   // way they matter only to a layer called outside engine->forward, which keys the noise by the
   // global micro-batch (key_gate_noise).
-  return [this, saved, pieces, state, layout, local, layers, calls] {
+  return [this, saved, pieces, state, layout, local, layers, calls, biases] {
     for (size_t i = 0; i < layers.size(); ++i) layers[i]->set_call_index(calls[i]);
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (biases[i].defined()) layers[i]->set_expert_bias(biases[i]);
     auto& ep = *expert_partitioned_;
     install_master_state(
         ep, *expert_optimizer_,

@@ -185,6 +185,15 @@ struct MoeConfig {
   std::string drop_policy = "probs";     // probs | position (top-k >= 3)
   double router_z_loss_coef = 0.0;       // ST-MoE's router z-loss; 0: off
   bool use_residual = false;             // DeepSpeed's Residual MoE (PR-MoE)
+  // DeepSeek-V3's router (moe/gate.h): sigmoid scores, top-k on score + a balancing bias moved
+  // after each optimizer step, experts in groups, shared experts beside the routed ones.
+  std::string score_func = "softmax";  // softmax | sigmoid
+  double bias_update_speed = 0.0;      // the bias's step toward balance; 0: no bias
+  int64_t n_group = 1;                 // expert groups (group-limited routing)
+  int64_t topk_group = 1;              // groups each token may route to (with n_group > 1)
+  bool norm_topk_prob = true;          // sigmoid: the k chosen scores normalised to sum 1
+  double route_scale = 1.0;            // sigmoid: combine weights scaled by this
+  int64_t n_shared_experts = 0;        // always-on experts: one MLP of n x the expert FFN
   // The block's keys the file gave (canonical names). A program that builds its layers from its
   // own model fills the others from the model (examples/gpt_moe.cpp); the engine checks that the
   // model's MoE layers follow every given key (runtime/engine_experts.cpp).

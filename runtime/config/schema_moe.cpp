@@ -52,6 +52,30 @@ Block make_moe() {
   b.add(&MoeConfig::use_residual, "use_residual")
       .describe("Residual MoE (PR-MoE): a dense MLP beside the experts, mixed with their output by a "
                 "learned softmax coefficient per token");
+  b.add(&MoeConfig::score_func, "score_func")
+      .one_of({"softmax", "sigmoid"})
+      .describe("Router scores: softmax (DeepSpeed-MoE) or sigmoid per expert (DeepSeek-V3: top-k of score + "
+                "bias, weights unbiased)");
+  b.add(&MoeConfig::bias_update_speed, "bias_update_speed")
+      .min(0)
+      .describe("Loss-free balancing (DeepSeek-V3): each step, each expert's routing bias moves this far "
+                "toward the mean load; 0: no bias");
+  b.add(&MoeConfig::n_group, "n_group")
+      .min(1)
+      .describe("Group-limited routing (DeepSeek-V3): experts in n_group groups, tokens routed within their "
+                "topk_group best");
+  b.add(&MoeConfig::topk_group, "topk_group")
+      .min(1)
+      .describe("Group-limited routing: the groups each token may route to (of n_group)");
+  b.add(&MoeConfig::norm_topk_prob, "norm_topk_prob")
+      .describe("Sigmoid router: each token's k chosen scores normalised to sum 1 as combine weights");
+  b.add(&MoeConfig::route_scale, "route_scale")
+      .positive()
+      .describe("Sigmoid router: scale of the combine weights (DeepSeek-V3's routed_scaling_factor)");
+  b.add(&MoeConfig::n_shared_experts, "n_shared_experts")
+      .min(0)
+      .describe("Shared experts (DeepSeek-V3): one MLP of n x the expert FFN on every token, added to the "
+                "routed output");
   Block block = b.build();
   block.finish = [](void* obj, Ctx& ctx, const std::string& path) {
     auto& m = *static_cast<MoeConfig*>(obj);
@@ -72,7 +96,38 @@ Block make_moe() {
       ctx.warn(join(path, "noisy_gate_policy"),
                fmt::format("{}.noisy_gate_policy = \"{}\" is applied by top-1 gating only (as in DeepSpeed); "
                            "with top_k = {} it does nothing", path, m.noisy_gate_policy, m.top_k));
-    if (k && m.top_k <= 2 && m.drop_policy != "probs")
+    const bool sigmoid = m.score_func == "sigmoid";
+    // Beside the softmax router these would do nothing: refused when they ask for something (a
+    // printed config spells every key at its default).
+    const std::pair<const char*, bool> sigmoid_only[] = {
+        {"bias_update_speed", m.bias_update_speed != 0.0}, {"n_group", m.n_group != 1},
+        {"topk_group", m.topk_group != 1}, {"norm_topk_prob", !m.norm_topk_prob},
+        {"route_scale", m.route_scale != 1.0}};
+    for (const auto& [key, asks] : sigmoid_only)
+      if (!sigmoid && asks)
+        ctx.error(join(path, key),
+                  fmt::format("{}.{} applies to the sigmoid router (DeepSeek-V3); set {}.score_func to "
+                              "\"sigmoid\" or drop the key", path, key, path));
+    if (m.topk_group > m.n_group)
+      ctx.error(join(path, "topk_group"),
+                fmt::format("{}.topk_group = {} exceeds n_group = {}", path, m.topk_group, m.n_group));
+    if (experts && m.num_experts % m.n_group != 0)
+      ctx.error(join(path, "n_group"),
+                fmt::format("{}.n_group = {} must divide num_experts = {} (groups of equal size)", path,
+                            m.n_group, m.num_experts));
+    if (experts && m.n_group > 1 && m.num_experts / m.n_group < 2)
+      ctx.error(join(path, "n_group"),
+                fmt::format("{}.n_group = {} leaves fewer than 2 experts per group (a group is scored by "
+                            "its top-2 experts); use at most {} groups", path, m.n_group, m.num_experts / 2));
+    if (sigmoid && m.noisy_gate_policy == "RSample")
+      ctx.warn(join(path, "noisy_gate_policy"),
+               fmt::format("{}.noisy_gate_policy = \"RSample\" applies to softmax top-1 gating; the sigmoid "
+                           "router ignores it", path));
+    if (experts && k && m.n_group > 1 && m.top_k > m.topk_group * (m.num_experts / m.n_group))
+      ctx.error(join(path, "topk_group"),
+                fmt::format("{}.top_k = {} exceeds the {} experts of topk_group = {} groups", path, m.top_k,
+                            m.topk_group * (m.num_experts / m.n_group), m.topk_group));
+    if (k && m.top_k <= 2 && m.drop_policy != "probs" && !sigmoid)
       ctx.warn(join(path, "drop_policy"),
                fmt::format("{}.drop_policy = \"{}\" applies to top-k gating with k >= 3; with top_k = {} "
                            "DeepSpeed's rule for k = {} decides who is dropped", path, m.drop_policy,

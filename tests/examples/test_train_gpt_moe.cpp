@@ -249,6 +249,46 @@ TEST(TrainGptMoE, ABlockWithoutNumExpertsSetsTheKeysItGives) {
   expect_same_losses(some, train(1, full, "partial_full"), "keys given vs spelled out");
 }
 
+// DeepSeek-V3's MoE on tiny-moe: sigmoid scores with the balancing bias (moved after every step
+// by the loads summed over micro-batches and ranks), a shared expert, dropless, no auxiliary
+// loss. ep_size 2 on 2 ranks and 4 on 4 ranks give one rank's losses at stages 2 and 3, and a run
+// saved after step 4 at ep 2 resumes at ep 4 with the bias it had (the steps after it equal).
+nlohmann::json deepseek_config(int ep_size, int stage) {
+  auto c = moe_config(ep_size, false, stage);
+  c["moe"]["score_func"] = "sigmoid";
+  c["moe"]["bias_update_speed"] = 0.05;  // fast enough to move the routes within 8 steps
+  c["moe"]["n_shared_experts"] = 1;
+  c["moe"]["aux_loss_coef"] = 0.0;
+  c["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  return c;
+}
+
+TEST(TrainGptMoE, DeepSeekRouterGivesOneRanksLossesAtEveryEpSize) {
+  const auto one = train(1, deepseek_config(1, 2), "ds_ep1");
+  ASSERT_EQ(one.size(), static_cast<size_t>(kSteps));
+  auto plain = deepseek_config(1, 2);
+  plain["moe"]["bias_update_speed"] = 0.0;
+  const auto unbiased = train(1, plain, "ds_nobias");
+  ASSERT_EQ(unbiased.size(), one.size());
+  EXPECT_EQ(one[0].at("loss").get<double>(), unbiased[0].at("loss").get<double>())
+      << "the bias starts at zero";
+  EXPECT_NE(one.back().at("loss").get<double>(), unbiased.back().at("loss").get<double>())
+      << "the bias must move the routes";
+  for (const auto& row : one) EXPECT_EQ(row.at("dropped_tokens").get<int64_t>(), 0);
+  expect_same_losses(one, train(2, deepseek_config(2, 2), "ds_ep2_s2"), "deepseek, ep 2, stage 2");
+  expect_same_losses(one, train(4, deepseek_config(4, 2), "ds_ep4_s2"), "deepseek, ep 4, stage 2");
+  expect_same_losses(one, train(2, deepseek_config(2, 3), "ds_ep2_s3"), "deepseek, ep 2, stage 3");
+  expect_same_losses(one, train(4, deepseek_config(4, 3), "ds_ep4_s3"), "deepseek, ep 4, stage 3");
+
+  const std::string dir = testing::TempDir() + "/moe_ds_ckpt_" + std::to_string(getpid());
+  auto first = deepseek_config(2, 2);
+  const std::string save = "--model tiny-moe --config " + write_config(first, "ds_save") +
+                           " --steps 4 --save-dir " + dir;
+  ASSERT_EQ(launch(2, save), "");
+  const auto resumed = train(4, deepseek_config(4, 3), "ds_resume", "--resume " + dir);
+  expect_same_losses(one, resumed, "deepseek, saved at ep 2, resumed at ep 4 stage 3", 4);
+}
+
 // Bad MoE set-ups are refused before training, by name.
 TEST(TrainGptMoE, MismatchedSetUpsAreClearErrors) {
   // ep_size that does not divide the world.

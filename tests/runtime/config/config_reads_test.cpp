@@ -366,6 +366,32 @@ TEST(ConfigReads, MoeBlockKnowsTheKeysItGives) {
   EXPECT_CONTAINS(load_error(with(R"("moe": {"use_residual": 1})")), "moe.use_residual");
 }
 
+// DeepSeek-V3's router keys: read as given; the sigmoid router's own keys refused beside the
+// softmax router (they would do nothing), groups that do not split the experts refused by name.
+TEST(ConfigReads, MoeBlockReadsTheSigmoidRouterKeys) {
+  const Config c = load(with(R"("moe": {"num_experts": 8, "top_k": 3, "score_func": "sigmoid",
+      "bias_update_speed": 0.001, "n_group": 4, "topk_group": 2, "norm_topk_prob": false,
+      "route_scale": 2.5, "n_shared_experts": 2})"));
+  EXPECT_EQ(c.moe.score_func, "sigmoid");
+  EXPECT_DOUBLE_EQ(c.moe.bias_update_speed, 0.001);
+  EXPECT_EQ(c.moe.n_group, 4);
+  EXPECT_EQ(c.moe.topk_group, 2);
+  EXPECT_FALSE(c.moe.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(c.moe.route_scale, 2.5);
+  EXPECT_EQ(c.moe.n_shared_experts, 2);
+  EXPECT_EQ(load(with("")).moe.score_func, "softmax");
+  EXPECT_CONTAINS(load_error(with(R"("moe": {"bias_update_speed": 0.001})")),
+                  "moe.bias_update_speed applies to the sigmoid router");
+  EXPECT_CONTAINS(load_error(with(R"("moe": {"score_func": "sigmoid", "n_group": 2, "topk_group": 3})")),
+                  "moe.topk_group = 3 exceeds n_group = 2");
+  EXPECT_CONTAINS(load_error(with(R"("moe": {"num_experts": 6, "score_func": "sigmoid", "n_group": 4})")),
+                  "moe.n_group = 4 must divide num_experts = 6");
+  EXPECT_CONTAINS(load_error(with(R"("moe": {"num_experts": 8, "top_k": 5, "score_func": "sigmoid",
+                                             "n_group": 4, "topk_group": 2})")),
+                  "moe.top_k = 5 exceeds the 4 experts of topk_group = 2 groups");
+  EXPECT_CONTAINS(load_error(with(R"("moe": {"score_func": "tanh"})")), "moe.score_func");
+}
+
 // fp16.auto_cast and torch_autocast run (runtime/autocast.h): DeepSpeed's names and defaults.
 TEST(ConfigReads, AutoCastAndTorchAutocastAreNotPending) {
   const Config a = load(with(R"("fp16": {"enabled": true, "auto_cast": true})"));
