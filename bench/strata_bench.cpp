@@ -264,7 +264,8 @@ int run(const Args& args) {
   const double tok = double(batch * seq * engine->gradient_accumulation_steps());
   const int64_t k = cfg.experts > 0 ? cfg.top_k : 1;
   const double V = cfg.vocab, d = cfg.d_model, L = cfg.layers, f = cfg.ffn;
-  const double active = V * d * 2 + L * (4 * d * d + 2 * d * f * k);
+  const double shared = double(cfg.shared_experts) * f;  // moe-ds's always-on experts, as the peer
+  const double active = V * d * 2 + L * (4 * d * d + 2 * d * f * k + 2 * d * shared);
   const double flops = 6 * active * tok + 12 * L * d * seq * tok / 2;
   const double tflops = flops / dt / 1e12;
   // The precision in the name: a torch_autocast run and a bf16 model cast are different rows.
