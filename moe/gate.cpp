@@ -250,7 +250,10 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   // Capacity, from the expert-parallel group's counts: one shape on every rank.
   const double factor = o.training ? o.capacity_factor : o.eval_capacity_factor;
   // Without drop_tokens, reading the largest load is the one host sync.
-  const GroupCounts local{S, o.drop_tokens ? 0 : exp_counts.max().item<int64_t>()};
+  if (o.uncapped && (o.drop_tokens || o.agree_over_group))
+    throw Error("moe::gate: uncapped is for drop_tokens = false on one rank's experts (no "
+                "agree_over_group): ranks of a group must agree on one capacity");
+  const GroupCounts local{S, o.drop_tokens || o.uncapped ? 0 : exp_counts.max().item<int64_t>()};
   const GroupCounts group = o.agree_over_group ? o.agree_over_group(local) : local;
   if (group.tokens < local.tokens || group.load < local.load) {
     throw Error(fmt::format("moe::gate: agree_over_group returned {} tokens and a load of {} for "
@@ -269,6 +272,8 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   int64_t capacity;
   if (o.drop_tokens) {
     capacity = gate_capacity(group.tokens, E, factor * k, o.min_capacity);
+  } else if (o.uncapped) {
+    capacity = R;  // every route kept: no expert takes more than all of them
   } else {
     capacity = group.load;
     if (k == 1) capacity = std::min(capacity, group.tokens);  // top1gating caps it at the tokens

@@ -359,6 +359,10 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
     go.expert_bias = bias_on_device_;
     if (input.dim() >= 3) go.sequence_length = input.size(-2);  // [..., T, d]: sequences of T
   }
+  // All experts here and the grouped kernel: no capacity-padded buffer, so dropless needs no
+  // capacity either (no host sync for it).
+  const bool packed_routes = ep == 1 && experts->grouped(x);
+  go.uncapped = packed_routes && !o.drop_tokens;
   if (o.ep_group && ep > 1) {
     // One capacity, so one buffer shape, over the group, also where the ranks' token counts
     // differ: the counts' maxima in one all-reduce, on the host (no device sync).
@@ -389,7 +393,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
     load_ = load_.defined() ? load_ + g.exp_counts : g.exp_counts.clone();
   }
 
-  if (ep == 1 && experts->grouped(x)) {
+  if (packed_routes) {
     // All experts here and the grouped kernel: the routes go straight into its packed rows (no
     // capacity-padded buffer, which exists for the equal-split exchange).
     const auto out = experts->forward_routes(x, o.k, g.expert, g.slot, g.kept, g.kept_counts);

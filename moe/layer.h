@@ -23,7 +23,10 @@
 //      over the k choices (route r = choice * S + token: a reduction, no index_add); dropped
 //      routes add nothing.
 // drop_tokens = false: C is the largest expert load, agreed by an all-reduce MAX over the EP
-// group (DeepSpeed's semantics), then the same padded layout and equal-split exchange.
+// group (DeepSpeed's semantics), then the same padded layout and equal-split exchange; with
+// ep_size 1 and the grouped kernel there is no padded buffer and no capacity to agree: every
+// route is kept, sorted by expert, and one grouped product runs over the variable group sizes
+// (MoEStats::capacity then reports the S * k bound).
 // The ranks of an EP group may route different numbers of tokens per call (a last short batch;
 // DeepSpeed needs equal counts): the same all-reduce, one per forward with ep_size > 1 (on the
 // host), agrees on the largest count, and the capacity is computed from it, so every rank's
@@ -34,7 +37,8 @@
 // noise policy: routes have a fixed size, counts are scatter_adds, the number dropped stays on
 // the device (MoEStats::dropped; dropped_count() reads it), and the gate's CPU-drawn noise is
 // copied through page-locked memory without a wait. With drop_tokens = false one: reading the
-// largest expert load for the capacity (the group's all-reduce runs on a host tensor).
+// largest expert load for the capacity (the group's all-reduce runs on a host tensor), none at
+// ep_size 1 with the grouped kernel (no capacity needed).
 //
 // Randomness is named, never positional (moe/keys.h), so runs at different ep_size draw the same:
 //   - W_g from key(seed, GateInit, layer_id): uniform(+-1/sqrt(d)), identical on every rank;

@@ -2,7 +2,8 @@
 // device. LibTorch's sync debug mode reports every synchronising CUDA call (item, nonzero, a
 // blocking copy, ...) as a warning; a handler counts them. The budget (moe/layer.h): none with
 // drop_tokens = true (k = 1 with RTS, Jitter or RSample; k = 2 with 2nd-expert sampling; k = 4),
-// at most one with drop_tokens = false (the capacity). float32 and bf16 (where the built-in
+// at most one with drop_tokens = false (the capacity), none at ep_size 1 with the grouped
+// kernel (no capacity). float32 and bf16 (where the built-in
 // experts take at::_grouped_mm on sm90); the grouped kernel is also checked against the batched
 // one. Skips without CUDA.
 #include <gtest/gtest.h>
@@ -108,6 +109,17 @@ TEST(MoeLayerGpu, HostSyncsWithinBudget) {
     const int syncs = syncs_per_step(cs);
     std::cout << "[ INFO     ] " << cs.name << ": " << syncs << " host syncs per forward+backward\n";
     EXPECT_LE(syncs, cs.drop_tokens ? 0 : 1) << cs.name;
+  }
+  // Dropless at ep_size 1 with the grouped kernel (bf16 on Hopper): no capacity is read, none.
+  const Case packed[] = {
+      {"k2_no_drop_bf16_grouped", 2, false, NoisyGatePolicy::None, true, true, torch::kBFloat16}};
+  for (const auto& cs : packed) {
+    const int syncs = syncs_per_step(cs);
+    std::cout << "[ INFO     ] " << cs.name << ": " << syncs << " host syncs per forward+backward\n";
+    MoE probe(options(cs));
+    probe->to(torch::Device(torch::kCUDA, 0), cs.dtype);
+    const auto x = torch::randn({kS, kD}, torch::TensorOptions().device(torch::kCUDA).dtype(cs.dtype));
+    if (probe->experts->grouped(x)) EXPECT_EQ(syncs, 0) << cs.name;
   }
 #else
   GTEST_SKIP() << "this build of Strata has no CUDA";

@@ -191,3 +191,21 @@ TEST(SigmoidRouter, SharedExpertsAreAddedToTheRoutedOutput) {
 }
 
 }  // namespace
+
+namespace {
+
+// Dropless at ep_size 1 with the grouped kernel: no capacity is read (no host sync on a GPU);
+// every route is kept and the output equals the batched kernel's over the capacity-padded buffer.
+TEST(SigmoidRouter, DroplessWithTheGroupedKernelReadsNoCapacity) {
+  strata::moe::MoE packed(layer_options(1)), padded(layer_options(1));
+  packed->experts->set_kernel(strata::moe::ExpertKernel::Grouped);
+  padded->experts->set_kernel(strata::moe::ExpertKernel::Batched);
+  const auto x = torch::randn({2, 6, 8});
+  const auto a = packed->forward(x), b = padded->forward(x);
+  EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-6));
+  EXPECT_EQ(packed->last().capacity, 2 * 6 * 2);  // the S * k bound: no buffer of that size
+  EXPECT_EQ(packed->last().dropped_count(), 0);
+  EXPECT_LT(padded->last().capacity, 2 * 6 * 2);  // the largest load, read for the padded buffer
+}
+
+}  // namespace
