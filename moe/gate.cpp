@@ -285,7 +285,11 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   torch::Tensor place;
   int64_t place_bound = R;
   bool place_is_slot_order = true;  // the survivors' order is the slots' order
-  if (k == 1 && o.use_rts && !sigmoid) {
+  if (o.uncapped) {
+    // Every route survives: any order will do, and token order costs no sort of priorities.
+    place = token;
+    place_bound = S;
+  } else if (k == 1 && o.use_rts && !sigmoid) {
     const auto prio = torch::rand({S}, gen, torch::dtype(torch::kFloat).device(dev));
     place = priority_place(prio.index_select(0, token), token);
     place_is_slot_order = false;

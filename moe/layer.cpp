@@ -276,8 +276,10 @@ torch::Tensor MoEImpl::loss() const {
   if (!last_.l_aux.defined()) {
     throw Error("moe::MoE::loss: no forward has run yet; call it after forward()");
   }
-  // Each term under its own coefficient (z_loss has router_z_loss_coef applied by the gate).
-  const auto aux = last_.l_aux * options_.aux_loss_coef;
+  // Each term under its own coefficient (z_loss has router_z_loss_coef applied by the gate). A
+  // zero coefficient (DeepSeek-V3's bias-only balancing) adds no graph for backward to walk.
+  const auto aux = options_.aux_loss_coef == 0.0 ? torch::zeros_like(last_.l_aux.detach())
+                                                 : last_.l_aux * options_.aux_loss_coef;
   return last_.z_loss.defined() ? aux + last_.z_loss : aux;
 }
 
