@@ -24,12 +24,6 @@ std::optional<Refusal> refuse_phase(const Description& d, const Phase& p, int in
   // runtime/config/schema_optimizer.cpp: the optimizer type is read before anything runs.
   if (deepspeed_only(d.optimizer))
     return refusal("optimizer.type", d.optimizer + " is a DeepSpeed optimizer Strata does not implement");
-  // examples/train_gpt.cpp: --zero-init builds shards, for stage 3 only.
-  if (p.zero_init && p.stage != 3) return refusal("--zero-init", "--zero-init needs stage 3");
-  // runtime/engine.cpp (the MoE check at initialize): a PartitionedInit shards over the whole world, experts over
-  // their expert-parallel groups: MoE models are not built in shards.
-  if (p.zero_init && p.stage == 3 && d.model == "tiny-moe")
-    return refusal("PartitionedInit", "MoE layers cannot be built inside a PartitionedInit");
   // runtime/config/schema_moe.cpp: ep_size must divide num_experts (4 in tiny-moe).
   if (d.model == "tiny-moe" && 4 % p.ep_size != 0)
     return refusal("ep_size", "ep_size must divide num_experts");
@@ -43,16 +37,26 @@ std::optional<Refusal> refuse_phase(const Description& d, const Phase& p, int in
   const std::string op = p.stage < 3 ? "none" : p.offload_param;
   if (oo == "nvme" && p.stage < 3)
     return refusal("offload_optimizer.device", "NVMe optimizer offload needs stage 3");
+  // In the order the program meets them: the config's rules above (load_engine_config), then
+  // train_gpt's own flags, the model's construction, and the engine's checks below.
+  // examples/train_gpt.cpp (after the config is read): --zero-init builds shards, for stage 3
+  // only.
+  if (p.zero_init && p.stage != 3) return refusal("--zero-init", "--zero-init needs stage 3");
+  // runtime/engine.cpp (the MoE check at initialize): a PartitionedInit shards over the whole world, experts over
+  // their expert-parallel groups: MoE models are not built in shards.
+  if (p.zero_init && p.stage == 3 && d.model == "tiny-moe")
+    return refusal("PartitionedInit", "MoE layers cannot be built inside a PartitionedInit");
+  // runtime/engine.cpp (the Engine constructor): fp16 on a CPU device is refused at initialize,
+  // before any offload is set up, as LibTorch's CPU kernels (1.13) have no Half matrix products
+  // or LayerNorm.
+  if (d.dtype == "fp16" && !g_cpu_fp16_trains)
+    return refusal("fp16.enabled", "fp16 is GPU-only: the engine refuses it on a CPU device");
   // runtime/engine_offload.cpp offload_parameters: parameter offload needs the optimizer offloaded.
   if (op != "none" && oo == "none")
     return refusal("offload_param.device", "parameter offload needs the optimizer offloaded");
   // runtime/engine_offload.cpp finish_optimizer_offload: NVMe steps Strata's Adam/AdamW only.
   if (oo == "nvme" && d.optimizer == "SGD")
     return refusal("offload_optimizer.device", "the NVMe optimizer tier steps Adam/AdamW only");
-  // runtime/engine.cpp (the Engine constructor): fp16 on a CPU device is refused at initialize,
-  // as LibTorch's CPU kernels (1.13) have no Half matrix products or LayerNorm.
-  if (d.dtype == "fp16" && !g_cpu_fp16_trains)
-    return refusal("fp16.enabled", "fp16 is GPU-only: the engine refuses it on a CPU device");
   return std::nullopt;
 }
 

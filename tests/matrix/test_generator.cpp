@@ -79,6 +79,11 @@ TEST(MatrixRefusal, PredictsWhatTheEngineRefusesByName) {
   d.phases[0].zero_init = true;
   ASSERT_TRUE(predict_refusal(d));
   EXPECT_EQ(predict_refusal(d)->key, "--zero-init");
+  // Two refusals at once: the one the program meets first is named. The config's NVMe rule is
+  // read before train_gpt looks at --zero-init (a soak found the other order predicted).
+  d.phases[0].offload_optimizer = "nvme";
+  ASSERT_TRUE(predict_refusal(d));
+  EXPECT_EQ(predict_refusal(d)->key, "offload_optimizer.device");
 }
 
 TEST(MatrixShrinker, EverySimplificationIsSmallerAndKeepsTheLayoutValid) {
