@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <stdexcept>
 
@@ -19,6 +20,7 @@ const char* kUsage =
     "                 [--steps N] [--seed S] [--seq-len N] [--zero-init] [--print-config]\n"
     "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n"
     "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n"
+    "                 [--applied-steps N]  (stop after N optimizer steps not skipped for overflow)\n"
     "  for \"auto\" and a config without optimizer (as Hugging Face's Trainer; defaults shown):\n"
     "                 [--lr 5e-5] [--weight-decay 0] [--betas 0.9,0.999] [--eps 1e-8]\n"
     "                 [--clip 1.0] [--micro-batch 8] [--grad-accum 1] [--warmup-steps 0]\n"
@@ -99,6 +101,7 @@ TrainArgs parse_train_args(int argc, char** argv) {
     if (flag == "--config") args.config = value;
     else if (flag == "--model") args.model = value;
     else if (flag == "--steps") args.steps = parse_int(flag, value, 1);
+    else if (flag == "--applied-steps") args.applied_steps = parse_int(flag, value, 1);
     else if (flag == "--seq-len") args.seq_len = parse_int(flag, value, 1);
     else if (flag == "--seed") args.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
     else if (flag == "--data") args.data = value;
@@ -127,6 +130,70 @@ TrainArgs parse_train_args(int argc, char** argv) {
   if (args.save_every > 0 && args.save_dir.empty())
     throw Error("--save-every needs --save-dir DIR");
   return args;
+}
+
+void check_flags_match_config(const nlohmann::json& doc, const TrainArgs& args,
+                              const std::string& source) {
+  struct Rule {
+    const char* flag;
+    std::vector<const char*> path;
+    nlohmann::json value;  // the flag's
+    std::string shown;     // the flag as it reads on the command line
+  };
+  const auto number = [](double v) { return fmt::format("{}", v); };
+  const std::vector<Rule> rules = {
+      {"--micro-batch", {"train_micro_batch_size_per_gpu"}, args.micro_batch, std::to_string(args.micro_batch)},
+      {"--grad-accum", {"gradient_accumulation_steps"}, args.grad_accum, std::to_string(args.grad_accum)},
+      {"--clip", {"gradient_clipping"}, args.clip, number(args.clip)},
+      {"--lr", {"optimizer", "params", "lr"}, args.lr, number(args.lr)},
+      {"--lr", {"scheduler", "params", "warmup_max_lr"}, args.lr, number(args.lr)},
+      {"--betas", {"optimizer", "params", "betas"}, nlohmann::json::array({args.beta1, args.beta2}),
+       number(args.beta1) + "," + number(args.beta2)},
+      {"--eps", {"optimizer", "params", "eps"}, args.eps, number(args.eps)},
+      {"--weight-decay", {"optimizer", "params", "weight_decay"}, args.weight_decay,
+       number(args.weight_decay)},
+      {"--warmup-steps", {"scheduler", "params", "warmup_num_steps"}, args.warmup_steps,
+       std::to_string(args.warmup_steps)},
+      {"--precision", {"fp16", "enabled"}, args.precision == "fp16", args.precision},
+      {"--precision", {"bf16", "enabled"}, args.precision == "bf16", args.precision},
+  };
+  // Numbers compare by value (1 and 1.0 agree), lists element by element, as Python's != does.
+  std::function<bool(const nlohmann::json&, const nlohmann::json&)> same =
+      [&](const nlohmann::json& a, const nlohmann::json& b) {
+        if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
+        if (a.is_array() && b.is_array()) {
+          if (a.size() != b.size()) return false;
+          for (size_t i = 0; i < a.size(); ++i)
+            if (!same(a[i], b[i])) return false;
+          return true;
+        }
+        return a == b;
+      };
+  std::string mismatches;
+  for (const Rule& rule : rules) {
+    if (!args.given.count(rule.flag)) continue;
+    const nlohmann::json* node = &doc;
+    std::string key;
+    for (const char* part : rule.path) {
+      if (!node->is_object() || !node->contains(part)) {
+        node = nullptr;
+        break;
+      }
+      node = &(*node)[part];
+      key += (key.empty() ? "" : ".") + std::string(part);
+    }
+    // "auto" is filled from the flag; null and other strings are the config reader's business.
+    if (!node || node->is_null() || node->is_string()) continue;
+    if (!same(*node, rule.value))
+      mismatches += fmt::format("\n  - {} is {} in the config, {} {} on the command line", key,
+                                node->dump(), rule.flag, rule.shown);
+  }
+  if (!mismatches.empty())
+    throw Error(fmt::format("{}: flags given on the command line disagree with values written in "
+                            "the config (Hugging Face's Trainer refuses these too):{}\nWrite "
+                            "\"auto\" for these keys to take the flags' values, or leave the "
+                            "flags out to use the config's",
+                            source, mismatches));
 }
 
 AutoValues auto_values(const TrainArgs& args, const GPTConfig& model) {

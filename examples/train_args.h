@@ -8,14 +8,18 @@
 //   --precision fp32|bf16|fp16 (fp32)
 //
 // They fill only what the config leaves to the program ("auto", absent batch keys, a missing
-// optimizer or scheduler); a number written in the config is used as written.
+// optimizer or scheduler). A flag given on the command line that disagrees with a value written
+// in the config (not "auto") is an error naming both, as the Trainer's own check raises one
+// (check_flags_match_config); a default that disagrees is not, and the config's value holds.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
+#include <nlohmann/json.hpp>
 #include <strata/strata.h>
 
 #include "examples/gpt.h"
@@ -39,6 +43,9 @@ struct TrainArgs {
   std::optional<int64_t> seq_len;  // tokens per sample, instead of the model's
   bool zero_init = false;          // build the model in shards (stage 3)
   bool print_config = false;       // print the resolved config, as DeepSpeed logs it
+  // Stop once this many optimizer steps have been applied in all (steps skipped for an fp16
+  // gradient overflow do not count); --steps still bounds the run.
+  std::optional<int64_t> applied_steps;
 
   // The Trainer's hyper-parameters (HF TrainingArguments' defaults).
   double lr = 5e-5;
@@ -56,6 +63,19 @@ struct TrainArgs {
 
 // Exits for --help and --version; throws strata::Error for a bad command line.
 TrainArgs parse_train_args(int argc, char** argv);
+
+// Hugging Face's trainer_config_process mismatch check, for the flags given on the command line:
+// each config key below written as a value (not "auto", not null) must equal its flag's value.
+//   --micro-batch  train_micro_batch_size_per_gpu     --grad-accum  gradient_accumulation_steps
+//   --clip         gradient_clipping                  --lr          optimizer.params.lr,
+//   --betas        optimizer.params.betas                           scheduler.params.warmup_max_lr
+//   --eps          optimizer.params.eps               --weight-decay optimizer.params.weight_decay
+//   --warmup-steps scheduler.params.warmup_num_steps  --precision   fp16.enabled, bf16.enabled
+// --steps is not compared with scheduler.params.total_num_steps, unlike HF's max_steps: it is
+// how long this run goes, and a schedule may be stopped early (a smoke test, a resumed run).
+// `doc` is the config file as written; throws strata::Error listing every disagreement.
+void check_flags_match_config(const nlohmann::json& doc, const TrainArgs& args,
+                              const std::string& source);
 
 // What the flags and the model resolve "auto" to. `steps` is the run's length when --steps
 // fixed it (else the schedule's own total_num_steps, or train_gpt's 200, is used).

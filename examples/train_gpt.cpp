@@ -4,6 +4,7 @@
 //   build/bin/train_gpt --config configs/gpt_tiny.json [--model tiny] [--steps N] [--seed S]
 //                       [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]
 //                       [--save-dir DIR] [--save-every N] [--resume DIR] [--print-config]
+//                       [--applied-steps N]
 //                       [--lr ... --precision fp32|bf16|fp16: examples/train_args.h]
 //
 // A Hugging Face or Megatron-DeepSpeed config runs as its program would run it: "auto" filled
@@ -72,6 +73,12 @@ int run(const strata::examples::TrainArgs& args) {
   strata::InitOptions init;
   init.autos = auto_values(args, model_config);
   auto config = strata::load_engine_config(args.config, init);
+  {  // A flag given on the command line must agree with what the config writes (HF's check).
+    std::ifstream in(args.config);
+    check_flags_match_config(nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/true,
+                                                   /*ignore_comments=*/true),
+                             args, args.config);
+  }
   const std::string filled = describe_filled(config, args, model_config);
   if (!filled.empty())
     strata::log::info("train_gpt: values the config leaves to the program, from train_gpt's:{}",
@@ -138,6 +145,7 @@ int run(const strata::examples::TrainArgs& args) {
 
   const auto start = Clock::now();
   double first_loss = 0.0, last_loss = 0.0;
+  int64_t ran = 0;
   for (int64_t step = first_step; step < steps; ++step) {
     const auto step_start = Clock::now();
     auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
@@ -197,6 +205,7 @@ int run(const strata::examples::TrainArgs& args) {
       if (!std::isnan(engine->last_grad_norm())) row["grad_norm"] = engine->last_grad_norm();
       row["loss_scale"] = engine->loss_scale();
       row["skipped"] = engine->last_step_skipped();
+      row["skipped_steps"] = engine->skipped_steps();  // in all, since step 1
       row["model_state_bytes"] = engine->model_state_bytes().total();
       row["live_param_bytes_peak"] = engine->live_param_bytes_peak();
       if (!moe_layers.empty()) {
@@ -222,14 +231,28 @@ int run(const strata::examples::TrainArgs& args) {
     if (!std::isfinite(loss))
       throw Error(fmt::format("the loss became {} at step {}; lower the learning rate", loss,
                               step + 1));
-    const bool last = step + 1 == steps;
+    ++ran;
+    // --applied-steps: enough optimizer steps went through (fp16 overflow skips do not count).
+    const bool enough = args.applied_steps &&
+                        engine->global_steps() - engine->skipped_steps() >= *args.applied_steps;
+    const bool last = step + 1 == steps || enough;
     if (!args.save_dir.empty() && (last || (args.save_every > 0 && (step + 1) % args.save_every == 0)))
       save(step + 1);
+    if (enough) break;
   }
   strata::log::end_status();
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
-  strata::log::info("train_gpt: loss {:.4f} -> {:.4f} in {} steps, {}", first_loss, last_loss,
-                    steps - first_step, format_duration(total));
+  const int64_t skipped = engine->skipped_steps();
+  strata::log::info("train_gpt: loss {:.4f} -> {:.4f} in {} steps ({} applied, {} skipped for "
+                    "gradient overflow), {}",
+                    first_loss, last_loss, ran, engine->global_steps() - skipped, skipped,
+                    format_duration(total));
+  if (args.applied_steps && engine->global_steps() - skipped < *args.applied_steps)
+    throw Error(fmt::format("--applied-steps {}: only {} of {} steps were applied ({} skipped for "
+                            "gradient overflow); raise --steps, or lower the config's "
+                            "fp16.initial_scale_power",
+                            *args.applied_steps, engine->global_steps() - skipped,
+                            engine->global_steps(), skipped));
   return 0;
 }
 

@@ -84,24 +84,26 @@ std::shared_ptr<offload::NvmeStore> Engine::make_nvme_store(const std::string& n
 void Engine::offload_parameters() {
   const auto& op = config_.zero_optimization.offload_param;
   if (op.device == "none" || !units_) return;
-  if (!partitioned_->offloads())
-    throw Error(fmt::format(
-        "{}: zero_optimization.offload_param.device \"{}\" needs the optimizer offloaded too "
-        "(offload_optimizer.device \"cpu\" or \"nvme\"): Strata's CPU step writes the new "
-        "16-bit weights straight to where the parameters live",
-        config_.source, op.device));
+  // With the optimizer offloaded too, its CPU step writes each tile of new weights to where the
+  // shards live; else (as DeepSpeed allows at stage 3) the fp32 master and the optimizer state
+  // stay on the device and each step stores the master, cast, to the shards' tier.
   const auto store = op.device == "nvme" ? make_nvme_store(op.nvme_path) : nullptr;
   units_->offload_partition(op.device, op.pin_memory, store);
   if (expert_units_) expert_units_->offload_partition(op.device, op.pin_memory, store, "expert-params");
   log::info("[strata] parameter offload: this rank's {} trainable {} shard elements{} in {}; "
-            "each unit is {} for its gather",
+            "each unit is {} for its gather; {}",
             units_->partition().numel(), c10::toString(units_->partition().scalar_type()),
             expert_units_ ? fmt::format(" (and {} of MoE experts)", expert_units_->partition().numel())
                           : std::string(),
             op.device == "cpu" ? (units_->partition().is_pinned() ? "page-locked host memory"
                                                                   : "host memory")
                                : "an NVMe swap file under " + op.nvme_path,
-            op.device == "cpu" ? "copied to the device" : "read back");
+            op.device == "cpu" ? "copied to the device" : "read back",
+            partitioned_->offloads()
+                ? "the offloaded optimizer's step writes the new weights there"
+                : fmt::format("the fp32 master and the optimizer state stay on the {} (no "
+                              "offload_optimizer), and each step stores the new weights there",
+                              params_.front().device().str()));
 }
 
 void Engine::finish_optimizer_offload() {

@@ -6,6 +6,14 @@
 // unit's shard through a 4096-aligned bounce buffer into a copy on the model's device, which the
 // all-gather reads; the copy goes with the unit's release. The read is synchronous in the
 // gathering thread (a prefetch reads ahead of use, not behind another transfer).
+//
+// The step's new weights arrive one of two ways. With the optimizer offloaded too, its CPU step
+// sends each tile from host memory (write_partition: copied in, or written asynchronously to the
+// swap file). With the optimizer on the device (DeepSpeed allows offload_param alone at stage 3:
+// the fp32 master and the moments stay on the device), the step updates the device's master and
+// store_partition() casts it into the 16-bit shards a unit at a time, as DeepSpeed copies its
+// fp32 partition into the offloaded fp16 one (stage3.py, _reassign_or_swap_out_partitioned_
+// parameters).
 #include <cstring>
 
 #include <fmt/format.h>
@@ -59,16 +67,43 @@ void ParamUnits::offload_partition(const std::string& device, bool pin,
   const uint64_t bytes = uint64_t(partition_.numel() * element);
   file_ = store_->create(file_name, bytes);
   bounce_ = offload::AlignedBuffer(size_t(largest * element));
-  // Written a unit at a time through the bounce buffer, then the partition's bytes are freed.
+  write_shards(partition_);  // then the partition's bytes are freed
+  offload_ = device;
+  release_bytes(partition_);
+}
+
+void ParamUnits::write_shards(const torch::Tensor& values) {
+  // A unit at a time through the bounce buffer: each shard starts on the file's page grid and
+  // spans whole pages (its chunk is aligned to one page of elements).
+  const int64_t element = partition_.element_size();
   for (const auto& u : units_) {
     if (!u.trainable) continue;
-    const auto shard = u.shard.to(torch::kCPU).contiguous();
+    const auto shard = values.narrow(0, partition_offset(u), u.chunk)
+                           .to(torch::kCPU, partition_.scalar_type())
+                           .contiguous();
     std::memcpy(bounce_.data(), shard.data_ptr(), size_t(u.chunk * element));
     store_->wait(store_->write(file_, uint64_t(partition_offset(u) * element), bounce_.data(),
                                uint64_t(u.chunk * element)));
   }
-  offload_ = device;
-  release_bytes(partition_);
+}
+
+void ParamUnits::store_partition(const torch::Tensor& values) {
+  if (values.dim() != 1 || values.numel() != partition_.numel() || !values.is_floating_point())
+    throw Error(fmt::format("ParamUnits::store_partition: {} values of {} for a partition of {} "
+                            "elements (one flat floating-point tensor)",
+                            values.numel(), c10::toString(values.scalar_type()),
+                            partition_.numel()));
+  torch::NoGradGuard no_grad;
+  at::DisableRecordFunctionGuard no_callbacks;
+  if (offload_ == "nvme") {
+    flush_writes();
+    write_shards(values);
+    return;
+  }
+  // In place (host memory or the device): cast and copied a unit's shard at a time, so the
+  // temporary a cast across devices needs is one shard, not the partition.
+  for (const auto& u : units_)
+    if (u.trainable) u.shard.copy_(values.narrow(0, partition_offset(u), u.chunk));
 }
 
 const torch::Tensor& ParamUnits::gather_source(Unit& unit) {

@@ -135,7 +135,8 @@ class ParamUnits {
   // "nvme": into one swap file (`file_name`) of `store`, read back for each gather (the persistent
   // unit's after each step); partition() then keeps its shape and no bytes. Frozen units' shards
   // and the persistent unit's whole copy stay where they are. The step's new weights come in
-  // through write_partition().
+  // through write_partition() (an offloaded optimizer's host tiles) or store_partition() (the
+  // master of an optimizer on the device).
   void offload_partition(const std::string& device, bool pin,
                          std::shared_ptr<offload::NvmeStore> store,
                          const std::string& file_name = "params");
@@ -144,6 +145,10 @@ class ParamUnits {
   // optimizer's tiles): copied into the partition, or written to its swap file, where lo is a
   // multiple of swap_grain(), `values` 4096-aligned and unchanged until flush_writes() returns.
   void write_partition(int64_t lo, const torch::Tensor& values);
+  // The whole partition's new weights from `values` (partition-shaped, any floating dtype, on any
+  // device: the optimizer's fp32 master when it stays on the device), cast to the model's dtype
+  // and stored where the shards live, a unit's shard at a time; synchronous.
+  void store_partition(const torch::Tensor& values);
   void flush_writes();
   // Partition elements per 4 KiB (the swap file's grid); 1 without NVMe.
   int64_t swap_grain() const;
@@ -153,6 +158,7 @@ class ParamUnits {
   // What a gather all-gathers from: the shard, or (offload_param) its copy on the model's device.
   const torch::Tensor& gather_source(Unit& unit);
   int64_t partition_offset(const Unit& unit) const;  // the shard's place in partition()
+  void write_shards(const torch::Tensor& values);     // NVMe: every trainable shard to the file
 
   comm::GroupPtr group_;
   int64_t parts_ = 1, rank_ = 0;

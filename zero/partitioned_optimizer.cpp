@@ -389,7 +389,11 @@ void PartitionedOptimizer::apply(double clip_coef) {
   // The new 16-bit weights of this partition: written straight into the flat layout when the
   // partition is a range of it, else into a buffer scattered into place after the all-gather.
   // Stage 3: the units' shards are the partition, written in place; the next gathers read them.
-  auto mine = units_ ? units_->partition()
+  // Stage 3 with offload_param and the optimizer here: the shards are in host memory or a swap
+  // file; they are stored from the new master after the step (ParamUnits::store_partition).
+  const bool store_after = units_ && !offloads() && units_->partition_offload() != "none";
+  auto mine = store_after ? torch::Tensor()
+              : units_    ? units_->partition()
               : shards_.is_contiguous() ? shards_.range(flat_->data(), partition_index())
                                         : torch::empty({n}, flat_->data().options());
   if (offloads()) {
@@ -400,8 +404,9 @@ void PartitionedOptimizer::apply(double clip_coef) {
     if (clip_coef < 1.0) grad_.mul_(clip_coef);
     master_.mutable_grad() = grad_;
     inner_->step();
-    mine.copy_(master_);
+    if (mine.defined()) mine.copy_(master_);
   }
+  if (store_after) units_->store_partition(master_.view({-1}));
   const int64_t parts = shards_.parts();
   if (units_) {
     units_->refresh_persistent();
@@ -575,42 +580,6 @@ void PartitionedOptimizer::step_swapped(double grad_scale,
     send(lo, n);
   });
   if (grad_swap_) grad_swap_->end_pass();
-}
-
-torch::Tensor PartitionedOptimizer::read_swapped(offload::OptimizerSwapper::Array a) const {
-  if (!swapper_) throw Error("PartitionedOptimizer::read_swapped: the state is not on NVMe");
-  auto t = torch::empty({swapper_->numel()}, torch::kFloat);
-  swapper_->read_array(a, t.data_ptr<float>());
-  return t;
-}
-
-void PartitionedOptimizer::fill_swapped(offload::OptimizerSwapper::Array a, float value) {
-  settle();
-  if (!swapper_) throw Error("PartitionedOptimizer::fill_swapped: the state is not on NVMe");
-  swapper_->fill_array(a, value);
-}
-
-void PartitionedOptimizer::read_swapped_tiles(offload::OptimizerSwapper::Array a,
-                                              const offload::OptimizerSwapper::TileIn& consume) const {
-  if (!swapper_) throw Error("PartitionedOptimizer::read_swapped_tiles: the state is not on NVMe");
-  swapper_->read_tiles(a, consume);
-}
-
-void PartitionedOptimizer::write_swapped_tiles(offload::OptimizerSwapper::Array a,
-                                               const offload::OptimizerSwapper::TileOut& produce) {
-  settle();
-  if (!swapper_) throw Error("PartitionedOptimizer::write_swapped_tiles: the state is not on NVMe");
-  swapper_->write_tiles(a, produce);
-}
-
-void PartitionedOptimizer::write_swapped(offload::OptimizerSwapper::Array a,
-                                         const torch::Tensor& values) {
-  if (!swapper_) throw Error("PartitionedOptimizer::write_swapped: the state is not on NVMe");
-  if (values.numel() != swapper_->numel())
-    throw Error(fmt::format("optimizer offload to NVMe: {} elements given for a swapped array of {}",
-                            values.numel(), swapper_->numel()));
-  const auto v = values.to(torch::kCPU, torch::kFloat).contiguous();
-  swapper_->write_array(a, v.data_ptr<float>());
 }
 
 void PartitionedOptimizer::discard() {

@@ -34,7 +34,6 @@ std::optional<Refusal> refuse_phase(const Description& d, const Phase& p, int in
   // (parameters) is read as "none" with a warning: not a refusal. NVMe optimizer offload needs
   // stage 3.
   const std::string oo = p.stage == 0 ? "none" : p.offload_optimizer;
-  const std::string op = p.stage < 3 ? "none" : p.offload_param;
   if (oo == "nvme" && p.stage < 3)
     return refusal("offload_optimizer.device", "NVMe optimizer offload needs stage 3");
   // In the order the program meets them: the config's rules above (load_engine_config), then
@@ -51,9 +50,8 @@ std::optional<Refusal> refuse_phase(const Description& d, const Phase& p, int in
   // or LayerNorm.
   if (d.dtype == "fp16" && !g_cpu_fp16_trains)
     return refusal("fp16.enabled", "fp16 is GPU-only: the engine refuses it on a CPU device");
-  // runtime/engine_offload.cpp offload_parameters: parameter offload needs the optimizer offloaded.
-  if (op != "none" && oo == "none")
-    return refusal("offload_param.device", "parameter offload needs the optimizer offloaded");
+  // Parameter offload without optimizer offload trains (the master and the optimizer stay on the
+  // device; runtime/engine_offload.cpp offload_parameters): not a refusal.
   // runtime/engine_offload.cpp finish_optimizer_offload: NVMe steps Strata's Adam/AdamW only.
   if (oo == "nvme" && d.optimizer == "SGD")
     return refusal("offload_optimizer.device", "the NVMe optimizer tier steps Adam/AdamW only");

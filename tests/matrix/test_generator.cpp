@@ -63,8 +63,9 @@ TEST(MatrixRefusal, PredictsWhatTheEngineRefusesByName) {
   EXPECT_EQ(predict_refusal(d)->key, "optimizer.type");
   d.optimizer = "AdamW";
   d.phases[0].stage = 3, d.phases[0].offload_param = "cpu";
-  ASSERT_TRUE(predict_refusal(d));
-  EXPECT_EQ(predict_refusal(d)->key, "offload_param.device");
+  EXPECT_FALSE(predict_refusal(d));  // parameter offload alone: the optimizer stays on the device
+  d.phases[0].offload_param = "nvme";
+  EXPECT_FALSE(predict_refusal(d));
   d.phases[0].offload_optimizer = "cpu";
   EXPECT_FALSE(predict_refusal(d));
   d.phases[0].stage = 2;  // parameter offload below stage 3 is read as none (a warning)
