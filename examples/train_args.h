@@ -39,6 +39,7 @@ struct TrainArgs {
   std::optional<int64_t> seq_len;  // tokens per sample, instead of the model's
   bool zero_init = false;          // build the model in shards (stage 3)
   bool print_config = false;       // print the resolved config, as DeepSpeed logs it
+  std::string activation_checkpointing;  // none|every|every:K|selective (GPTConfig::checkpointing)
 
   // The Trainer's hyper-parameters (HF TrainingArguments' defaults).
   double lr = 5e-5;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <mutex>
 
+#include "runtime/checkpointing/settings.h"
 #include "runtime/cpu_threads.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -319,10 +320,13 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
   follow_lr_schedule();
   monitored_ = config_.tensorboard.enabled || config_.csv_monitor.enabled;
   monitor_ = monitor::make_monitors(config_, data_parallel_rank());
+  // activation_checkpointing: what strata::checkpoint() in the model does (process-wide, as
+  // deepspeed.checkpointing.configure).
+  checkpointing::configure(this, config_, data_parallel_rank());
   for (const auto& w : config_.warnings) log::info("[strata] warning: {}", w);
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() { checkpointing::release(this); }
 
 // torch_autocast, as DeepSpeed: the gradients of lower_precision_safe_modules' parameters travel
 // in the autocast dtype, the others in fp32. Strata's reducer sends one dtype, so the autocast
@@ -481,6 +485,7 @@ void Engine::backward(const torch::Tensor& loss) {
   else
     loss.backward();
   scopes.clear();
+  checkpointing::end_backward();  // profile: each checkpointed function's times
   for (auto* c : coordinators()) {
     c->release_all();  // the units backward used last (the first layers)
     c->end_micro_step();
