@@ -148,9 +148,10 @@ void clear(T& value) {
 
 // Any callable, called as fn(args...) with the arguments given here (tensors, std::vectors of
 // tensors and tuples are the checkpoint's inputs; anything else is kept by value). `params`: the
-// parameters it reads (e.g. module->parameters()).
+// parameters it reads (e.g. module->parameters()). `name`: in errors and the profile.
 template <class Fn, class... Args>
-auto checkpoint_function(Fn fn, const std::vector<torch::Tensor>& params, Args&&... args) {
+auto checkpoint_named(std::string name, Fn fn, const std::vector<torch::Tensor>& params,
+                      Args&&... args) {
   using namespace checkpoint_detail;
   using Stored = std::tuple<std::decay_t<Args>...>;
   using Result = std::decay_t<std::invoke_result_t<Fn&, std::decay_t<Args>&...>>;
@@ -174,7 +175,7 @@ auto checkpoint_function(Fn fn, const std::vector<torch::Tensor>& params, Args&&
     return flat;
   };
   CheckpointOptions options;
-  options.name = "function";
+  options.name = std::move(name);
   auto outs = checkpoint_tensors(core, inputs, params, options);
   Result result = std::move(*state->first);
   state->first.reset();
@@ -184,12 +185,17 @@ auto checkpoint_function(Fn fn, const std::vector<torch::Tensor>& params, Args&&
   return result;
 }
 
+template <class Fn, class... Args>
+auto checkpoint_function(Fn fn, const std::vector<torch::Tensor>& params, Args&&... args) {
+  return checkpoint_named("function", std::move(fn), params, std::forward<Args>(args)...);
+}
+
 // A submodule (a ModuleHolder or a std::shared_ptr to a module): module->forward(args...).
 template <class Module, class... Args>
 auto checkpoint(Module module, Args&&... args) {
   auto params = module->parameters();
-  return checkpoint_function(
-      [module](auto&... a) mutable { return module->forward(a...); }, params,
+  return checkpoint_named(
+      module->name(), [module](auto&... a) mutable { return module->forward(a...); }, params,
       std::forward<Args>(args)...);
 }
 
