@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -14,6 +15,13 @@
 #include "runtime/checkpointing/settings.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+
+#if STRATA_HAS_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace strata::checkpointing {
 namespace {
@@ -52,6 +60,48 @@ torch::TensorOptions host_options(const torch::Tensor& t) {
   return t.options().device(torch::kCPU).pinned_memory(t.is_cuda());
 }
 
+#if STRATA_HAS_CUDA
+// cpu_checkpointing's copies between a GPU and page-locked host memory run on one side stream
+// per device, so they overlap the kernels of the compute stream; events order them against it.
+c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
+  static std::mutex mutex;
+  static std::map<int, c10::cuda::CUDAStream> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = streams.find(index);
+  if (it == streams.end())
+    it = streams.emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)).first;
+  return it->second;
+}
+#endif
+
+// dst <- src where one of them is a GPU's and the other page-locked host memory: on the side
+// stream after what the compute stream queued; `done` (CUDA only) is recorded after the copy.
+// Otherwise a plain copy.
+template <class Event>
+void copy_beside_compute(torch::Tensor& dst, const torch::Tensor& src, Event& done) {
+#if STRATA_HAS_CUDA
+  const torch::Tensor& gpu = src.is_cuda() ? src : dst;
+  const torch::Tensor& host = src.is_cuda() ? dst : src;
+  if (gpu.is_cuda() && host.is_pinned()) {
+    const auto index = gpu.device().index();
+    auto side = side_stream(index);
+    at::cuda::CUDAEvent ready;
+    ready.record(c10::cuda::getCurrentCUDAStream(index));
+    ready.block(side);
+    // The compute stream may free or reuse the GPU tensor's memory once its own work is done:
+    // the allocator waits for the side stream's use too.
+    c10::cuda::CUDACachingAllocator::recordStream(gpu.storage().data_ptr(), side);
+    c10::cuda::CUDAStreamGuard guard(side);
+    dst.copy_(src, /*non_blocking=*/true);
+    done.emplace();
+    done->record(side);
+    return;
+  }
+#endif
+  (void)done;
+  dst.copy_(src);
+}
+
 }  // namespace
 
 struct SavedInputs::Entry {
@@ -70,6 +120,11 @@ struct SavedInputs::Entry {
   offload::AlignedBuffer staging;  // the write's source until done, then the read's target
   offload::NvmeTicket write, read;
   bool writing = false, reading = false;
+#if STRATA_HAS_CUDA
+  std::optional<at::cuda::CUDAEvent> copied;  // kHost: the side stream's last copy
+#else
+  std::optional<int> copied;
+#endif
 };
 
 std::shared_ptr<SavedInputs> SavedInputs::keep(const std::vector<torch::Tensor>& inputs) {
@@ -115,7 +170,7 @@ std::shared_ptr<SavedInputs> SavedInputs::keep(const std::vector<torch::Tensor>&
         break;
       case Where::kHost:
         e->kept = torch::empty(e->sizes, host_options(c));
-        e->kept.copy_(c, /*non_blocking=*/c.is_cuda());
+        copy_beside_compute(e->kept, c, e->copied);
         break;
       case Where::kArena: {
         const auto on = s.cpu_checkpointing ? host_options(c) : c.options();
@@ -185,8 +240,9 @@ void SavedInputs::prefetch() {
   for (auto& e : entries_) {
     if (e->generation != st.generation) continue;
     if (e->where == Where::kHost && !e->back.defined()) {
+      // After the copy out on the same side stream (stream order), before its use (take()).
       e->back = torch::empty(e->sizes, torch::TensorOptions().dtype(e->dtype).device(e->device));
-      e->back.copy_(e->kept, /*non_blocking=*/e->device.is_cuda());
+      copy_beside_compute(e->back, e->kept, e->copied);
     } else if (e->where == Where::kNvme && !e->writing && !e->reading) {
       e->staging = offload::AlignedBuffer(size_t(e->nbytes));
       e->read = st.nvme->read(e->file, 0, e->staging.data(), uint64_t(e->nbytes));
@@ -217,6 +273,10 @@ std::vector<torch::Tensor> SavedInputs::take() {
           out.push_back(e->kept);
           break;
         case Where::kHost:
+#if STRATA_HAS_CUDA
+          // The compute stream waits for the copy back (the host does not).
+          if (e->copied) e->copied->block(c10::cuda::getCurrentCUDAStream(e->device.index()));
+#endif
           out.push_back(e->back);
           e->kept = torch::Tensor();
           e->back = torch::Tensor();

@@ -54,10 +54,8 @@ Block make_activation_checkpointing() {
   b.add(&ActivationCheckpointingConfig::profile, "profile")
       .describe("Log the forward and recomputation time of each checkpointed function");
   b.add(&ActivationCheckpointingConfig::nvme_path, "nvme_path")
-      .describe("Strata's own (not in DeepSpeed): keep checkpointed activations in checksummed "
-                "swap files under this folder (io_uring), written behind the forward and read "
-                "one checkpoint ahead of the backward; removed at exit. Not with "
-                "cpu_checkpointing");
+      .describe("Strata's own: keep checkpointed activations in NVMe swap files under this "
+                "folder (docs/activation_checkpointing.md)");
   return b.build();
 }
 

@@ -138,7 +138,7 @@ Block make_root() {
       .describe("Engine timers");
   b.block(&Config::activation_checkpointing, "activation_checkpointing", activation_checkpointing_block())
       .describe("Settings of deepspeed.checkpointing, the activation checkpointing the model calls "
-                "(Strata: strata::checkpointing::checkpoint; docs/activation_checkpointing.md)");
+                "(docs/activation_checkpointing.md)");
   b.block(&Config::checkpoint, "checkpoint", checkpoint_block())
       .describe("Checkpoint saving and loading options");
   b.block(&Config::data_types, "data_types", data_types_block())
