@@ -35,7 +35,8 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
 
 GPTConfig GPTConfig::by_name(const std::string& name) {
   const std::string drop = "-dropout";
-  if (name.size() > drop.size() && name.compare(name.size() - drop.size(), drop.size(), drop) == 0) {
+  if (name.size() > drop.size() &&
+      name.compare(name.size() - drop.size(), drop.size(), drop) == 0) {
     GPTConfig c = by_name(name.substr(0, name.size() - drop.size()));
     c.name = name;
     c.dropout = 0.1;

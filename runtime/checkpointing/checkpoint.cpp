@@ -1,6 +1,7 @@
 // The checkpoint Function (checkpoint.h says the mechanism and its limits).
 #include "runtime/checkpointing/checkpoint.h"
 
+#include <algorithm>
 #include <chrono>
 #include <unordered_set>
 
@@ -83,7 +84,8 @@ void check_leaves(const std::vector<torch::Tensor>& outputs,
             "activation checkpointing: {} reads a tensor of shape {} ({}) that requires grad "
             "but is neither one of its arguments nor one of its parameters; its gradient would "
             "be lost. Pass it as an argument, or list it in the params of "
-            "strata::checkpointing::checkpoint_function (a submodule's own parameters are listed already)",
+            "strata::checkpointing::checkpoint_function (a submodule's own parameters are "
+            "listed already)",
             name, c10::str(v.sizes()), c10::toString(v.scalar_type())));
       continue;
     }
@@ -233,7 +235,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   }
 };
 
-bool needs_graph(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& params) {
+bool needs_graph(const std::vector<torch::Tensor>& inputs,
+                 const std::vector<torch::Tensor>& params) {
   if (!torch::GradMode::is_enabled()) return false;
   for (const auto& t : inputs)
     if (t.defined() && t.requires_grad()) return true;
@@ -256,7 +259,8 @@ std::vector<torch::Tensor> checkpoint_tensors(const CheckpointFn& fn,
     // its remember() and side outputs go to the outer region).
     auto outs = fn(inputs);
     if (options.tail_weight.defined())
-      for (auto& o : outs) o = torch::nn::functional::linear(o, options.tail_weight, options.tail_bias);
+      for (auto& o : outs)
+        o = torch::nn::functional::linear(o, options.tail_weight, options.tail_bias);
     return outs;
   }
   auto call = std::make_shared<Call>();
@@ -268,18 +272,16 @@ std::vector<torch::Tensor> checkpoint_tensors(const CheckpointFn& fn,
   for (const auto& p : all_params)
     if (p.defined() && p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second)
       call->params.push_back(p);
+  auto note_device = [&](const torch::Tensor& t) {
+    auto& d = call->cuda_devices;
+    if (t.defined() && t.is_cuda() && std::find(d.begin(), d.end(), t.device().index()) == d.end())
+      d.push_back(t.device().index());
+  };
   for (const auto& t : inputs) {
     call->input_requires_grad.push_back(t.defined() && t.requires_grad());
-    if (t.defined() && t.is_cuda()) {
-      const int d = t.device().index();
-      if (std::find(call->cuda_devices.begin(), call->cuda_devices.end(), d) == call->cuda_devices.end())
-        call->cuda_devices.push_back(d);
-    }
+    note_device(t);
   }
-  for (const auto& p : call->params)
-    if (p.is_cuda() && std::find(call->cuda_devices.begin(), call->cuda_devices.end(),
-                                 p.device().index()) == call->cuda_devices.end())
-      call->cuda_devices.push_back(p.device().index());
+  for (const auto& p : call->params) note_device(p);
   variable_list args;
   args.reserve(inputs.size() + call->params.size());
   for (const auto& t : inputs) args.push_back(t);

@@ -208,8 +208,8 @@ torch::Tensor checkpoint_blocks(const torch::nn::ModuleList& blocks, torch::Tens
   for (size_t i = 0; i < blocks->size(); ++i) {
     auto typed = std::dynamic_pointer_cast<typename Block::ContainedType>(blocks->ptr(i));
     if (!typed)
-      throw std::invalid_argument("strata::checkpointing::checkpoint_blocks: block " + std::to_string(i) +
-                                  " is not of the type the call names");
+      throw std::invalid_argument("strata::checkpointing::checkpoint_blocks: block " +
+                                  std::to_string(i) + " is not of the type the call names");
     x = policy.checkpoints_block(int64_t(i)) ? checkpoint(typed, x) : typed->forward(x);
   }
   return x;

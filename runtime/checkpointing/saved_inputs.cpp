@@ -69,7 +69,8 @@ c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = streams.find(index);
   if (it == streams.end())
-    it = streams.emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)).first;
+    it = streams.emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index))
+             .first;
   return it->second;
 }
 #endif

@@ -1,8 +1,9 @@
 // The activation_checkpointing block as the checkpoint mechanism reads it. The model calls
-// strata::checkpointing::checkpoint() (checkpoint.h) without a handle on the engine, as a DeepSpeed model calls
-// deepspeed.checkpointing.checkpoint after deepspeed.checkpointing.configure(): the engine
-// configures these process-wide settings when it is built (configure), and puts the defaults
-// back when it is destroyed (release). A program without an engine may call configure itself.
+// strata::checkpointing::checkpoint() (checkpoint.h) without a handle on the engine, as a
+// DeepSpeed model calls deepspeed.checkpointing.checkpoint after
+// deepspeed.checkpointing.configure(): the engine configures these process-wide settings when it
+// is built (configure), and puts the defaults back when it is destroyed (release). A program
+// without an engine may call configure itself.
 //
 // What each key does here (docs/config.md says it for the user):
 //   cpu_checkpointing                 checkpointed inputs leave the device for host memory
@@ -14,7 +15,8 @@
 //                                     checkpointed forward (nothing on a CPU)
 //   profile                           each checkpointed function's forward and recomputation
 //                                     times, logged after each backward
-//   partition_activations             accepted with one warning (no model parallelism)
+//   partition_activations             accepted with one warning (the schema's: no model
+//                                     parallelism)
 //   nvme_path (Strata's)              checkpointed inputs in swap files of the io_uring store
 //                                     under this folder, written behind the forward and read
 //                                     back one checkpoint ahead of the backward
@@ -42,7 +44,7 @@ struct Settings {
 };
 
 // Sets the process's settings from a config (strata::Error for a combination that cannot work,
-// naming the key); `owner` is who may release them. Warns once about partition_activations.
+// naming the key); `owner` is who may release them.
 void configure(const void* owner, const Config& config, int rank);
 void configure(const void* owner, const Settings& settings);
 // Back to the defaults, if `owner` configured the settings in force; removes the NVMe folder.
