@@ -1,5 +1,5 @@
 // A GPT written as plain LibTorch modules: nothing in it knows about Strata but the activation
-// checkpointing call in gpt.cpp (strata::checkpointing, as a DeepSpeed model calls
+// checkpointing call in gpt.cpp (Strata's checkpoint, as a DeepSpeed model calls
 // deepspeed.checkpointing.checkpoint). The architecture is the benchmark peer's
 // (../shared/bench/peer_torch_gpt.py): token embedding, pre-LayerNorm blocks of causal attention
 // and a GELU MLP, linear layers without bias, untied output head (tied in the -tied variants).

@@ -485,7 +485,14 @@ void Engine::backward(const torch::Tensor& loss) {
   else
     loss.backward();
   scopes.clear();
-  checkpointing::end_backward();  // profile: each checkpointed function's times
+  // activation_checkpointing.profile: each checkpointed function's times, logged and monitored.
+  const auto profile = checkpointing::end_backward();
+  if (profile.checkpoints > 0)
+    write_monitor_events(
+        {{"Train/ActivationCheckpointing/forward_ms", profile.forward_ms, global_samples()},
+         {"Train/ActivationCheckpointing/recompute_ms", profile.recompute_ms, global_samples()},
+         {"Train/ActivationCheckpointing/input_MiB", profile.input_bytes / 1048576.0,
+          global_samples()}});
   for (auto* c : coordinators()) {
     c->release_all();  // the units backward used last (the first layers)
     c->end_micro_step();

@@ -90,7 +90,7 @@ void profile_recompute(size_t index, double ms) {
   if (index < g_profile.size()) g_profile[index].recompute_ms = ms;
 }
 
-std::vector<std::string> end_backward() {
+BackwardProfile end_backward() {
   std::vector<ProfileEntry> entries;
   bool profile;
   int64_t step;
@@ -100,8 +100,8 @@ std::vector<std::string> end_backward() {
     profile = g_settings.profile;
     step = ++g_micro_step;
   }
-  std::vector<std::string> lines;
-  if (!profile || entries.empty()) return lines;
+  BackwardProfile out;
+  if (!profile || entries.empty()) return out;
   double forward = 0, recompute = 0;
   int64_t bytes = 0;
   for (const auto& e : entries) {
@@ -109,6 +109,11 @@ std::vector<std::string> end_backward() {
     recompute += std::max(0.0, e.recompute_ms);
     bytes += e.input_bytes;
   }
+  out.checkpoints = int64_t(entries.size());
+  out.forward_ms = forward;
+  out.recompute_ms = recompute;
+  out.input_bytes = bytes;
+  auto& lines = out.lines;
   lines.push_back(fmt::format(
       "[strata] activation checkpointing, micro-step {}: {} checkpoints, forward {:.3f} ms, "
       "recomputation {:.3f} ms, {} bytes of checkpointed inputs",
@@ -122,7 +127,7 @@ std::vector<std::string> end_backward() {
         e.input_bytes));
   }
   for (const auto& l : lines) log::line(l);
-  return lines;
+  return out;
 }
 
 }  // namespace strata::checkpointing

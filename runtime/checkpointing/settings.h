@@ -62,7 +62,13 @@ struct ProfileEntry {
 size_t profile_forward(const std::string& name, double ms, int64_t input_bytes);
 void profile_recompute(size_t index, double ms);
 // After each backward (the engine calls it): logs the micro-step's entries when profiling, and
-// clears them. Returns the lines logged.
-std::vector<std::string> end_backward();
+// clears them. Returns what it logged and the totals (the engine's monitors write them).
+struct BackwardProfile {
+  std::vector<std::string> lines;
+  int64_t checkpoints = 0;
+  double forward_ms = 0, recompute_ms = 0;
+  int64_t input_bytes = 0;
+};
+BackwardProfile end_backward();
 
 }  // namespace strata::checkpointing

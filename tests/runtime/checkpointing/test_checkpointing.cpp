@@ -263,8 +263,11 @@ TEST_F(CheckpointStores, HostContiguousAndNvmeGiveTheSameGradients) {
     ckpt::configure(&owner, s);
     for (int step = 0; step < 2; ++step) {  // the second reuses buffers and files
       expect_same(ref, run(true), where);
-      const auto lines = ckpt::end_backward();
-      ASSERT_EQ(lines.size(), 4u) << where;  // a summary and one line per checkpoint
+      const auto profile = ckpt::end_backward();
+      ASSERT_EQ(profile.lines.size(), 4u) << where;  // a summary and one line per checkpoint
+      EXPECT_EQ(profile.checkpoints, 3);
+      EXPECT_EQ(profile.input_bytes, 3 * 4 * 8 * 16 * 4);
+      EXPECT_GT(profile.recompute_ms, 0.0);
     }
     const auto stats = ckpt::store_stats();
     EXPECT_EQ(stats.live, 0) << where;
