@@ -2,6 +2,9 @@
 // and every parameter's gradient, in one process, without the engine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+
 #include <torch/torch.h>
 
 #include "examples/gpt.h"
@@ -38,14 +41,18 @@ Grads run(const std::string& model, const std::string& policy, uint64_t seed = 7
 void expect_same(const Grads& a, const Grads& b, const std::string& what) {
   EXPECT_NEAR(a.loss, b.loss, 1e-6) << what;
   ASSERT_EQ(a.grads.size(), b.grads.size());
+  double largest = 0;
   for (size_t i = 0; i < a.grads.size(); ++i) {
     const auto& [name, ga] = a.grads[i];
     const auto& gb = b.grads[i].second;
     ASSERT_EQ(ga.defined(), gb.defined()) << what << ": " << name;
     if (!ga.defined()) continue;
     const double diff = (ga - gb).abs().max().item<double>();
+    largest = std::max(largest, diff);
     EXPECT_LE(diff, 1e-6) << what << ": " << name << " differs by " << diff;
   }
+  std::printf("[ %s ] loss %.9g vs %.9g; largest gradient difference %g over %zu tensors\n",
+              what.c_str(), a.loss, b.loss, largest, a.grads.size());
 }
 
 TEST(CheckpointGPT, EveryBlockAndSelectiveGiveTheGradientsOfThePlainModelWithDropout) {
