@@ -239,12 +239,20 @@ TEST_F(CheckpointStores, HostContiguousAndNvmeGiveTheSameGradients) {
   torch::nn::ModuleList blocks;
   for (int i = 0; i < 3; ++i) blocks->push_back(Block());
   const auto x0 = torch::randn({4, 8, 16});
+  std::string where;
   auto run = [&](bool checkpointed) {
     auto x = x0.clone().requires_grad_(true);
     torch::manual_seed(8);
     ckpt::CheckpointPolicy p;
     if (checkpointed) p.kind = ckpt::CheckpointPolicy::Kind::kEvery;
-    ckpt::checkpoint_blocks<Block>(blocks, x, p).pow(2).sum().backward();
+    auto loss = ckpt::checkpoint_blocks<Block>(blocks, x, p).pow(2).sum();
+    if (checkpointed) {  // between forward and backward: three checkpoints, kept where asked
+      const auto stats = ckpt::store_stats();
+      EXPECT_EQ(stats.live, 3) << where;
+      EXPECT_EQ(stats.host_bytes, where == "host" ? 3 * x0.numel() * 4 : 0) << where;
+      if (where == "nvme") EXPECT_FALSE(stats.nvme_folder.empty());
+    }
+    loss.backward();
     auto g = param_grads(*blocks);
     g.push_back(x.grad());
     return g;
@@ -253,7 +261,8 @@ TEST_F(CheckpointStores, HostContiguousAndNvmeGiveTheSameGradients) {
   int owner = 0;
   const auto swap = dir_ / "swap";
   std::filesystem::create_directories(swap);
-  for (const std::string where : {"host", "contiguous", "contiguous-host", "nvme"}) {
+  for (const std::string w : {"host", "contiguous", "contiguous-host", "nvme"}) {
+    where = w;
     ckpt::Settings s;
     s.cpu_checkpointing = where == "host" || where == "contiguous-host";
     s.contiguous = where.rfind("contiguous", 0) == 0;
