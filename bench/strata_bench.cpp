@@ -56,12 +56,13 @@ struct Args {
   std::string config, model = "dense-350M", device;
   int64_t steps = 20, warmup = 3;
   int64_t profile = 0;  // > 0: after timing, that many steps under the op profile
+  std::string checkpointing;  // --activation-checkpointing: GPTConfig::checkpointing
 };
 
 Args parse(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) != "gpt")
     throw strata::Error("usage: strata-bench gpt --config FILE [--model NAME] [--steps N] "
-                        "[--warmup N] [--device cuda|cpu]\n       strata-bench adam [--numel N] "
+                        "[--warmup N] [--device cuda|cpu] [--activation-checkpointing every|every:K|selective]\n       strata-bench adam [--numel N] "
                         "[--steps N] [--device cuda|cpu]");
   Args a;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -72,6 +73,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--warmup") a.warmup = std::stoll(value);
     else if (flag == "--device") a.device = value;
     else if (flag == "--profile") a.profile = std::stoll(value);
+    else if (flag == "--activation-checkpointing") a.checkpointing = value;
     else throw strata::Error("strata-bench: unknown option " + flag);
   }
   if (a.config.empty()) throw strata::Error("strata-bench: --config FILE is required");
@@ -223,7 +225,8 @@ void compare_with_stage0(const Args& args, strata::Engine& stage3, Stage3Step& s
 
 int run(const Args& args) {
   using namespace strata::examples;
-  const auto cfg = GPTConfig::by_name(args.model);
+  auto cfg = GPTConfig::by_name(args.model);
+  cfg.checkpointing = args.checkpointing;
   const torch::Device device = strata::bench::bench_device(args.device);
   const double peak = matmul_peak(device);
 
@@ -274,7 +277,11 @@ int run(const Args& args) {
                                 : pc.bf16.enabled         ? "bf16"
                                 : pc.fp16.enabled         ? "fp16"
                                                           : "fp32";
-  nlohmann::json r = {{"name", "strata " + args.model + " " + precision + " stage " +
+  const std::string ac = args.checkpointing.empty() || args.checkpointing == "none"
+                             ? std::string()
+                             : " ckpt " + args.checkpointing +
+                                   (pc.activation_checkpointing.cpu_checkpointing ? " cpu" : "");
+  nlohmann::json r = {{"name", "strata " + args.model + ac + " " + precision + " stage " +
                                    std::to_string(pc.zero_optimization.stage) + " x" +
                                    std::to_string(engine->data_parallel_size()) + " (per GPU)"},
                       {"B", batch}, {"T", seq}, {"step_ms", dt * 1e3},

@@ -8,26 +8,40 @@
 
 #include <fmt/format.h>
 
+// The one Strata call of the model: activation checkpointing (deepspeed.checkpointing's).
+#include "runtime/checkpointing/checkpoint.h"
+
 namespace strata::examples {
 namespace F = torch::nn::functional;
+namespace ckpt = strata::checkpointing;
 
 // Causal self-attention over [batch, heads, seq, head_dim]: LibTorch 2.x's fused kernel, or the
-// textbook formula on 1.13.
+// textbook formula on 1.13; `dropout` on the attention probabilities (0 outside training).
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v) {
+                               const torch::Tensor& v, double dropout) {
 #if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/dropout,
                                           /*is_causal=*/true);
 #else
   const auto t = q.size(-2);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
   auto mask = torch::ones({t, t}, q.options().dtype(torch::kBool)).triu(1);
   scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
-  return torch::matmul(torch::softmax(scores, -1), v);
+  auto probs = torch::softmax(scores, -1);
+  if (dropout > 0) probs = F::dropout(probs, F::DropoutFuncOptions().p(dropout).training(true));
+  return torch::matmul(probs, v);
 #endif
 }
 
 GPTConfig GPTConfig::by_name(const std::string& name) {
+  const std::string drop = "-dropout";
+  if (name.size() > drop.size() &&
+      name.compare(name.size() - drop.size(), drop.size(), drop) == 0) {
+    GPTConfig c = by_name(name.substr(0, name.size() - drop.size()));
+    c.name = name;
+    c.dropout = 0.1;
+    return c;
+  }
   const std::string suffix = "-tied";
   if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
     const std::string base = name.substr(0, name.size() - suffix.size());
@@ -68,52 +82,83 @@ GPTConfig GPTConfig::by_name(const std::string& name) {
   } else {
     throw std::invalid_argument(fmt::format(
         "unknown model '{}': known models are tiny, small, tiny-tied, small-tied, tiny-zoo, tiny-moe, "
-        "dense-350M, dense-1.3B, moe-8x, moe-ds",
+        "dense-350M, dense-1.3B, moe-8x, moe-ds; '-dropout' after a name adds dropout 0.1",
         name));
   }
   return c;
 }
 
-AttentionImpl::AttentionImpl(int64_t d_model, int64_t heads) : heads_(heads) {
+AttentionImpl::AttentionImpl(int64_t d_model, int64_t heads, double dropout)
+    : heads_(heads), dropout_(dropout) {
   if (d_model % heads != 0)
     throw std::invalid_argument(fmt::format("d_model {} is not a multiple of heads {}", d_model, heads));
-  qkv_ = register_module("qkv", torch::nn::Linear(
-                                    torch::nn::LinearOptions(d_model, 3 * d_model).bias(false)));
-  out_ = register_module("out",
-                         torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)));
+  qkv = register_module("qkv", torch::nn::Linear(
+                                   torch::nn::LinearOptions(d_model, 3 * d_model).bias(false)));
+  out = register_module("out",
+                        torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)));
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
-  const auto b = x.size(0), t = x.size(1), c = x.size(2);
+torch::Tensor AttentionImpl::core(const torch::Tensor& projected) {
+  const auto b = projected.size(0), t = projected.size(1), c = projected.size(2) / 3;
   // [b, t, 3, h, d] -> [3, b, h, t, d]
   // unbind, as the peer's `q, k, v = ...`: one gradient for the three (indexing each would
   // give three full-size zero-filled gradients).
-  const auto qkv = qkv_(x).view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
-  auto y = causal_attention(qkv[0], qkv[1], qkv[2]);
-  return out_(y.transpose(1, 2).reshape({b, t, c}));
+  const auto qkv = projected.view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
+  auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0);
+  return y.transpose(1, 2).reshape({b, t, c});
 }
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x) { return out(core(qkv(x))); }
 
 MLPImpl::MLPImpl(int64_t d_model, int64_t ffn) {
-  fc_ = register_module("fc",
-                        torch::nn::Linear(torch::nn::LinearOptions(d_model, ffn).bias(false)));
-  proj_ = register_module("proj",
-                          torch::nn::Linear(torch::nn::LinearOptions(ffn, d_model).bias(false)));
+  fc = register_module("fc",
+                       torch::nn::Linear(torch::nn::LinearOptions(d_model, ffn).bias(false)));
+  proj = register_module("proj",
+                         torch::nn::Linear(torch::nn::LinearOptions(ffn, d_model).bias(false)));
 }
 
-torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return proj_(F::gelu(fc_(x))); }
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return proj(F::gelu(fc(x))); }
 
 BlockImpl::BlockImpl(const GPTConfig& config, torch::nn::AnyModule ffn, const std::string& ffn_name)
-    : ffn_(std::move(ffn)) {
+    : ffn_(std::move(ffn)),
+      dropout_(config.dropout),
+      selective_(ckpt::CheckpointPolicy::parse(config.checkpointing).selective()) {
   const auto d = config.d_model;
   norm1_ = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-  attn_ = register_module("attn", Attention(d, config.heads));
+  attn_ = register_module("attn", Attention(d, config.heads, config.dropout));
   norm2_ = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
   register_module(ffn_name, ffn_.ptr());
 }
 
+torch::Tensor BlockImpl::dropout(const torch::Tensor& x) {
+  if (dropout_ <= 0 || !is_training()) return x;
+  return F::dropout(x, F::DropoutFuncOptions().p(dropout_).training(true));
+}
+
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
-  x = x + attn_(norm1_(x));
-  return x + ffn_.forward<torch::Tensor>(norm2_(x));
+  if (selective_ && torch::GradMode::is_enabled()) return forward_selective(x);
+  x = x + dropout(attn_(norm1_(x)));
+  return x + dropout(ffn_.forward<torch::Tensor>(norm2_(x)));
+}
+
+// Selective activation checkpointing: the same computation, with the outputs of the linear
+// layers kept and what lies between them (norms, the attention core and its dropout, GELU)
+// recomputed in backward. An MoE feed-forward runs as it is.
+torch::Tensor BlockImpl::forward_selective(torch::Tensor x) {
+  auto& attn = *attn_;
+  const auto qkv = ckpt::checkpoint_into_linear([this](const torch::Tensor& h) { return norm1_(h); },
+                                                norm1_->parameters(), x, attn.qkv);
+  const auto a = ckpt::checkpoint_into_linear([&attn](const torch::Tensor& p) { return attn.core(p); },
+                                              {}, qkv, attn.out);
+  x = x + dropout(a);
+  if (auto mlp = std::dynamic_pointer_cast<MLPImpl>(ffn_.ptr())) {
+    const auto f = ckpt::checkpoint_into_linear([this](const torch::Tensor& h) { return norm2_(h); },
+                                                norm2_->parameters(), x, mlp->fc);
+    const auto p = ckpt::checkpoint_into_linear([](const torch::Tensor& h) { return F::gelu(h); },
+                                                {}, f, mlp->proj);
+    return x + dropout(p);
+  }
+  return x + dropout(ffn_.forward<torch::Tensor>(norm2_(x)));
 }
 
 GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
@@ -130,6 +175,8 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
                              ffn.name));
   norm_ = register_module("norm",
                           torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
+  const auto policy = ckpt::CheckpointPolicy::parse(config.checkpointing);
+  if (policy.kind == ckpt::CheckpointPolicy::Kind::kEvery) checkpoint_every_ = policy.every;
   if (config.tied) {
     // GPT-2's initialisation: with N(0, 1) embeddings the tied head's logits would start huge.
     torch::NoGradGuard no_grad;
@@ -150,7 +197,14 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
 torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) {
   auto x = embed_(tokens);
   if (config_.zoo) x = x * frozen_scale_;
-  for (auto& block : *blocks_) x = block->as<Block>()->forward(x);
+  if (checkpoint_every_ > 0) {
+    ckpt::CheckpointPolicy policy;
+    policy.kind = ckpt::CheckpointPolicy::Kind::kEvery;
+    policy.every = checkpoint_every_;
+    x = ckpt::checkpoint_blocks<Block>(blocks_, x, policy);
+  } else {
+    for (auto& block : *blocks_) x = block->as<Block>()->forward(x);
+  }
   if (config_.zoo) x = blocks_[0]->as<Block>()->forward(x);  // block 0 used twice
   return config_.tied ? F::linear(norm_(x), embed_->weight) : head_(norm_(x));
 }

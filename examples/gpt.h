@@ -1,7 +1,8 @@
-// A GPT written as plain LibTorch modules: nothing in it knows about Strata. The architecture is
-// the benchmark peer's (../shared/bench/peer_torch_gpt.py): token embedding, pre-LayerNorm
-// blocks of causal attention and a GELU MLP, linear layers without bias, untied output head
-// (tied in the -tied variants).
+// A GPT written as plain LibTorch modules: nothing in it knows about Strata but the activation
+// checkpointing call in gpt.cpp (Strata's checkpoint, as a DeepSpeed model calls
+// deepspeed.checkpointing.checkpoint). The architecture is the benchmark peer's
+// (../shared/bench/peer_torch_gpt.py): token embedding, pre-LayerNorm blocks of causal attention
+// and a GELU MLP, linear layers without bias, untied output head (tied in the -tied variants).
 #pragma once
 
 #include <functional>
@@ -40,6 +41,14 @@ struct GPTConfig {
   // used ("unused.weight": no gradient), block 0 applied twice (its gradients from two uses), and
   // a parameter of an odd size, 131073 = 2^17 + 1 elements ("odd", a small L2 term of the loss).
   bool zoo = false;
+  // GPT-2's attn_pdrop and resid_pdrop: dropout on the attention probabilities and on each
+  // block's two residual branches, while training. 0 in every named size; "-dropout" after a
+  // name (tiny-dropout, tiny-moe-dropout, ...) makes it 0.1.
+  double dropout = 0.0;
+  // Activation checkpointing of the blocks (runtime/checkpointing/checkpoint.h's policies): ""
+  // or "none", "every", "every:K" (every K-th block), "selective" (inside each block, the linear
+  // layers' outputs kept, the norms, GELU, attention core and its dropout recomputed).
+  std::string checkpointing;
   // Sizes by name: tiny, small, tiny-moe, dense-350M, dense-1.3B, moe-8x, moe-ds
   // (../shared/bench/README.md);
   // "-tied" after tiny or small ties the head to the embedding; tiny-zoo (above).
@@ -49,12 +58,16 @@ struct GPTConfig {
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(int64_t d_model, int64_t heads);
+  AttentionImpl(int64_t d_model, int64_t heads, double dropout = 0.0);
   torch::Tensor forward(const torch::Tensor& x);
+  // The part between the two linear layers: qkv_(x) [b, t, 3d] -> [b, t, d] (softmax, dropout).
+  torch::Tensor core(const torch::Tensor& qkv);
+
+  torch::nn::Linear qkv{nullptr}, out{nullptr};
 
  private:
   int64_t heads_;
-  torch::nn::Linear qkv_{nullptr}, out_{nullptr};
+  double dropout_;
 };
 TORCH_MODULE(Attention);
 
@@ -63,8 +76,7 @@ class MLPImpl : public torch::nn::Module {
   MLPImpl(int64_t d_model, int64_t ffn);
   torch::Tensor forward(const torch::Tensor& x);
 
- private:
-  torch::nn::Linear fc_{nullptr}, proj_{nullptr};
+  torch::nn::Linear fc{nullptr}, proj{nullptr};
 };
 TORCH_MODULE(MLP);
 
@@ -84,9 +96,14 @@ class BlockImpl : public torch::nn::Module {
   torch::Tensor forward(torch::Tensor x);
 
  private:
+  torch::Tensor dropout(const torch::Tensor& x);
+  torch::Tensor forward_selective(torch::Tensor x);
+
   torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
   Attention attn_{nullptr};
   torch::nn::AnyModule ffn_;
+  double dropout_ = 0.0;
+  bool selective_ = false;
 };
 TORCH_MODULE(Block);
 
@@ -104,6 +121,7 @@ class GPTImpl : public torch::nn::Module {
   GPTConfig config_;
   torch::nn::Embedding embed_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};
+  int64_t checkpoint_every_ = 0;  // > 0: blocks checkpointed by that policy (gpt.cpp)
   torch::nn::LayerNorm norm_{nullptr};
   torch::nn::Linear head_{nullptr};  // untied
   // zoo only (else undefined / null)

@@ -46,6 +46,7 @@ struct TrainArgs {
   // Stop once this many optimizer steps have been applied in all (steps skipped for an fp16
   // gradient overflow do not count); --steps still bounds the run.
   std::optional<int64_t> applied_steps;
+  std::string activation_checkpointing;  // none|every|every:K|selective (GPTConfig::checkpointing)
 
   // The Trainer's hyper-parameters (HF TrainingArguments' defaults).
   double lr = 5e-5;

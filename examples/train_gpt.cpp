@@ -5,6 +5,7 @@
 //                       [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]
 //                       [--save-dir DIR] [--save-every N] [--resume DIR] [--print-config]
 //                       [--applied-steps N]
+//                       [--activation-checkpointing none|every|every:K|selective]
 //                       [--lr ... --precision fp32|bf16|fp16: examples/train_args.h]
 //
 // A Hugging Face or Megatron-DeepSpeed config runs as its program would run it: "auto" filled
@@ -70,6 +71,7 @@ int run(const strata::examples::TrainArgs& args) {
   // "auto" and absent batch keys come from the flags and the model, as the HF Trainer fills them.
   auto model_config = GPTConfig::by_name(args.model);
   if (args.seq_len) model_config.seq_len = *args.seq_len;  // shorter sequences, same weights
+  model_config.checkpointing = args.activation_checkpointing;  // the blocks' checkpoint policy
   strata::InitOptions init;
   init.autos = auto_values(args, model_config);
   auto config = strata::load_engine_config(args.config, init);

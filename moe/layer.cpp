@@ -13,6 +13,7 @@
 #include "moe/dispatch.h"
 #include "moe/keys.h"
 #include "runtime/error.h"
+#include "runtime/util/recompute.h"
 
 namespace strata::moe {
 namespace {
@@ -347,7 +348,9 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
                             "({}); give one 0/1 entry per token", o.layer_id,
                             c10::str(used_token.sizes()), S, c10::str(input.sizes())));
   }
-  const uint64_t c = next_noise_index();
+  // Activation checkpointing: the call counter advances once per real forward; a recomputation
+  // replays the real forward's c, so its gate draws the same noise and routes the same tokens.
+  const uint64_t c = recompute::remember([this] { return next_noise_index(); });
 
   // 1. Gate, in float32 (DeepSpeed's TopKGate casts input and weight), autocast off: autocast
   // would recast the product to 16 bits (Megatron runs its router in fp32 too).
@@ -390,7 +393,9 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
     g = gate_routes(logits, go);
   }
   const int64_t C = g.capacity;
-  if (expert_bias_.defined() && is_training()) {  // the step's loads, for the bias (no sync)
+  // The step's loads, for the bias (no sync); once per real forward, not again when activation
+  // checkpointing recomputes it.
+  if (expert_bias_.defined() && is_training() && !recompute::recomputing()) {
     torch::NoGradGuard no_grad;
     load_ = load_.defined() ? load_ + g.exp_counts : g.exp_counts.clone();
   }
@@ -429,6 +434,12 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
 }
 
 void MoEImpl::record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape) {
+  // In a checkpointed region, the losses the model reads through loss() are the region's side
+  // outputs (their gradient flows through the recomputation); a recomputation leaves the real
+  // forward's statistics (expert loads, drops) as they were.
+  recompute::side_output(g.l_aux, [this](const torch::Tensor& t) { last_.l_aux = t; });
+  recompute::side_output(g.z_loss, [this](const torch::Tensor& t) { last_.z_loss = t; });
+  if (recompute::recomputing()) return;
   last_.l_aux = g.l_aux;
   last_.z_loss = g.z_loss;
   last_.exp_counts = g.exp_counts;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <mutex>
 
+#include "runtime/checkpointing/settings.h"
 #include "runtime/cpu_threads.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -319,10 +320,13 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
   follow_lr_schedule();
   monitored_ = config_.tensorboard.enabled || config_.csv_monitor.enabled;
   monitor_ = monitor::make_monitors(config_, data_parallel_rank());
+  // activation_checkpointing: what strata::checkpoint() in the model does (process-wide, as
+  // deepspeed.checkpointing.configure).
+  checkpointing::configure(this, config_, data_parallel_rank());
   for (const auto& w : config_.warnings) log::info("[strata] warning: {}", w);
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() { checkpointing::release(this); }
 
 // torch_autocast, as DeepSpeed: the gradients of lower_precision_safe_modules' parameters travel
 // in the autocast dtype, the others in fp32. Strata's reducer sends one dtype, so the autocast
@@ -481,6 +485,14 @@ void Engine::backward(const torch::Tensor& loss) {
   else
     loss.backward();
   scopes.clear();
+  // activation_checkpointing.profile: each checkpointed function's times, logged and monitored.
+  const auto profile = checkpointing::end_backward();
+  if (profile.checkpoints > 0)
+    write_monitor_events(
+        {{"Train/ActivationCheckpointing/forward_ms", profile.forward_ms, global_samples()},
+         {"Train/ActivationCheckpointing/recompute_ms", profile.recompute_ms, global_samples()},
+         {"Train/ActivationCheckpointing/input_MiB", profile.input_bytes / 1048576.0,
+          global_samples()}});
   for (auto* c : coordinators()) {
     c->release_all();  // the units backward used last (the first layers)
     c->end_micro_step();

@@ -19,6 +19,7 @@
 
 #include "moe/layer.h"
 #include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpointing/checkpoint.h"
 #include "runtime/config/config.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"

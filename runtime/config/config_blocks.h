@@ -69,6 +69,8 @@ struct ActivationCheckpointingConfig {
   std::optional<int64_t> number_checkpoints;
   bool synchronize_checkpoint_boundary = false;
   bool profile = false;
+  // Strata's own: checkpointed inputs in swap files under this folder (io_uring store); "": off.
+  std::string nvme_path;
 };
 
 struct CheckpointParallelWriteConfig {

@@ -33,26 +33,29 @@ Block make_aio() {
 }
 
 Block make_activation_checkpointing() {
-  const char* why = "it configures deepspeed.checkpointing, which the model itself calls";
+  // What strata::checkpoint() (runtime/checkpointing/checkpoint.h), which the model calls, does
+  // with the checkpointed inputs; runtime/checkpointing/settings.h says how each key acts here,
+  // docs/activation_checkpointing.md where Strata differs from DeepSpeed.
   BlockBuilder<ActivationCheckpointingConfig> b("activation_checkpointing");
   b.add(&ActivationCheckpointingConfig::partition_activations, "partition_activations")
-      .ignored(why)
+      .ignored("Strata has no model parallelism: there is nothing to partition over, as in "
+               "DeepSpeed without model parallelism")
       .describe("Partition checkpointed activations across model-parallel ranks");
   b.add(&ActivationCheckpointingConfig::contiguous_memory_optimization, "contiguous_memory_optimization")
-      .ignored(why)
-      .describe("Copy partitioned activations into one contiguous buffer");
+      .describe("Copy checkpointed activations into one contiguous buffer preallocated for "
+                "number_checkpoints checkpoints");
   b.add(&ActivationCheckpointingConfig::cpu_checkpointing, "cpu_checkpointing")
-      .ignored(why)
-      .describe("Offload checkpointed activations to CPU memory");
+      .describe("Offload checkpointed activations to CPU memory until their recomputation");
   b.add(&ActivationCheckpointingConfig::number_checkpoints, "number_checkpoints")
-      .min(1).ignored(why)
+      .min(1)
       .describe("Number of activation checkpoints, to size the contiguous buffer");
   b.add(&ActivationCheckpointingConfig::synchronize_checkpoint_boundary, "synchronize_checkpoint_boundary")
-      .ignored(why)
       .describe("Synchronize the device at each checkpoint boundary");
   b.add(&ActivationCheckpointingConfig::profile, "profile")
-      .ignored(why)
-      .describe("Log the forward and backward time of each checkpointed function");
+      .describe("Log the forward and recomputation time of each checkpointed function");
+  b.add(&ActivationCheckpointingConfig::nvme_path, "nvme_path")
+      .describe("Strata's own: keep checkpointed activations in NVMe swap files under this "
+                "folder (docs/activation_checkpointing.md)");
   return b.build();
 }
 

@@ -137,7 +137,8 @@ Block make_root() {
   b.block(&Config::timers, "timers", timers_block())
       .describe("Engine timers");
   b.block(&Config::activation_checkpointing, "activation_checkpointing", activation_checkpointing_block())
-      .describe("Settings of deepspeed.checkpointing, the activation checkpointing the model calls");
+      .describe("Settings of deepspeed.checkpointing, the activation checkpointing the model calls "
+                "(docs/activation_checkpointing.md)");
   b.block(&Config::checkpoint, "checkpoint", checkpoint_block())
       .describe("Checkpoint saving and loading options");
   b.block(&Config::data_types, "data_types", data_types_block())
