@@ -1,4 +1,5 @@
 #include "comm/env.h"
+#include "comm/store.h"
 
 #include <cerrno>
 #include <cmath>

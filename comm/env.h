@@ -41,20 +41,6 @@ std::chrono::milliseconds resolve_timeout(std::optional<double> seconds,
 
 // Which collectives the members compare before running them (comm/check.h): `mode` when given,
 // else STRATA_COMM_CHECK (cpu, all or 1, off or 0), else Cpu. A bad value throws strata::Error.
-// Who may use the rendezvous store (comm/store.h), from the environment:
-// - STRATA_JOB_SECRET: the job's secret, which every rank proves without sending it. strata-run
-//   makes one per job; under SLURM or mpirun, export the same random value to every rank (at
-//   least 16 characters). Unset: the store admits anyone who reaches it (a warning on rank 0
-//   when the job spans hosts). The value is never printed.
-// - STRATA_STORE_LISTEN_ALL=1: the store listens on every interface, not on MASTER_ADDR's only.
-// - STRATA_STORE_AUTH_TIMEOUT: seconds a connection has to authenticate (default 5).
-struct StoreAccess {
-  std::string secret;
-  bool listen_all = false;
-  std::chrono::milliseconds auth_timeout{5000};
-};
-StoreAccess read_store_access(const EnvLookup& env = process_env());
-
 enum class CommCheck { Off, Cpu, All };
 const char* to_string(CommCheck mode);
 CommCheck resolve_comm_check(std::optional<CommCheck> mode, const EnvLookup& env = process_env());

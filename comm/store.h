@@ -11,6 +11,26 @@
 #include <string>
 #include <vector>
 
+#include "comm/env.h"
+
+namespace strata::comm {
+
+// Who may use the rendezvous store (comm/store.h), from the environment:
+// - STRATA_JOB_SECRET: the job's secret, which every rank proves without sending it. strata-run
+//   makes one per job; under SLURM or mpirun, export the same random value to every rank (at
+//   least 16 characters). Unset: the store admits anyone who reaches it (a warning on rank 0
+//   when the job spans hosts). The value is never printed.
+// - STRATA_STORE_LISTEN_ALL=1: the store listens on every interface, not on MASTER_ADDR's only.
+// - STRATA_STORE_AUTH_TIMEOUT: seconds a connection has to authenticate (default 5).
+struct StoreAccess {
+  std::string secret;
+  bool listen_all = false;
+  std::chrono::milliseconds auth_timeout{5000};
+};
+StoreAccess read_store_access(const EnvLookup& env = process_env());  // in env.cpp
+
+}  // namespace strata::comm
+
 namespace strata::comm::detail {
 
 class StoreServer;
