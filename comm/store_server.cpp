@@ -193,11 +193,9 @@ struct StoreServer::Impl {
   // What arrived on `c`; "" while all is well, else why it is dropped.
   std::string take_input(Conn& c) {
     if (!c.authed) {
-      if (c.in.size() < wire::kClientAnswer) {
-        if (std::memcmp(c.in.data(), wire::kMagic, std::min(c.in.size(), sizeof wire::kMagic)))
-          return "it does not speak the store's protocol";
-        return "";
-      }
+      if (std::memcmp(c.in.data(), wire::kMagic, std::min(c.in.size(), sizeof wire::kMagic)))
+        return "it does not speak the store's protocol";
+      if (c.in.size() < wire::kClientAnswer) return "";
       if (c.in.size() > wire::kClientAnswer) return "it sent more than the handshake allows";
       const std::string nc = c.in.substr(sizeof wire::kMagic, wire::kNonce);
       const std::string proof = wire::client_proof(options.secret, c.ns, nc);

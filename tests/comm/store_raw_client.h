@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <string>
 
@@ -62,8 +63,8 @@ struct RawClient {
       if (::poll(&p, 1, 50) <= 0) continue;
       char buf[4096];
       const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
       if (n > 0) return false;  // the server answered something
+      if (n == 0 || (errno != EINTR && errno != EAGAIN)) return true;  // EOF or a reset
     }
     return false;
   }

@@ -141,6 +141,7 @@ TEST_F(SecretStore, HostilePeersAreDroppedAndNamedWhileRanksGoOn) {
     {
       RawClient c;
       ASSERT_TRUE(c.connect("127.0.0.1", port()));
+      EXPECT_EQ(c.receive(wire::kServerHello, 2).size(), wire::kServerHello);
       c.send(std::string(1 << 20, 'A'));
       EXPECT_TRUE(c.closed_within(2));
     }

@@ -2,7 +2,8 @@
 // (issue 35): a client without the secret, one with a wrong secret, a silent one and one that
 // sends an oversized message (raw TCP speaking the store's protocol) are each dropped, named on
 // rank 0's stderr, and read or write no key; the job trains to the end with the losses of an
-// undisturbed run; the store is not reachable on 127.0.0.2 while the master is 127.0.0.1.
+// undisturbed run (the peers come once it has logged a step and are all dropped before its
+// last); the store is not reachable on 127.0.0.2 while the master is 127.0.0.1.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -31,7 +32,7 @@ std::vector<std::string> losses(const std::string& path) {
 std::vector<std::string> train_gpt_job(const std::string& metrics, int port) {
   return {"--nproc-per-node", "2", "--master-port", std::to_string(port), "--", kTrainGpt,
           "--device", "cpu", "--model", "tiny", "--config",
-          std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json", "--steps", "10", "--seed",
+          std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json", "--steps", "40", "--seed",
           "3", "--metrics-jsonl", metrics};
 }
 
@@ -42,10 +43,12 @@ struct Attacks {
   double silent_seconds = 0;
 };
 
-// Waits for the store on 127.0.0.1:port, then plays each hostile peer once.
-Attacks attack(int port) {
+// Waits until the job has logged a step in `metrics`, then plays each hostile peer once.
+Attacks attack(int port, const std::string& metrics) {
   Attacks a;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (losses(metrics).empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   while (!a.reached && std::chrono::steady_clock::now() < deadline) {
     RawClient probe;
     a.reached = probe.connect("127.0.0.1", port);
@@ -87,20 +90,26 @@ TEST(StoreUnderAttack, TwoRankTrainGptEndsWithTheLossesOfAnUndisturbedRun) {
   char dir_template[] = "/tmp/strata-store-attack-XXXXXX";
   const std::string dir = ::mkdtemp(dir_template);
   const EnvChanges env = {{"OMP_NUM_THREADS", "1"}, {"STRATA_JOB_SECRET", kSecret},
-                          {"STRATA_STORE_AUTH_TIMEOUT", "1"}};
+                          {"STRATA_STORE_AUTH_TIMEOUT", "0.5"}};
   Finished quiet = run_launcher(train_gpt_job(dir + "/quiet.jsonl", free_port()), env, 300);
   ASSERT_EQ(quiet.code, 0) << quiet.out << quiet.err;
   const std::vector<std::string> reference = losses(dir + "/quiet.jsonl");
-  ASSERT_EQ(reference.size(), 10u);
+  ASSERT_EQ(reference.size(), 40u);
 
   const int port = free_port();
   LauncherProcess launcher(train_gpt_job(dir + "/attacked.jsonl", port), env);
   Attacks a;
-  std::thread attacker([&] { a = attack(port); });
+  size_t steps_by_then = 0;  // the job's steps done when the last hostile peer was dropped
+  std::thread attacker([&] {
+    a = attack(port, dir + "/attacked.jsonl");
+    steps_by_then = losses(dir + "/attacked.jsonl").size();
+  });
   Finished r = launcher.wait(300);
   attacker.join();
-  std::printf("hostile peers: silent client dropped after %.2f s; job took %.1f s\n",
-              a.silent_seconds, r.seconds);
+  std::printf("hostile peers: came after step 1, silent client dropped after %.2f s, all "
+              "dropped by step %zu of 40; the job took %.1f s\n",
+              a.silent_seconds, steps_by_then, r.seconds);
+  EXPECT_LT(steps_by_then, 40u) << "the job had ended: the peers did not meet a running job";
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(losses(dir + "/attacked.jsonl"), reference);
   ASSERT_TRUE(a.reached);
@@ -113,7 +122,7 @@ TEST(StoreUnderAttack, TwoRankTrainGptEndsWithTheLossesOfAnUndisturbedRun) {
   EXPECT_NE(said.find("[rank 0] strata: rendezvous store: refused 127.0.0.1:"), std::string::npos)
       << said;
   EXPECT_NE(said.find("it does not know the job's secret"), std::string::npos) << said;
-  EXPECT_NE(said.find("it did not authenticate within 1 s"), std::string::npos) << said;
+  EXPECT_NE(said.find("it did not authenticate within 0.5 s"), std::string::npos) << said;
   EXPECT_NE(said.find("a message of 1073741824 bytes"), std::string::npos) << said;
   EXPECT_EQ((r.out + r.err).find(kSecret), std::string::npos);
   std::system(("rm -rf " + dir).c_str());
