@@ -11,6 +11,7 @@
 
 #include "comm/env.h"
 #include "comm/hmac.h"
+#include "comm/process_group.h"
 #include "comm/store.h"
 #include "runtime/error.h"
 #include "store_raw_client.h"
@@ -255,6 +256,38 @@ TEST(StoreAccess, ReadsTheSecretAndRefusesAShortOneWithoutShowingIt) {
     EXPECT_EQ(std::string(e.what()).find("short-one"), std::string::npos) << e.what();
   }
   EXPECT_THROW(comm::read_store_access(env({{"STRATA_STORE_LISTEN_ALL", "yes"}})), Error);
+}
+
+}  // namespace
+}  // namespace strata::test
+
+namespace strata::test {
+namespace {
+
+// Rank 0 of a job whose ranks span hosts (LOCAL_WORLD_SIZE < WORLD_SIZE) refuses a master that is
+// a name for this host's loopback, naming it, before it listens where no other host can reach.
+TEST(StoreListen, AMasterNameForTheLoopbackIsRefusedWhenRanksSpanHosts) {
+  comm::InitOptions options;
+  comm::RankEnv env;
+  env.rank = 0;
+  env.world_size = 2;
+  env.local_world_size = 1;
+  env.master_addr = "localhost";
+  env.master_port = 0;
+  env.convention = "torchrun";
+  options.env = env;
+  options.timeout_s = 5;
+  try {
+    comm::init_process_group(options);
+    ADD_FAILURE() << "rank 0 listened on a loopback name with ranks on other hosts";
+  } catch (const Error& e) {
+    const std::string said = e.what();
+    EXPECT_NE(said.find("MASTER_ADDR 'localhost' resolves to "), std::string::npos) << said;
+    EXPECT_NE(said.find("a loopback address (as Debian's /etc/hosts maps the host's own name to "
+                        "127.0.1.1), but the job has ranks on other hosts"),
+              std::string::npos)
+        << said;
+  }
 }
 
 }  // namespace
