@@ -30,7 +30,8 @@ enum class Io { Ok, Closed, Timeout, Failed };
 // Waits for `events` on `fd` until `deadline`.
 Io wait_fd(int fd, short events, Clock::time_point deadline) {
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() < 0) return Io::Timeout;
     pollfd p{fd, events, 0};
     const int n = ::poll(&p, 1, int(std::min<int64_t>(left.count() + 1, 60000)));

@@ -124,7 +124,10 @@ std::optional<LauncherOptions> parse_command_line(const std::vector<std::string>
     }
     if (name == "--dry-run" || name == "--watch-stdin" || name == "--env-stdin") {
       if (eq != std::string::npos) throw UsageError(fmt::format("{} takes no value", name));
-      (name == "--dry-run" ? o.dry_run : name == "--env-stdin" ? o.env_stdin : o.watch_stdin) = true;
+      bool& flag = name == "--dry-run"     ? o.dry_run
+                   : name == "--env-stdin" ? o.env_stdin
+                                           : o.watch_stdin;
+      flag = true;
       continue;
     }
     auto it = valued().find(name);

@@ -318,7 +318,8 @@ TEST_F(SshHosts, BinariesThroughASymlinkedBuildFolderGiveTheLocalLosses) {
   LauncherProcess dry(over_ssh(hosts, {"true"}, {"--dry-run"}), {}, setup);
   Finished r = dry.wait(20);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("exec " + dir_ + "/build/strata-run --chdir " + dir_ + "/work "),
+  EXPECT_NE(r.out.find("exec " + dir_ + "/build/strata-run --env-stdin --chdir " + dir_ +
+                       "/work "),
             std::string::npos)
       << r.out;
   expect_same_losses_as_local(hosts, setup, dir_ + "/build/train_gpt");
