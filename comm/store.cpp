@@ -112,8 +112,11 @@ int connect_to(const std::string& host, int port, Clock::time_point deadline, st
 std::string authenticate(int fd, const std::string& secret, Clock::time_point deadline,
                          std::string& session) {
   char hello[wire::kServerHello];
-  if (read_exact(fd, hello, sizeof hello, deadline) != Io::Ok ||
-      std::memcmp(hello, wire::kMagic, sizeof wire::kMagic) != 0)
+  const Io greeted = read_exact(fd, hello, sizeof hello, deadline);
+  if (greeted == Io::Closed)
+    return "the store closed the connection before greeting it (too many connections "
+           "authenticating at once: see rank 0's log for the peers it refused)";
+  if (greeted != Io::Ok || std::memcmp(hello, wire::kMagic, sizeof wire::kMagic) != 0)
     return "what answers there is not a Strata rendezvous store (another program on the port?)";
   const std::string ns(hello + sizeof wire::kMagic, wire::kNonce);
   const std::string nc = random_bytes(wire::kNonce);
