@@ -1,4 +1,5 @@
 #include "comm/env.h"
+#include "comm/store.h"
 
 #include <cerrno>
 #include <cmath>
@@ -232,6 +233,36 @@ std::chrono::milliseconds resolve_timeout(std::optional<double> seconds, const E
     return from(s, "STRATA_TIMEOUT=" + *v + ":");
   }
   return std::chrono::seconds(600);
+}
+
+StoreAccess read_store_access(const EnvLookup& env) {
+  StoreAccess access;
+  if (auto v = env("STRATA_JOB_SECRET"); v && !v->empty()) {
+    if (v->size() < 16)
+      throw Error(fmt::format("STRATA_JOB_SECRET has {} characters; use at least 16 random ones "
+                              "(e.g. export STRATA_JOB_SECRET=$(od -An -N32 -tx1 /dev/urandom | "
+                              "tr -d ' \\n')), the same on every rank",
+                              v->size()));
+    access.secret = *v;
+  }
+  if (auto v = env("STRATA_STORE_LISTEN_ALL"); v && !v->empty()) {
+    if (*v != "0" && *v != "1")
+      throw Error(fmt::format("STRATA_STORE_LISTEN_ALL={} must be 1 (listen on every interface) "
+                              "or 0 (on MASTER_ADDR's only)",
+                              *v));
+    access.listen_all = *v == "1";
+  }
+  if (auto v = env("STRATA_STORE_AUTH_TIMEOUT"); v && !v->empty()) {
+    char* end = nullptr;
+    errno = 0;
+    const double s = std::strtod(v->c_str(), &end);
+    if (errno != 0 || end == v->c_str() || *end != '\0' || !(s > 0) || s > 3600)
+      throw Error(fmt::format("STRATA_STORE_AUTH_TIMEOUT={} must be a number of seconds in "
+                              "(0, 3600]",
+                              *v));
+    access.auth_timeout = std::chrono::milliseconds(std::max<long long>(1, std::llround(s * 1000)));
+  }
+  return access;
 }
 
 const char* to_string(CommCheck mode) {

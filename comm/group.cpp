@@ -4,6 +4,7 @@
 #include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -451,8 +452,26 @@ GroupPtr init_process_group(const InitOptions& options) {
   const std::string where = fmt::format("rank {} of {}", env.rank, env.world_size);
   const auto start = Clock::now();
   try {
-    rt->store = Store::open(env.master_addr, env.master_port, env.rank == 0, rt->timeout);
-    auto beat_client = Store::open(env.master_addr, rt->store->port(), false, rt->timeout);
+    const StoreAccess access = read_store_access();
+    const bool many_hosts = env.local_world_size < env.world_size;
+    if (env.rank == 0 && many_hosts) {
+      // A name that is this host's loopback alias listens where no other host can reach it.
+      if (const std::string loop = loopback_name(env.master_addr); !loop.empty())
+        throw Error(fmt::format("MASTER_ADDR '{}' resolves to {} here, a loopback address (as "
+                                "Debian's /etc/hosts maps the host's own name to 127.0.1.1), but "
+                                "the job has ranks on other hosts, which cannot reach it; set "
+                                "MASTER_ADDR to this host's address on their network",
+                                env.master_addr, loop));
+      if (access.secret.empty())
+        std::fprintf(stderr, "strata: warning: STRATA_JOB_SECRET is not set, so anyone who "
+                             "reaches %s:%d can read and write the rendezvous keys; strata-run "
+                             "sets one per job, under SLURM or mpirun export the same random "
+                             "value to every rank\n",
+                     env.master_addr.c_str(), env.master_port);
+    }
+    const StoreAuth auth{access.secret, access.listen_all, access.auth_timeout};
+    rt->store = Store::open(env.master_addr, env.master_port, env.rank == 0, rt->timeout, auth);
+    auto beat_client = Store::open(env.master_addr, rt->store->port(), false, rt->timeout, auth);
     // Beat often enough that a dead rank is recognised well inside one timeout.
     const auto interval = std::clamp<std::chrono::milliseconds>(
         rt->timeout / 10, std::chrono::milliseconds(100), std::chrono::seconds(2));

@@ -124,8 +124,9 @@ struct InitOptions {
   std::optional<CommCheck> check;
 };
 
-// Meets the other ranks (rank 0 serves a c10d::TCPStore at MASTER_ADDR:MASTER_PORT) and returns
-// the world group. Throws strata::Error naming the ranks that did not arrive within the timeout.
+// Meets the other ranks (rank 0 serves the rendezvous store at MASTER_ADDR:MASTER_PORT, which
+// admits only ranks proving STRATA_JOB_SECRET: comm/store.h) and returns the world group.
+// Throws strata::Error naming the ranks that did not arrive within the timeout.
 GroupPtr init_process_group(const InitOptions& options = {});
 
 // True when this build has the NCCL backend (CUDA tensors).

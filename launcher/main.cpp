@@ -32,6 +32,7 @@ std::vector<ChildSpec> children_of(const LaunchPlan& plan) {
     child.path = plan.program_path;
     child.argv = plan.program;
     child.env = r.env;
+    if (!plan.secret.empty()) child.env.emplace_back("STRATA_JOB_SECRET", plan.secret);
     children.push_back(std::move(child));
   }
   if (!plan.remote.empty()) {
@@ -42,6 +43,9 @@ std::vector<ChildSpec> children_of(const LaunchPlan& plan) {
       child.path = ssh;
       child.argv = node.argv;
       child.remote = true;
+      EnvList env = node.env;
+      if (!plan.secret.empty()) env.emplace_back("STRATA_JOB_SECRET", plan.secret);
+      child.stdin_text = env_block(env);
       child.host = node.host;
       child.remote_launcher = plan.remote_launcher;
       child.connect_timeout = plan.ssh.connect_timeout;
@@ -79,6 +83,9 @@ int main(int argc, char** argv) {
     options->argv0 = argv[0];
     if (const std::string label = node_label(*options); !label.empty())
       who = "strata-run (" + label + ")";
+    if (options->env_stdin)  // the head writes them at once; allow for a slow ssh login
+      for (const auto& [name, value] : read_env_block(STDIN_FILENO, 120))
+        ::setenv(name.c_str(), value.c_str(), 1);
     if (options->chdir && ::chdir(options->chdir->c_str()) != 0)
       throw strata::Error(fmt::format(
           "cannot enter the working folder '{}' here: {} (it is the head's folder as typed "

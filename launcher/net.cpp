@@ -1,8 +1,10 @@
 #include "launcher/net.h"
 
 #include <fmt/format.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -93,6 +95,39 @@ bool names_this_machine(const std::string& host) {
     if (bound) return true;
   }
   return false;
+}
+
+std::string loopback_alias(const std::string& host) {
+  in6_addr literal{};
+  if (::inet_pton(AF_INET, host.c_str(), &literal) == 1 ||
+      ::inet_pton(AF_INET6, host.c_str(), &literal) == 1)
+    return "";
+  Addresses found(host, SOCK_STREAM);
+  std::string first;
+  for (addrinfo* a = found.error ? nullptr : found.list; a; a = a->ai_next) {
+    const std::string address = numeric(a->ai_addr, a->ai_addrlen);
+    if (!is_loopback(address)) return "";
+    if (first.empty()) first = address;
+  }
+  return first;
+}
+
+std::string make_job_secret() {
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw Error(fmt::format("cannot make the job's secret (getrandom: {}); set "
+                              "STRATA_JOB_SECRET yourself",
+                              std::strerror(errno)));
+    got += static_cast<size_t>(n);
+  }
+  static const char* digits = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char b : bytes) hex += {digits[b >> 4], digits[b & 15]};
+  return hex;
 }
 
 void check_port_free(int port) {

@@ -25,6 +25,15 @@ std::string resolve_error(const std::string& host);
 // Whether `host` resolves to an address of this machine (one that a socket can bind).
 bool names_this_machine(const std::string& host);
 
+// The loopback address `host` resolves to when it is a name (not an address literal) whose every
+// address is a loopback one, as Debian's /etc/hosts maps the machine's own name to 127.0.1.1;
+// "" otherwise. Other hosts cannot reach a master of that name.
+std::string loopback_alias(const std::string& host);
+
+// 32 random bytes as 64 hex digits, for STRATA_JOB_SECRET. Throws strata::Error when the kernel
+// has no random bytes to give.
+std::string make_job_secret();
+
 // Throws strata::Error naming the port if something on this machine already listens on it.
 void check_port_free(int port);
 

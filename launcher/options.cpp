@@ -95,7 +95,7 @@ size_t distance(const std::string& a, const std::string& b) {
 }
 
 std::string nearest(const std::string& name) {
-  std::vector<std::string> known = {"--help", "--dry-run", "--watch-stdin"};
+  std::vector<std::string> known = {"--help", "--dry-run", "--watch-stdin", "--env-stdin"};
   for (const auto& [k, _] : valued()) known.push_back(k);
   std::string best;
   size_t best_d = 4;
@@ -122,9 +122,12 @@ std::optional<LauncherOptions> parse_command_line(const std::vector<std::string>
       std::fputs(usage(), stdout);
       return std::nullopt;
     }
-    if (name == "--dry-run" || name == "--watch-stdin") {
+    if (name == "--dry-run" || name == "--watch-stdin" || name == "--env-stdin") {
       if (eq != std::string::npos) throw UsageError(fmt::format("{} takes no value", name));
-      (name == "--dry-run" ? o.dry_run : o.watch_stdin) = true;
+      bool& flag = name == "--dry-run"     ? o.dry_run
+                   : name == "--env-stdin" ? o.env_stdin
+                                           : o.watch_stdin;
+      flag = true;
       continue;
     }
     auto it = valued().find(name);
@@ -174,6 +177,7 @@ LauncherOptions merge(const LauncherOptions& command_line, const LauncherOptions
   fill(m.world_info, f.world_info);
   m.dry_run = c.dry_run || f.dry_run;
   m.watch_stdin = c.watch_stdin || f.watch_stdin;
+  m.env_stdin = c.env_stdin || f.env_stdin;
   if (m.program.empty()) m.program = f.program;
   if (m.argv0.empty()) m.argv0 = f.argv0;
   // Later entries win when the environment is built, so the command line goes last.
@@ -226,7 +230,12 @@ Other:
   --dry-run                          print the command lines it would run, one per line; start none
   -h, --help                         this text
   --version                          Strata's version and what it was built with
-  (--world-info, --watch-stdin and --chdir are what the head launcher passes to the remote nodes)
+  (--world-info, --watch-stdin, --env-stdin and --chdir are what the head launcher passes to the
+  remote nodes; --env-stdin reads the exported variables from stdin, never the command line)
+
+Every job gets a secret, STRATA_JOB_SECRET (taken from the environment when set there, else made
+here): ranks prove it to join the rendezvous store. It reaches the ranks through their
+environment, and remote hosts through ssh's stdin, never a command line.
 
 If a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after the grace
 period; the exit code is the first failing rank's (128+N when killed by signal N). SIGINT,

@@ -46,6 +46,7 @@ struct LauncherOptions {
   // Internal, set by the head launcher for each remote node it starts over ssh.
   std::optional<std::string> world_info;  // every node's slots, in the include syntax
   bool watch_stdin = false;  // stop the ranks when stdin closes (the ssh link or head is gone)
+  bool env_stdin = false;    // read the exported variables from stdin first (ssh.h's env_block)
   std::optional<std::string> chdir;  // the working folder to enter first (the head's, as typed)
 
   // Not an option: strata-run as it was started (argv[0]), what remote hosts run by default.

@@ -24,6 +24,7 @@ namespace strata::launcher {
 namespace {
 
 constexpr int kDefaultPort = 29500;  // torchrun's and DeepSpeed's
+constexpr const char* kSecretVariable = "STRATA_JOB_SECRET";
 
 // The launcher's own CUDA_VISIBLE_DEVICES as a list; nullopt when unset. Slots index into it,
 // so `CUDA_VISIBLE_DEVICES=4,5 strata-run --nproc-per-node 2` gives the ranks GPU 4 and GPU 5.
@@ -190,7 +191,7 @@ EnvList forwarded_environment() {
     if (eq == std::string::npos) continue;
     const std::string name = var.substr(0, eq);
     if ((name.rfind("NCCL_", 0) == 0 || name.rfind("STRATA_", 0) == 0) &&
-        name != "STRATA_REMOTE_LAUNCHER")
+        name != "STRATA_REMOTE_LAUNCHER" && name != kSecretVariable)
       set(out, name, var.substr(eq + 1));
   }
   return out;
@@ -333,6 +334,15 @@ LaunchPlan make_plan(const LauncherOptions& o) {
     check_port_free(plan.master_port);
   }
 
+  // The job's secret: a node launcher has the head's (from its stdin); a head that starts every
+  // node makes one unless the user gave it. One node of a torchrun-style job started by hand
+  // cannot make one that the others share.
+  if (const char* given = std::getenv(kSecretVariable); given && *given) {
+    plan.secret = given;
+  } else if (!(o.world_info || (!o.hostfile && plan.world.size() > 1))) {
+    plan.secret = make_job_secret();
+  }
+
   // What every rank gets set: .strata_env (hostfile launches, as DeepSpeed's .deepspeed_env:
   // the home folder's, then the working folder's), then --export; remote ranks also get the
   // head's NCCL_* and STRATA_*, which the local ones inherit.
@@ -383,7 +393,7 @@ LaunchPlan make_plan(const LauncherOptions& o) {
     for (size_t n = 0; n < plan.world.size(); ++n) {
       if (is_local_host(plan.world[n].host)) continue;
       std::vector<std::string> args = {
-          plan.remote_launcher, "--chdir",       directory,
+          plan.remote_launcher, "--env-stdin", "--chdir",       directory,
           "--watch-stdin",      "--node-rank",   std::to_string(n),
           "--world-info",       world_info,      "--master-addr",
           plan.master_addr,     "--master-port", std::to_string(plan.master_port)};
@@ -392,14 +402,25 @@ LaunchPlan make_plan(const LauncherOptions& o) {
       args.push_back("--");
       args.insert(args.end(), plan.program.begin(), plan.program.end());
       const std::string& host = plan.world[n].host;
-      plan.remote.push_back({host, static_cast<int>(n),
-                             ssh_argv(host, remote_command(remote_exports, args), plan.ssh)});
+      plan.remote.push_back(
+          {host, static_cast<int>(n), ssh_argv(host, remote_command(args), plan.ssh),
+           remote_exports});
     }
   }
   return plan;
 }
 
 std::string check_master_address(const LaunchPlan& plan) {
+  // torchrun-style nodes are named node0, node1, ...: never this host's names.
+  const bool other_hosts = std::any_of(plan.world.begin(), plan.world.end(),
+                                       [](const HostSlots& h) { return !is_local_host(h.host); });
+  if (other_hosts)
+    if (const std::string loop = loopback_alias(plan.master_addr); !loop.empty())
+      throw Error(fmt::format(
+          "the master address '{}' resolves to {} here, a loopback address (as Debian's "
+          "/etc/hosts maps the host's own name to 127.0.1.1), which the other hosts of the job "
+          "cannot reach; give --master-addr this host's address on their network",
+          plan.master_addr, loop));
   if (plan.local.empty()) return "";
   if (const std::string why = resolve_error(plan.master_addr); !why.empty())
     throw Error(fmt::format(
@@ -421,7 +442,14 @@ std::vector<std::string> command_lines(const LaunchPlan& plan) {
     for (const auto& [name, value] : r.env) line += name + "=" + shell_quote(value) + " ";
     lines.push_back(line + shell_join(plan.program));
   }
-  for (const RemoteNode& node : plan.remote) lines.push_back(shell_join(node.argv));
+  for (const RemoteNode& node : plan.remote) {
+    std::string line = shell_join(node.argv);
+    if (!node.env.empty()) {
+      line += "  # stdin:";
+      for (const auto& [name, value] : node.env) line += " " + name + "=" + shell_quote(value);
+    }
+    lines.push_back(line);
+  }
   return lines;
 }
 

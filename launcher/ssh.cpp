@@ -1,12 +1,17 @@
 #include "launcher/ssh.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
+
+#include "runtime/error.h"
 
 namespace strata::launcher {
 
@@ -25,15 +30,65 @@ std::string shell_join(const std::vector<std::string>& words) {
   return line;
 }
 
-std::string remote_command(const EnvList& exports,
-                           const std::vector<std::string>& launcher_and_args) {
-  std::string command;
-  if (!exports.empty()) {
-    command = "export";
-    for (const auto& [name, value] : exports) command += " " + name + "=" + shell_quote(value);
-    command += "; ";
+std::string remote_command(const std::vector<std::string>& launcher_and_args) {
+  return "exec " + shell_join(launcher_and_args);
+}
+
+std::string env_block(const EnvList& env) {
+  std::string block = "strata-env " + std::to_string(env.size()) + "\n";
+  for (const auto& [name, value] : env) {
+    block += name + "=";
+    for (char c : value) block += c == '\\' ? "\\\\" : c == '\n' ? "\\n" : std::string(1, c);
+    block += "\n";
   }
-  return command + "exec " + shell_join(launcher_and_args);
+  return block + "end\n";
+}
+
+EnvList read_env_block(int fd, double timeout_s) {
+  constexpr size_t kMaxBlock = 4u << 20;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::string text;
+  auto fail = [](const std::string& why) {
+    throw Error("--env-stdin: " + why + " (the head launcher writes the variables there first)");
+  };
+  while (text.size() < 4 || text.compare(text.size() - 4, 4, "end\n") != 0 ||
+         (text.size() > 4 && text[text.size() - 5] != '\n')) {
+    if (text.size() >= kMaxBlock) fail("the block of variables on stdin is over 4 MiB");
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) fail(fmt::format("no variables on stdin within {:g} s", timeout_s));
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char c;
+    const ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("stdin closed before the block of variables ended");
+    text += c;
+  }
+  std::istringstream lines(text);
+  std::string line;
+  std::getline(lines, line);
+  if (line.rfind("strata-env ", 0) != 0) fail("stdin does not start with 'strata-env N'");
+  const size_t count = std::strtoul(line.c_str() + 11, nullptr, 10);
+  EnvList env;
+  for (size_t i = 0; i < count; ++i) {
+    if (!std::getline(lines, line)) fail("the block of variables is cut short");
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos || eq == 0) fail("a line of the block is not NAME=VALUE");
+    std::string value;
+    for (size_t k = eq + 1; k < line.size(); ++k) {
+      if (line[k] == '\\' && k + 1 < line.size()) {
+        ++k;
+        value += line[k] == 'n' ? '\n' : line[k];
+      } else {
+        value += line[k];
+      }
+    }
+    env.emplace_back(line.substr(0, eq), value);
+  }
+  if (!std::getline(lines, line) || line != "end") fail("the block of variables does not end");
+  return env;
 }
 
 namespace {

@@ -1,9 +1,10 @@
 // Remote command lines. The head launcher starts one ssh per remote host (pdsh-style fan-out),
-// which runs `strata-run --chdir DIR --watch-stdin --node-rank K --world-info ...` there; that
-// node launcher starts, prefixes and supervises the host's ranks itself. Only the launch settings
-// (as flags) and the exported variables (as an `export A=...;` prefix: --export, .strata_env,
-// and the head's NCCL_* and STRATA_*) travel, never the whole environment: what is on an ssh
-// command line is visible to `ps` on both machines.
+// which runs `strata-run --env-stdin --chdir DIR --watch-stdin --node-rank K --world-info ...`
+// there; that node launcher starts, prefixes and supervises the host's ranks itself. Only the
+// launch settings travel as flags. The exported variables (--export, .strata_env, the head's
+// NCCL_* and STRATA_*, and the job's secret STRATA_JOB_SECRET) travel on ssh's stdin, as the
+// block env_block() writes and the node launcher reads first: what is on an ssh command line is
+// visible to `ps` on both machines, what is on its stdin is not. Never the whole environment.
 //
 // ssh runs with -T (no terminal even where the user's ssh config asks for one: a remote tty
 // would turn line ends into CR LF and keep the node launcher from seeing its stdin close),
@@ -12,6 +13,7 @@
 // whose sshd accepts TCP and never speaks fails after that many seconds.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <utility>
@@ -33,9 +35,16 @@ struct SshOptions {
 std::string shell_quote(const std::string& word);
 std::string shell_join(const std::vector<std::string>& words);
 
-// `export A=1 B=2; exec LAUNCHER ARGS...` as one string for the remote shell.
-std::string remote_command(const EnvList& exports,
-                           const std::vector<std::string>& launcher_and_args);
+// `exec LAUNCHER ARGS...` as one string for the remote shell.
+std::string remote_command(const std::vector<std::string>& launcher_and_args);
+
+// The variables for a node launcher's stdin: "strata-env N\n", then N lines NAME=VALUE (in VALUE,
+// backslash and newline written as \\ and \n), then "end\n".
+std::string env_block(const EnvList& env);
+
+// Reads that block from `fd` one byte at a time (what follows it, the head's stop lines, stays
+// unread), within `timeout_s` and at most 4 MiB. Throws strata::Error saying what was wrong.
+EnvList read_env_block(int fd, double timeout_s);
 
 // ssh's argv: ssh -T -o BatchMode=yes -o ConnectTimeout=N [-F FILE] [-p PORT] HOST COMMAND.
 std::vector<std::string> ssh_argv(const std::string& host, const std::string& command,

@@ -185,6 +185,16 @@ class Supervisor {
       say(fmt::format("cannot create pipes for {}: {}", c.spec.name, std::strerror(errno)));
       return false;
     }
+    if (c.spec.remote && !c.spec.stdin_text.empty()) {
+      const size_t size = c.spec.stdin_text.size();
+      if (size > 60000) ::fcntl(in.write.get(), F_SETPIPE_SZ, static_cast<int>(size + 4096));
+      const ssize_t n = ::write(in.write.get(), c.spec.stdin_text.data(), size);
+      if (n != static_cast<ssize_t>(size)) {
+        say(fmt::format("cannot pass {} bytes of variables to {} on its stdin: {}", size,
+                        c.spec.name, n < 0 ? std::strerror(errno) : "the pipe is too small"));
+        return false;
+      }
+    }
     ExecArgs args(c.spec);
     const std::string exec_error = fmt::format("strata-run: cannot execute {}: ", c.spec.path);
     const pid_t parent = ::getpid();

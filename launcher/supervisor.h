@@ -16,6 +16,8 @@
 //   Then every child's group gets that signal (SIGTERM for a failure), and SIGKILL once the grace
 //   period has passed; a second signal to the launcher sends SIGKILL at once. When all children
 //   exit 0, leftovers in their groups are stopped the same way and the code is 0.
+// - An ssh child's stdin first carries its stdin_text (the exported variables, which stay off
+//   every command line); the pipe is sized to hold it, so writing it never blocks.
 // - An ssh child (remote) is not signalled: the stop travels through its stdin, a pipe held here,
 //   as a line "stop N" (the same signal N as the local ranks get: SIGINT for Ctrl-C, SIGTERM
 //   for a failure) and, on a second signal, "kill"; the node launcher at the other end
@@ -42,6 +44,7 @@ struct ChildSpec {
   std::vector<std::string> argv;
   EnvList env;  // set over the launcher's environment
   bool remote = false;
+  std::string stdin_text;  // an ssh child's: written to its stdin first (ssh.h's env_block)
   // For an ssh child's failure messages:
   std::string host;             // as the hostfile names it
   std::string remote_launcher;  // the path the remote shell runs

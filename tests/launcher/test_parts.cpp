@@ -189,7 +189,31 @@ TEST(Shell, QuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(shell_quote("a b"), "'a b'");
   EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
   EXPECT_EQ(shell_quote(""), "''");
-  EXPECT_EQ(remote_command({{"A", "1"}}, {"x", "y z"}), "export A=1; exec x 'y z'");
+  EXPECT_EQ(remote_command({"x", "y z"}), "exec x 'y z'");
+}
+
+// The variables a node launcher reads from its stdin (issue 35): values with newlines,
+// backslashes and '=' come back intact; what follows the block stays unread.
+TEST(Shell, EnvBlockRoundTripsThroughAPipe) {
+  const EnvList env = {{"A", "1"}, {"B", "two\nlines \\n and \\"}, {"C", "x=y"}, {"D", ""}};
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const std::string text = env_block(env) + "stop 15\n";
+  ASSERT_EQ(::write(fds[1], text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  EXPECT_EQ(read_env_block(fds[0], 5), env);
+  char rest[16] = {};
+  EXPECT_EQ(::read(fds[0], rest, sizeof rest), 8);
+  EXPECT_EQ(std::string(rest), "stop 15\n");
+  ::close(fds[1]);
+  try {
+    read_env_block(fds[0], 5);
+    ADD_FAILURE() << "no error at end of file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stdin closed before the block of variables ended"),
+              std::string::npos)
+        << e.what();
+  }
+  ::close(fds[0]);
 }
 
 TEST(ProcessTable, ReadsStateParentAndGroupPastAnOddCommandName) {

@@ -123,6 +123,22 @@ TEST(LauncherRun, GivenMasterPortAndSlotNumbersWithoutCudaVisibleDevices) {
   EXPECT_NE(r.out.find("[rank 1] " + port + " 1\n"), std::string::npos) << r.out;
 }
 
+// A master that is a name for this host's loopback (Debian maps the host name to 127.0.1.1)
+// cannot be reached from the other machines of a multi-machine job: refused by name (issue 35).
+TEST(LauncherRun, AMasterNameForTheLoopbackIsRefusedWithOtherMachines) {
+  Finished r = run_launcher({"--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+                             "--master-addr", "localhost", "--", "true"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("the master address 'localhost' resolves to "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("which the other hosts of the job cannot reach; give --master-addr this "
+                       "host's address on their network"),
+            std::string::npos)
+      << r.err;
+  // One machine: a loopback master is right.
+  r = run_launcher({"--nproc-per-node", "1", "--master-addr", "localhost", "--", "true"});
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 // torchrun's multi-machine form: this launcher starts node 1's share; node 0 holds the master.
 TEST(LauncherRun, NodeRankSelectsThisMachinesShareOfTheWorld) {
   Finished r = run_launcher({"--dry-run", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node",

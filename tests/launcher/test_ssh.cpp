@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -317,7 +318,8 @@ TEST_F(SshHosts, BinariesThroughASymlinkedBuildFolderGiveTheLocalLosses) {
   LauncherProcess dry(over_ssh(hosts, {"true"}, {"--dry-run"}), {}, setup);
   Finished r = dry.wait(20);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("exec " + dir_ + "/build/strata-run --chdir " + dir_ + "/work "),
+  EXPECT_NE(r.out.find("exec " + dir_ + "/build/strata-run --env-stdin --chdir " + dir_ +
+                       "/work "),
             std::string::npos)
       << r.out;
   expect_same_losses_as_local(hosts, setup, dir_ + "/build/train_gpt");
@@ -414,6 +416,57 @@ TEST_F(SshHosts, HostileStrataEnvIsRefusedByName) {
   r = LauncherProcess(over_ssh("alias-a slots=1\n", {"true"}), {}, setup).wait(30);
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find(".strata_env is not a regular file"), std::string::npos) << r.err;
+}
+
+// Issue 35: exported variables, .strata_env lines and the job's secret travel on ssh's stdin, so
+// no `ps` on either "host" (both are this machine here, so one `ps -e` sees both sides: the head,
+// its ssh clients, the sshd sessions, the node launchers and the ranks) shows any of their
+// values while the job runs; the remote ranks still get every one of them.
+TEST_F(SshHosts, NoExportedValueIsOnAnyCommandLineWhileTheJobRuns) {
+  ASSERT_EQ(::mkdir((dir_ + "/work").c_str(), 0755), 0);
+  const std::string from_file = "strata-env-file-value-4a7c", exported = "strata-export-value-9e1d";
+  const std::string forwarded = "strata-forwarded-value-c55b";
+  const std::string secret = "strata-secret-value-0f3e2d1c0b";
+  write("work/.strata_env", "FROM_FILE=" + from_file + "\n");
+  LaunchSetup setup;
+  setup.directory = dir_ + "/work";
+  const std::string marker = unique_sleep(23);
+  LauncherProcess launcher(
+      over_ssh("alias-a slots=1\nalias-b slots=1\n",
+               {"bash", "-c",
+                "echo \"got $FROM_FILE $EXPORTED $STRATA_T_FORWARDED $STRATA_JOB_SECRET\"; "
+                "echo ready; sleep 30 # " + marker},
+               {"--export", "EXPORTED=" + exported}),
+      {{"STRATA_T_FORWARDED", forwarded}, {"STRATA_JOB_SECRET", secret}}, setup);
+  ASSERT_TRUE(launcher.wait_for_stdout("ready", 2, 60)) << launcher.out();
+  const std::string ps = dir_ + "/ps.txt";
+  ASSERT_EQ(sh("ps -eww -o pid,args > " + ps), 0);
+  const std::string table = read_file(ps);
+  EXPECT_NE(table.find("--env-stdin"), std::string::npos) << table;  // the node launchers ran
+  for (const std::string& value : {from_file, forwarded, secret})
+    EXPECT_EQ(table.find(value), std::string::npos) << value << " in:\n" << table;
+  // --export NAME=VALUE is on the head's own command line, as typed; nowhere else.
+  size_t seen = 0;
+  for (size_t at = table.find(exported); at != std::string::npos;
+       at = table.find(exported, at + 1))
+    ++seen;
+  EXPECT_EQ(seen, 1u) << table;
+  std::printf("ps -eww: %zu lines, %zu processes with --env-stdin; no value of .strata_env, "
+              "STRATA_*, STRATA_JOB_SECRET; the --export value only on the head's own line\n",
+              size_t(std::count(table.begin(), table.end(), '\n')),
+              size_t([&] {
+                size_t n = 0;
+                for (size_t at = table.find("--env-stdin"); at != std::string::npos;
+                     at = table.find("--env-stdin", at + 1))
+                  ++n;
+                return n;
+              }()));
+  launcher.signal(SIGTERM);
+  Finished r = launcher.wait(30);
+  const std::string got = "got " + from_file + " " + exported + " " + forwarded + " " + secret;
+  EXPECT_NE(r.out.find("[rank 0] " + got), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] " + got), std::string::npos) << r.out;
+  EXPECT_EQ(wait_for_count(marker, 0, 10), 0);
 }
 
 TEST_F(SshHosts, MissingRemoteLauncherAndUnresolvableMasterAreNamed) {
