@@ -22,12 +22,9 @@ int64_t g_micro_step = 0;
 }  // namespace
 
 void configure(const void* owner, const Settings& s) {
-  if (s.contiguous && s.number_checkpoints < 1 && s.nvme_path.empty())
-    throw Error(fmt::format(
-        "{}: activation_checkpointing.contiguous_memory_optimization needs number_checkpoints "
-        "(how many checkpoints one forward makes, to size the buffer); add it, e.g. the number "
-        "of checkpointed blocks",
-        s.source));
+  // contiguous_memory_optimization without number_checkpoints is refused at the first checkpoint
+  // (saved_inputs.cpp), not here: a config that carries the block for a program that does not
+  // checkpoint (DeepSpeed asserts it only in deepspeed.checkpointing.configure) still trains.
   if (!s.nvme_path.empty() && s.cpu_checkpointing)
     throw Error(fmt::format(
         "{}: activation_checkpointing sets both cpu_checkpointing and nvme_path; the "
