@@ -146,14 +146,14 @@ std::shared_ptr<SavedInputs> SavedInputs::keep(const std::vector<torch::Tensor>&
     where = Where::kNvme;
   else if (s.contiguous)
     where = Where::kArena;
+  else if (s.cpu_checkpointing)
+    where = Where::kHost;
   if (where == Where::kArena && s.number_checkpoints < 1)
     throw Error(fmt::format(
         "{}: activation_checkpointing.contiguous_memory_optimization needs number_checkpoints "
         "(how many checkpoints one forward makes, to size the buffer); add it, e.g. the number "
         "of checkpointed blocks",
         s.source));
-  else if (s.cpu_checkpointing)
-    where = Where::kHost;
   int64_t arena_need = 0;
   for (const auto& t : inputs)
     if (t.defined()) arena_need += aligned(nbytes_of(t));
