@@ -83,6 +83,21 @@ struct DenseMlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(DenseMlp);
 
+// A dense MLP beside the experts (use_residual's, the shared experts'): expert_factory(index)
+// under a generator seeded with `key`, or the built-in MLP of `width` drawn from it.
+torch::nn::AnyModule dense_mlp(const MoEOptions& o, int64_t index, int64_t width, uint64_t key,
+                               const char* what) {
+  if (o.expert_factory) return build_seeded(o.expert_factory, index, key);
+  if (o.ffn_size < 1)
+    throw Error(fmt::format("moe::MoE: {} with the built-in MLP needs ffn_size >= 1 (it is {})",
+                            what, o.ffn_size));
+  DenseMlp dense(o.hidden_size, width, o.expert_bias);
+  auto gen = at::detail::createCPUGenerator(key);
+  init_linear(dense->fc1, gen);
+  init_linear(dense->fc2, gen);
+  return torch::nn::AnyModule(dense);
+}
+
 }  // namespace
 
 MoEOptions::MoEOptions(int64_t hidden, int64_t ffn, int64_t experts, const GateOptions& g)
@@ -215,38 +230,16 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   if (o.score_func == ScoreFunc::Sigmoid) expert_bias_ = torch::zeros({o.num_experts}, torch::kFloat);
   if (o.n_shared_experts > 0) {
     // Named draws, as the experts': the same at any ep_size.
-    const uint64_t shared_key = layer_key(o, KeyTag::SharedInit, 0);
-    if (o.expert_factory) {
-      shared_experts = build_seeded(o.expert_factory, kSharedExperts, shared_key);
-    } else {
-      if (o.ffn_size < 1)
-        throw Error(fmt::format("moe::MoE: n_shared_experts with the built-in MLP needs "
-                                "ffn_size >= 1 (it is {})", o.ffn_size));
-      DenseMlp dense(o.hidden_size, o.n_shared_experts * o.ffn_size, o.expert_bias);
-      auto gen = at::detail::createCPUGenerator(shared_key);
-      init_linear(dense->fc1, gen);
-      init_linear(dense->fc2, gen);
-      shared_experts = torch::nn::AnyModule(dense);
-    }
+    shared_experts = dense_mlp(o, kSharedExperts, o.n_shared_experts * o.ffn_size,
+                               layer_key(o, KeyTag::SharedInit, 0), "n_shared_experts");
     register_module("shared_experts", shared_experts.ptr());
   }
   if (!o.use_residual) return;
   // Residual MoE, drawn from named keys as the experts are: Linear's init bounds for the built-in
   // MLP and the coefficient; a factory's MLP under a seeded default generator (build_seeded).
   namespace nn = torch::nn;
-  const uint64_t mlp_key = layer_key(o, KeyTag::ResidualInit, 0);
-  if (o.expert_factory) {
-    mlp = build_seeded(o.expert_factory, kResidualMLP, mlp_key);
-  } else {
-    if (o.ffn_size < 1)
-      throw Error(fmt::format("moe::MoE: use_residual with the built-in MLP needs ffn_size >= 1 "
-                              "(it is {})", o.ffn_size));
-    DenseMlp dense(o.hidden_size, o.ffn_size, o.expert_bias);
-    auto gen = at::detail::createCPUGenerator(mlp_key);
-    init_linear(dense->fc1, gen);
-    init_linear(dense->fc2, gen);
-    mlp = nn::AnyModule(dense);
-  }
+  mlp = dense_mlp(o, kResidualMLP, o.ffn_size, layer_key(o, KeyTag::ResidualInit, 0),
+                  "use_residual");
   register_module("mlp", mlp.ptr());
   coefficient = register_module("coefficient", nn::Linear(o.hidden_size, 2));
   auto gen = at::detail::createCPUGenerator(layer_key(o, KeyTag::ResidualInit, 1));
