@@ -231,6 +231,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     for (size_t p = 0; p < c.params.size() && next < target_grads.size(); ++p)
       result[1 + c.n_inputs + p] = target_grads[next++];
     c.saved.reset();  // a contiguous buffer's slot, an NVMe file: free for the next forward
+    c.fn = nullptr;   // what the function captured (a module keeping this node's output)
     return result;
   }
 };

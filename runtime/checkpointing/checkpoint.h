@@ -69,6 +69,8 @@
 
 #include <torch/torch.h>
 
+#include "runtime/error.h"
+
 namespace strata::checkpointing {
 
 // The type-erased core: `fn` maps the tensor arguments to the flat outputs.
@@ -144,6 +146,22 @@ void clear(T& value) {
   fill(value, none, next);
 }
 
+template <class M>
+struct ModuleImpl {
+  using type = typename M::ContainedType;  // a ModuleHolder
+};
+template <class T>
+struct ModuleImpl<std::shared_ptr<T>> {
+  using type = T;
+};
+template <class M>
+std::shared_ptr<typename ModuleImpl<M>::type> shared_module(const M& m) {
+  if constexpr (std::is_same_v<M, std::shared_ptr<typename ModuleImpl<M>::type>>)
+    return m;
+  else
+    return m.ptr();
+}
+
 }  // namespace checkpoint_detail
 
 // Any callable, called as fn(args...) with the arguments given here (tensors, std::vectors of
@@ -191,12 +209,26 @@ auto checkpoint_function(Fn fn, const std::vector<torch::Tensor>& params, Args&&
 }
 
 // A submodule (a ModuleHolder or a std::shared_ptr to a module): module->forward(args...).
+// The checkpoint holds the module weakly until its backward: a module that keeps one of its
+// outputs (the MoE layer's l_aux) would otherwise own the checkpoint that owns it, a cycle that
+// never frees either.
 template <class Module, class... Args>
 auto checkpoint(Module module, Args&&... args) {
   auto params = module->parameters();
+  auto name = module->name();
+  std::weak_ptr<typename checkpoint_detail::ModuleImpl<Module>::type> weak =
+      checkpoint_detail::shared_module(module);
   return checkpoint_named(
-      module->name(), [module](auto&... a) mutable { return module->forward(a...); }, params,
-      std::forward<Args>(args)...);
+      name,
+      [weak, name](auto&... a) {
+        auto m = weak.lock();
+        if (!m)
+          throw Error("activation checkpointing: the module " + name +
+                      " was destroyed between its checkpointed forward and the backward; keep "
+                      "the model alive until backward");
+        return m->forward(a...);
+      },
+      params, std::forward<Args>(args)...);
 }
 
 // The blocks of a ModuleList (each a `Block` holder's module, forward(Tensor) -> Tensor) in

@@ -1,5 +1,8 @@
 // A fresh folder per test on the build's file system (ext4 or the like, where O_DIRECT works;
 // /tmp may be tmpfs), removed after the test: the offload tests' swap and store files go there.
+// Removed with runtime/util/file_tree's POSIX calls: std::filesystem::remove_all binds to pip
+// LibTorch 2.x's exported copy in torch-linked tests and jumps to address 0 on a folder in a
+// folder (the CUDA build's test_checkpointing crashed in this TearDown).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,6 +10,8 @@
 
 #include <filesystem>
 #include <string>
+
+#include "runtime/util/file_tree.h"
 
 namespace strata::test_support {
 
@@ -19,11 +24,11 @@ class BuildFsDirTest : public ::testing::Test {
     dir_ = fs::path(STRATA_BIN_DIR) / ".." /
            (tag_ + "-" + std::to_string(getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    strata::util::remove_tree(dir_.string());
     fs::create_directories(dir_);
     dir_ = fs::canonical(dir_);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { strata::util::remove_tree(dir_.string()); }
   std::filesystem::path dir_;
 
  private:
