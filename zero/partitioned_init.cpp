@@ -159,15 +159,29 @@ void PartitionedInit::seal(torch::Tensor t) {
   padded.narrow(0, 0, t.numel()).copy_(data.reshape({-1}));
   Shard shard{padded.narrow(0, rank_ * chunk, chunk).clone(), t.numel(), chunk};
   padded = torch::Tensor();
-  if (dtype != t.scalar_type() || device != t.device())
-    t.set_data(torch::empty(t.sizes(), opts));  // the model's dtype and device, no bytes yet
+  // Until the construction is over the tensor keeps its own dtype and device (no bytes): an op of
+  // the constructor that comes back to it (Linear's kaiming_uniform_ after its bias's empty())
+  // then runs as without partitioning, in fp32, and the 16-bit shard takes the result. Cast at
+  // once, a 16-bit weight would be drawn in 16 bits (uniform_ on bf16 takes 8 random bits), a
+  // model other than the one built whole and cast. finish() gives every tensor the model's.
+  if (finished_) adopt_shard_type(t, shard);
   release_bytes(t);
+  remember(t, std::move(shard), sealed_count_++);
+}
+
+void PartitionedInit::adopt_shard_type(const torch::Tensor& t, const Shard& shard) {
+  const auto& s = shard.shard;
+  if (s.scalar_type() != t.scalar_type() || s.device() != t.device())
+    t.set_data(torch::empty(t.sizes(), s.options()));  // the model's dtype and device
+}
+
+void PartitionedInit::remember(const torch::Tensor& t, Shard shard, uint64_t order) {
   auto* storage = t.storage().unsafeGetStorageImpl();
   sealed_.erase(storage);
   sealed_.emplace(storage, Entry{t.storage().getWeakStorageImpl(),
                                  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
                                      t.getIntrusivePtr()),
-                                 std::move(shard), sealed_count_++});
+                                 std::move(shard), order});
 }
 
 void PartitionedInit::regather(const c10::StorageImpl* storage) {
@@ -232,6 +246,22 @@ void PartitionedInit::finish() {
   if (!active_) return;
   seal_pending();
   finished_ = true;
+  // The model's dtype and device for what was partitioned during the construction (a new
+  // storage each, without bytes: the entries move to it).
+  at::DisableRecordFunctionGuard no_callbacks;
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<uint64_t, const c10::StorageImpl*>> order;
+  for (const auto& [storage, entry] : sealed_) order.emplace_back(entry.order, storage);
+  std::sort(order.begin(), order.end());
+  for (const auto& [n, storage] : order) {
+    auto node = sealed_.extract(storage);
+    auto impl = node.mapped().tensor.lock();
+    if (!impl || node.mapped().storage.expired()) continue;
+    torch::Tensor t(std::move(impl));
+    adopt_shard_type(t, node.mapped().shard);
+    release_bytes(t);
+    remember(t, std::move(node.mapped().shard), n);
+  }
 }
 
 void PartitionedInit::restore_except(const std::vector<torch::Tensor>& keep) {

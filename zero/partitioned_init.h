@@ -14,7 +14,9 @@
 // did), cast to the model's dtype, cut to this rank's chunk, and its bytes are released (the tensor
 // keeps its TensorImpl, as ZeRO-3's units do). An op that touches a released tensor later in the
 // construction (LibTorch's Linear allocates its bias before it initialises its weight) all-gathers
-// it first and records it again. Every rank runs the same constructor, so every rank makes the same
+// it first, in the tensor's own dtype, and records it again: the tensors take the model's dtype
+// and device only at finish(), so that a constructor's in-place initialisation draws in fp32 as
+// it would without partitioning (the model is the one built whole and then cast). Every rank runs the same constructor, so every rank makes the same
 // collectives in the same order. strata::initialize at stage 3 then builds its units from the
 // shards, one tensor at a time.
 #pragma once
@@ -85,6 +87,9 @@ class PartitionedInit {
   void seal_pending();        // partition what the construction has moved past
   void seal(torch::Tensor t);
   void regather(const c10::StorageImpl* storage);
+  // t takes the shard's dtype and device (no bytes).
+  static void adopt_shard_type(const torch::Tensor& t, const Shard& shard);
+  void remember(const torch::Tensor& t, Shard shard, uint64_t order);
 
   comm::GroupPtr group_;
   PartitionedInitOptions options_;

@@ -75,14 +75,9 @@ Phase draw_phase(Rng& rng, const Description& d, int max_world) {
     p.adam_grain = 4096;
     if (p.threads < 2) p.threads = 2 + int(rng.below(2));
   }
+  // Every model in every dtype: a constructor's in-place draws (Linear's kaiming_uniform_, the
+  // tied embedding's normal_) run in fp32 inside a 16-bit PartitionedInit too (docs/matrix.md).
   p.zero_init = p.stage == 3 ? rng.chance(30) : rng.chance(3);
-  // Not with the tied model in 16 bits: its constructor re-draws the tied embedding in place
-  // (normal_(0, 0.02)), which inside a PartitionedInit of a 16-bit dtype draws in that dtype (as
-  // DeepSpeed's zero.Init, whose parameters are 16-bit already), so the model starts from other
-  // random values than the oracle's fp32 draw cast to 16 bits: every other tensor is equal, the
-  // embedding's 16384 values differ (12 equal), same std. A different model, not a training
-  // defect; the oracle cannot compare it (docs/matrix.md).
-  if (d.model == "tiny-tied" && (d.dtype == "bf16" || d.dtype == "fp16")) p.zero_init = false;
   return p;
 }
 
