@@ -4,7 +4,8 @@
 #   apt         install what is missing (scripts/bootstrap.sh's package step)
 #   asan-build  build-asan/: the whole tree under AddressSanitizer + UndefinedBehaviorSanitizer
 #               (RelWithDebInfo keeping NDEBUG, at -O0 -g1: a translation unit compiles in the time
-#               of the Release build's, where -O1 took 1.4x as long)
+#               of the Release build's, where -O1 took 1.4x as long; a unity build, see
+#               configure_sanitized)
 #   asan-suite  every CTest suite in build-asan/ (the GPU suites are not built there); the
 #               exhaustive fuzz loops take every 7th case and the chaos test 2 seeds per stage
 #               there (tests/sanitized.h)
@@ -77,9 +78,14 @@ tsan_targets=(test_comm_unit test_comm_multirank test_launcher_parts
 plain_build() {
   STRATA_SKIP_APT=1 BUILD_DIR="$build_dir" STRATA_JOBS="$jobs" STRATA_TARGETS=all scripts/bootstrap.sh
 }
+# Unity builds (CMake's, 8 sources of a target per translation unit): each translation unit
+# that includes LibTorch pays ~5 s to load the precompiled header and emits the same inline
+# functions again; four of zero/'s files compile in 16 s of CPU together, 40 s apart. Only
+# here: an edit rebuilds a whole batch, so the Release build a developer iterates on has none.
 configure_sanitized() {  # configure_sanitized DIR SANITIZERS
   cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O0 -g1 -DNDEBUG" -DSTRATA_SANITIZE="$2" >/dev/null
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O0 -g1 -DNDEBUG" -DSTRATA_SANITIZE="$2" \
+    -DCMAKE_UNITY_BUILD=ON >/dev/null
 }
 asan_build() {
   configure_sanitized "$asan_dir" address,undefined && cmake --build "$asan_dir" -j "$jobs"

@@ -16,16 +16,16 @@ namespace {
 
 // One callback serves every live PartitionedInit (RecordFunction takes plain function pointers):
 // installed with the first, removed with the last.
-std::mutex g_registry_mutex;
-std::vector<PartitionedInit*>& registry() {
+std::mutex g_inits_mutex;
+std::vector<PartitionedInit*>& live_init_list() {
   static std::vector<PartitionedInit*> inits;
   return inits;
 }
-at::CallbackHandle g_callback = 0;
+at::CallbackHandle g_init_callback = 0;
 
 std::vector<PartitionedInit*> live_inits() {
-  std::lock_guard<std::mutex> lock(g_registry_mutex);
-  return registry();
+  std::lock_guard<std::mutex> lock(g_inits_mutex);
+  return live_init_list();
 }
 
 // The storages of an op's tensor inputs, from its start to its end.
@@ -66,10 +66,10 @@ std::shared_ptr<PartitionedInit> PartitionedInit::create(comm::GroupPtr group,
                                                          PartitionedInitOptions options) {
   std::shared_ptr<PartitionedInit> init(new PartitionedInit(std::move(group), options));
   init->active_ = true;
-  std::lock_guard<std::mutex> lock(g_registry_mutex);
-  registry().push_back(init.get());
-  if (registry().size() == 1)
-    g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&start, &end)
+  std::lock_guard<std::mutex> lock(g_inits_mutex);
+  live_init_list().push_back(init.get());
+  if (live_init_list().size() == 1)
+    g_init_callback = at::addGlobalCallback(at::RecordFunctionCallback(&start, &end)
                                            .needsInputs(true)
                                            .needsOutputs(true)
                                            .scopes({at::RecordScope::FUNCTION}));
@@ -83,12 +83,12 @@ PartitionedInit::PartitionedInit(comm::GroupPtr group, PartitionedInitOptions op
       rank_(group_ ? group_->rank() : 0) {}
 
 PartitionedInit::~PartitionedInit() {
-  std::lock_guard<std::mutex> lock(g_registry_mutex);
-  auto& r = registry();
+  std::lock_guard<std::mutex> lock(g_inits_mutex);
+  auto& r = live_init_list();
   r.erase(std::remove(r.begin(), r.end(), this), r.end());
   if (r.empty()) {
-    at::removeCallback(g_callback);
-    g_callback = 0;
+    at::removeCallback(g_init_callback);
+    g_init_callback = 0;
   }
 }
 

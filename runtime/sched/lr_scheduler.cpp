@@ -18,12 +18,12 @@
 namespace strata {
 namespace {
 
-constexpr const char* kWhere = "scheduler.params";
+constexpr const char* kSched = "scheduler.params";
 constexpr double kPi = 3.14159265358979323846;
 
 // DeepSpeed's resume argument; absent means a fresh start.
 int64_t resume_iteration(const json& p) {
-  return params::has(p, "last_batch_iteration") ? params::get_int(p, "last_batch_iteration", kWhere)
+  return params::has(p, "last_batch_iteration") ? params::get_int(p, "last_batch_iteration", kSched)
                                                 : -1;
 }
 
@@ -37,7 +37,7 @@ std::optional<bool> parse_warmup_type(const std::string& type) {
 std::string unknown_warmup_type(const char* name, const std::string& type) {
   return fmt::format("{}: {}.warmup_type = \"{}\" is not \"log\" or \"linear\"; using \"log\", as "
                      "DeepSpeed does",
-                     name, kWhere, type);
+                     name, kSched, type);
 }
 
 // Python's float %: the result takes the divisor's sign.
@@ -114,16 +114,16 @@ WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, const json& p, const char
                    std::optional<int64_t> total_num_steps)
     : LRScheduler(optimizer), total_num_steps_(total_num_steps) {
   const size_t groups = group_count();
-  min_lrs_ = params::get_per_group(p, "warmup_min_lr", kWhere, groups);
+  min_lrs_ = params::get_per_group(p, "warmup_min_lr", kSched, groups);
   const std::vector<double> max_lrs =
-      params::has(p, "warmup_max_lr") ? params::get_per_group(p, "warmup_max_lr", kWhere, groups)
+      params::has(p, "warmup_max_lr") ? params::get_per_group(p, "warmup_max_lr", kSched, groups)
                                       : group_lrs(optimizer);
   for (size_t i = 0; i < groups; ++i) delta_lrs_.push_back(max_lrs[i] - min_lrs_[i]);
 
-  const int64_t requested = params::get_int(p, "warmup_num_steps", kWhere);
+  const int64_t requested = params::get_int(p, "warmup_num_steps", kSched);
   warmup_num_steps_ = std::max<int64_t>(2, requested);
   inverse_log_warmup_ = 1.0 / std::log(static_cast<double>(warmup_num_steps_));
-  const std::string type = params::get_string(p, "warmup_type", kWhere);
+  const std::string type = params::get_string(p, "warmup_type", kSched);
   const auto linear = parse_warmup_type(type);
   if (!linear) warn(unknown_warmup_type(name, type));
   linear_ = linear.value_or(false);
@@ -153,19 +153,19 @@ std::vector<double> WarmupLR::get_lr() const {
 }
 
 WarmupDecayLR::WarmupDecayLR(torch::optim::Optimizer& optimizer, const json& p)
-    : WarmupLR(optimizer, p, "WarmupDecayLR", params::get_int(p, "total_num_steps", kWhere)) {}
+    : WarmupLR(optimizer, p, "WarmupDecayLR", params::get_int(p, "total_num_steps", kSched)) {}
 
 // ---- WarmupCosineLR ---------------------------------------------------------------------------
 
 WarmupCosineLR::WarmupCosineLR(torch::optim::Optimizer& optimizer, const json& p)
     : LRScheduler(optimizer), org_lrs_(group_lrs(optimizer)) {
-  total_num_steps_ = params::get_int(p, "total_num_steps", kWhere);
-  const int64_t requested = params::get_int(p, "warmup_num_steps", kWhere);
+  total_num_steps_ = params::get_int(p, "total_num_steps", kSched);
+  const int64_t requested = params::get_int(p, "warmup_num_steps", kSched);
   warmup_num_steps_ = std::max<int64_t>(2, requested);
-  warmup_min_ratio_ = params::get_double(p, "warmup_min_ratio", kWhere);
-  cos_min_ratio_ = params::get_double(p, "cos_min_ratio", kWhere);
+  warmup_min_ratio_ = params::get_double(p, "warmup_min_ratio", kSched);
+  cos_min_ratio_ = params::get_double(p, "cos_min_ratio", kSched);
   inverse_log_warmup_ = 1.0 / std::log(static_cast<double>(warmup_num_steps_));
-  const std::string type = params::get_string(p, "warmup_type", kWhere);
+  const std::string type = params::get_string(p, "warmup_type", kSched);
   const auto linear = parse_warmup_type(type);
   if (!linear) warn(unknown_warmup_type("WarmupCosineLR", type));
   linear_ = linear.value_or(false);
@@ -202,34 +202,34 @@ std::vector<double> WarmupCosineLR::get_lr() const {
 // ---- OneCycle ---------------------------------------------------------------------------------
 
 OneCycle::OneCycle(torch::optim::Optimizer& optimizer, const json& p) : LRScheduler(optimizer) {
-  first_step_size_ = params::get_double(p, "cycle_first_step_size", kWhere);
+  first_step_size_ = params::get_double(p, "cycle_first_step_size", kSched);
   second_step_size_ = params::has(p, "cycle_second_step_size")
-                          ? params::get_double(p, "cycle_second_step_size", kWhere)
+                          ? params::get_double(p, "cycle_second_step_size", kSched)
                           : first_step_size_;
   if (first_step_size_ <= 0 || second_step_size_ < 0)
     throw Error(
         fmt::format("{}: cycle_first_step_size must be > 0 and cycle_second_step_size "
                     ">= 0, got {} and {}",
-                    kWhere, first_step_size_, second_step_size_));
+                    kSched, first_step_size_, second_step_size_));
   total_size_ = first_step_size_ + second_step_size_;
   step_ratio_ = first_step_size_ / total_size_;
   first_stair_count_ = params::has(p, "cycle_first_stair_count")
-                           ? params::get_int(p, "cycle_first_stair_count", kWhere)
+                           ? params::get_int(p, "cycle_first_stair_count", kSched)
                            : 0;
   second_stair_count_ = params::has(p, "cycle_second_stair_count")
-                            ? params::get_int(p, "cycle_second_stair_count", kWhere)
+                            ? params::get_int(p, "cycle_second_stair_count", kSched)
                             : first_stair_count_;
 
-  decay_step_size_ = params::get_double(p, "decay_step_size", kWhere);
+  decay_step_size_ = params::get_double(p, "decay_step_size", kSched);
   if (decay_step_size_ < 0)
-    throw Error(fmt::format("{}.decay_step_size must be >= 0, got {}", kWhere, decay_step_size_));
+    throw Error(fmt::format("{}.decay_step_size must be >= 0, got {}", kSched, decay_step_size_));
   // Both bounds are read before anything is written (DeepSpeed #8201: all or nothing).
-  min_lrs_ = params::get_per_group(p, "cycle_min_lr", kWhere, group_count());
-  max_lrs_ = params::get_per_group(p, "cycle_max_lr", kWhere, group_count());
-  decay_lr_rate_ = params::get_double(p, "decay_lr_rate", kWhere);
+  min_lrs_ = params::get_per_group(p, "cycle_min_lr", kSched, group_count());
+  max_lrs_ = params::get_per_group(p, "cycle_max_lr", kSched, group_count());
+  decay_lr_rate_ = params::get_double(p, "decay_lr_rate", kSched);
   skip_lr_decay_ = decay_step_size_ == 0 || decay_lr_rate_ == 0;
 
-  cycle_momentum_ = params::get_bool(p, "cycle_momentum", kWhere);
+  cycle_momentum_ = params::get_bool(p, "cycle_momentum", kSched);
   skip_mom_decay_ = true;
   if (cycle_momentum_ && !has_betas(optimizer.defaults())) {
     warn(
@@ -238,9 +238,9 @@ OneCycle::OneCycle(torch::optim::Optimizer& optimizer, const json& p) : LRSchedu
     cycle_momentum_ = false;
   }
   if (cycle_momentum_) {  // as in DeepSpeed, the momentum lists are read only when used
-    min_moms_ = params::get_per_group(p, "cycle_min_mom", kWhere, group_count());
-    max_moms_ = params::get_per_group(p, "cycle_max_mom", kWhere, group_count());
-    decay_mom_rate_ = params::get_double(p, "decay_mom_rate", kWhere);
+    min_moms_ = params::get_per_group(p, "cycle_min_mom", kSched, group_count());
+    max_moms_ = params::get_per_group(p, "cycle_max_mom", kSched, group_count());
+    decay_mom_rate_ = params::get_double(p, "decay_mom_rate", kSched);
     skip_mom_decay_ = decay_step_size_ == 0 || decay_mom_rate_ == 0;
   }
   start(resume_iteration(p));
@@ -311,12 +311,12 @@ void OneCycle::apply() {
 
 LRRangeTest::LRRangeTest(torch::optim::Optimizer& optimizer, const json& p)
     : LRScheduler(optimizer) {
-  min_lrs_ = params::get_per_group(p, "lr_range_test_min_lr", kWhere, group_count());
-  step_size_ = params::get_double(p, "lr_range_test_step_size", kWhere);
+  min_lrs_ = params::get_per_group(p, "lr_range_test_min_lr", kSched, group_count());
+  step_size_ = params::get_double(p, "lr_range_test_step_size", kSched);
   if (step_size_ <= 0)
-    throw Error(fmt::format("{}.lr_range_test_step_size must be > 0, got {}", kWhere, step_size_));
-  step_rate_ = params::get_double(p, "lr_range_test_step_rate", kWhere);
-  staircase_ = params::get_bool(p, "lr_range_test_staircase", kWhere);
+    throw Error(fmt::format("{}.lr_range_test_step_size must be > 0, got {}", kSched, step_size_));
+  step_rate_ = params::get_double(p, "lr_range_test_step_rate", kSched);
+  staircase_ = params::get_bool(p, "lr_range_test_staircase", kSched);
   start(resume_iteration(p));
 }
 

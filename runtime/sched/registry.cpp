@@ -17,7 +17,7 @@ std::unique_ptr<LRScheduler> make(torch::optim::Optimizer& optimizer, const json
   return std::make_unique<Scheduler>(optimizer, params);
 }
 
-detail::NameRegistry<SchedulerFactory>& registry() {
+detail::NameRegistry<SchedulerFactory>& scheduler_registry() {
   static detail::NameRegistry<SchedulerFactory> table("scheduler",
                                                       {{"WarmupLR", make<WarmupLR>},
                                                        {"WarmupDecayLR", make<WarmupDecayLR>},
@@ -30,17 +30,17 @@ detail::NameRegistry<SchedulerFactory>& registry() {
 }  // namespace
 
 void register_scheduler(const std::string& name, SchedulerFactory factory) {
-  registry().add(name, std::move(factory));
+  scheduler_registry().add(name, std::move(factory));
 }
 
 std::unique_ptr<LRScheduler> make_scheduler(const SchedulerConfig& config,
                                             torch::optim::Optimizer& optimizer) {
-  auto scheduler = registry().get(config.type)(optimizer, config.params);
+  auto scheduler = scheduler_registry().get(config.type)(optimizer, config.params);
   if (!scheduler)
     throw Error(fmt::format("the factory for scheduler \"{}\" returned no scheduler", config.type));
   return scheduler;
 }
 
-std::vector<std::string> scheduler_names() { return registry().names(); }
+std::vector<std::string> scheduler_names() { return scheduler_registry().names(); }
 
 }  // namespace strata
