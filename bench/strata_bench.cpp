@@ -7,7 +7,7 @@
 // runtime's own cost. For a stage-3 config on one rank it also times the same config at stage 0
 // in the same process (rounds alternating) and prints stage 3's ratio to it and the mechanism's
 // cost per dispatched op (the op callback, gathers and releases).
-//   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3]
+//   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3] [--seq T]
 //                    [--device cuda|cpu] [--profile STEPS]   (bench/op_profile.h)
 //   strata-bench adam [--numel N] [--steps N] [--device cuda|cpu]   (bench/adam_bench.h)
 //   strata-bench cpu-adam [--numel N] [--runs R]                    (bench/cpu_adam_bench.cpp)
@@ -57,12 +57,14 @@ struct Args {
   int64_t steps = 20, warmup = 3;
   int64_t profile = 0;  // > 0: after timing, that many steps under the op profile
   std::string checkpointing;  // --activation-checkpointing: GPTConfig::checkpointing
+  int64_t seq = 0;            // --seq: the model's sequence length instead of its own
 };
 
 Args parse(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) != "gpt")
     throw strata::Error("usage: strata-bench gpt --config FILE [--model NAME] [--steps N] "
-                        "[--warmup N] [--device cuda|cpu] [--activation-checkpointing every|every:K|selective]\n       strata-bench adam [--numel N] "
+                        "[--warmup N] [--device cuda|cpu] [--activation-checkpointing every|every:K|selective] "
+                        "[--seq T]\n       strata-bench adam [--numel N] "
                         "[--steps N] [--device cuda|cpu]");
   Args a;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -74,6 +76,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--device") a.device = value;
     else if (flag == "--profile") a.profile = std::stoll(value);
     else if (flag == "--activation-checkpointing") a.checkpointing = value;
+    else if (flag == "--seq") a.seq = std::stoll(value);
     else throw strata::Error("strata-bench: unknown option " + flag);
   }
   if (a.config.empty()) throw strata::Error("strata-bench: --config FILE is required");
@@ -96,13 +99,16 @@ double matmul_peak(const torch::Device& device) {
   return reps * 2.0 * n * n * n / s / 1e12;
 }
 
-double peak_memory_gib(const torch::Device& device) {
+// The caching allocator's peak of allocated (the peers' max_memory_allocated) or of reserved bytes.
+double peak_memory_gib(const torch::Device& device, bool reserved = false) {
 #if STRATA_BENCH_CUDA
   if (device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return stats.allocated_bytes[0].peak / double(1 << 30);
+    return (reserved ? stats.reserved_bytes[0].peak : stats.allocated_bytes[0].peak) /
+           double(1 << 30);
   }
 #endif
+  (void)reserved;
   return 0.0;
 }
 
@@ -227,6 +233,7 @@ int run(const Args& args) {
   using namespace strata::examples;
   auto cfg = GPTConfig::by_name(args.model);
   cfg.checkpointing = args.checkpointing;
+  if (args.seq > 0) cfg.seq_len = args.seq;
   const torch::Device device = strata::bench::bench_device(args.device);
   const double peak = matmul_peak(device);
 
@@ -287,6 +294,7 @@ int run(const Args& args) {
                       {"B", batch}, {"T", seq}, {"step_ms", dt * 1e3},
                       {"tok_s", tok / dt}, {"tflops", tflops}, {"mfu", tflops / peak},
                       {"peak_tflops", peak}, {"mem_GiB", peak_memory_gib(device)},
+                      {"reserved_GiB", peak_memory_gib(device, /*reserved=*/true)},
                       {"warm_s", warm}, {"loss", loss.item<double>()}};
   if (args.profile > 0 && engine->data_parallel_rank() == 0) {
     strata::bench::OpProfile profile;
