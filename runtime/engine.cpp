@@ -39,40 +39,6 @@ void connect(InitOptions& options) {
   options.group = world;
 }
 
-// Mixed precision and ZeRO 1-2 run through the partitioned optimizer (fp32 master weights over
-// a flat buffer); plain fp32 stage 0 optimizes the module's own tensors.
-// torch_autocast in fp16 scales the loss (DeepSpeed's GradScaler), which the partitioned
-// optimizer unscales, at stage 0 too.
-bool uses_partitioned_optimizer(const Config& config) {
-  const bool fp16_autocast = config.torch_autocast.enabled && !config.bf16.enabled &&
-                             torch_autocast_dtype(config.torch_autocast) == torch::kHalf;
-  return config.zero_optimization.stage >= 1 || config.fp16.enabled || config.bf16.enabled ||
-         fp16_autocast;
-}
-
-// A config's dtype name ("fp32", "fp16", "bf16", as the schema allows them).
-torch::ScalarType dtype_named(const std::string& name) {
-  if (name == "fp16") return torch::kHalf;
-  if (name == "bf16") return torch::kBFloat16;
-  return torch::kFloat;
-}
-
-// The dtype gradients travel in: communication_data_type, else fp16 under fp16 and fp32
-// otherwise (DeepSpeed's defaults).
-torch::ScalarType comm_dtype(const Config& config) {
-  const auto& name = config.communication_data_type;
-  if (!name.empty()) return dtype_named(name);
-  return config.fp16.enabled ? torch::kHalf : torch::kFloat;
-}
-
-// The dtype gradients are summed in over the accumulation window (data_types.grad_accum_dtype):
-// fp32 unless the config names the model's own dtype (the config's rules refuse other 16-bit
-// dtypes), as DeepSpeed's bf16 optimizer accumulates in fp32.
-torch::ScalarType accum_dtype(const Config& config) {
-  const auto& named = config.data_types.grad_accum_dtype;
-  return named ? dtype_named(*named) : torch::kFloat;
-}
-
 LoadOptions load_options(const InitOptions& options) {
   LoadOptions load;
   load.world_size = options.group ? options.group->size() : 1;
@@ -102,6 +68,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       group_(std::move(options.group)),
       scaler_(LossScaler::from_config(config_.fp16)),
       last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
+  validate(options);
+  prepare_module(options);
+  build_groups(options);
+  configure_lr_scheduler(options);
+  follow_lr_schedule();
+  start_monitors();
+}
+
+void Engine::validate(const InitOptions& options) {
   if (!module_) throw Error("strata::initialize: the model is empty (a null module holder)");
   // Before any offload, partition or step: a clear refusal instead of LibTorch's "not
   // implemented for 'Half'" (with a backtrace) in the first forward.
@@ -129,7 +104,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
                             config_.source, config_.world_size, group_->size()));
   if (group_ && group_->size() == 1) group_.reset();
   if (group_) log::set_rank(group_->rank());
+}
 
+void Engine::prepare_module(const InitOptions& options) {
   // MoE layers: their experts differ from rank to rank (expert parallelism).
   find_experts();
   // Before anything is broadcast: every rank must hold the same tensors (experts: every rank
@@ -213,111 +190,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
     broadcast_buffers(*module_, *group_);
   }
   check_and_broadcast_experts();
+}
 
-  const auto& zero = config_.zero_optimization;
-  const auto accum = accum_dtype(config_);
-  // MoE: experts and the rest are partitioned over different groups, so both go through the
-  // partitioned optimizer, whatever the precision and stage.
-  if (uses_partitioned_optimizer(config_) || !experts_.empty()) {
-    zero::PartitionedOptions po;
-    po.stage = zero.stage;
-    po.comm_dtype = gradient_comm_dtype();
-    po.reduce_bucket_numel = zero.reduce_bucket_size.value;
-    po.accumulation_steps = gradient_accumulation_steps();
-    po.accum_dtype = accum;
-    po.offload = optimizer_offload_options();
-    auto build = [&](std::vector<torch::Tensor> master) {
-      return make_optimizer_over(master, options);
-    };
-    if (!experts_.empty() && std::all_of(params_.begin(), params_.end(),
-                                         [&](const torch::Tensor& p) { return is_expert(p); }))
-      throw Error("strata::initialize: every trainable parameter is an MoE expert; the engine "
-                  "needs the others (at least the gate) trainable too");
-    if (zero.stage == 3) {
-      // Every parameter, frozen ones too, is cut into units and sharded; from here on a unit's
-      // bytes exist only while the model uses it (zero/param_coordinator.h).
-      zero::UnitOptions uo;
-      uo.persistence_threshold = zero.stage3_param_persistence_threshold.value;
-      uo.model_persistence_threshold = zero.stage3_model_persistence_threshold;
-      // NVMe offload: every unit's shard on the swap files' 4 KiB grid, in the parameters' file
-      // (the model's dtype) and the gradient's (whose chunks are the units' shards, in the
-      // communication dtype): aligned for the narrower of the two, which suits both.
-      if (zero.offload_param.device == "nvme" || zero.offload_optimizer.device == "nvme")
-        uo.alignment = int64_t(offload::kIoAlign) /
-                       std::min<int64_t>(params_.front().element_size(),
-                                         int64_t(c10::elementSize(po.comm_dtype)));
-      zero::ParamUnits::ValueOf value_of;
-      if (init)
-        value_of = [&](const torch::Tensor& p) { return partitioned(p) ? init->take_full_value(p) : p; };
-      auto specs = zero::plan_units(*module_, options.stage3_units);
-      // The experts are units of their own, over their own group (build_stage3_experts). A
-      // frozen parameter that is not floating point (an index table) is never trained or cast:
-      // it stays whole on every rank, as DeepSpeed keeps what it does not partition.
-      for (auto& spec : specs) {
-        zero::UnitSpec kept{spec.name, {}, {}};
-        for (size_t i = 0; i < spec.params.size(); ++i)
-          if (!is_expert(spec.params[i]) &&
-              (spec.params[i].is_floating_point() || spec.params[i].requires_grad())) {
-            kept.param_names.push_back(spec.param_names[i]);
-            kept.params.push_back(spec.params[i]);
-          }
-        spec = std::move(kept);
-      }
-      specs.erase(std::remove_if(specs.begin(), specs.end(),
-                                 [](const zero::UnitSpec& s) { return s.params.empty(); }),
-                  specs.end());
-      units_ = std::make_shared<zero::ParamUnits>(std::move(specs), group_, uo, value_of);
-      if (init) init->release();  // the units own the parameters now
-      zero::CoordinatorOptions co;
-      co.prefetch_numel = zero.stage3_prefetch_bucket_size.value;
-      co.max_live_numel = zero.stage3_max_live_parameters;
-      co.max_reuse_distance = zero.stage3_max_reuse_distance;
-      coordinator_ = std::make_unique<zero::ParamCoordinator>(units_, group_, co);
-      partitioned_ = std::make_unique<zero::PartitionedOptimizer>(units_, group_, po, build);
-      if (!experts_.empty()) build_stage3_experts(uo, co, po, options);
-      offload_parameters();  // after the optimizers read the partitions
-    } else if (experts_.empty()) {
-      partitioned_ = std::make_unique<zero::PartitionedOptimizer>(params_, group_, po, build);
-    } else {
-      std::vector<torch::Tensor> dense, expert;
-      for (const auto& p : params_) (is_expert(p) ? expert : dense).push_back(p);
-      partitioned_ = std::make_unique<zero::PartitionedOptimizer>(dense, group_, po, build);
-      build_expert_optimizer(po, options, expert);
-    }
-    optimizer_ = partitioned_->inner();
-    // Strata's Adam steps the flat master in one fused pass (a CUDA kernel on GPUs).
-    auto use_flat_adam = [](zero::PartitionedOptimizer& partitioned,
-                            const std::shared_ptr<torch::optim::Optimizer>& inner) {
-      auto adam = std::dynamic_pointer_cast<optim::Adam>(inner);
-      if (!adam || !adam->can_step_flat()) return;
-      partitioned.use_flat_step(
-          [adam](const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
-                 int64_t tile_numel, const zero::PartitionedOptimizer::TileDone& after_tile) {
-            adam->step_flat(grad, grad_scale, copy_out, tile_numel, after_tile);
-          });
-      partitioned.use_overlapped_step([adam](double grad_scale) {
-        auto parts = adam->begin_flat_step(grad_scale);
-        return zero::PartitionedOptimizer::AdamTiles{parts.scalars, parts.exp_avg, parts.exp_avg_sq};
-      });
-    };
-    use_flat_adam(*partitioned_, optimizer_);
-    finish_optimizer_offload();
-    if (expert_partitioned_) {
-      use_flat_adam(*expert_partitioned_, expert_optimizer_);
-      const double lr = optimizer_->param_groups().at(0).options().get_lr();
-      expert_lr_ratio_ = lr > 0 ? expert_optimizer_->param_groups().at(0).options().get_lr() / lr : 1.0;
-    }
-  } else {
-    optimizer_ = make_optimizer_over(params_, options);
-    if (group_) {
-      zero::GradientReducer::Options ro;
-      ro.bucket_numel = zero.reduce_bucket_size.value;
-      ro.comm_dtype = gradient_comm_dtype();
-      reducer_ = zero::GradientReducer::create(params_, group_, ro);
-    }
-  }
-  configure_lr_scheduler(options);
-  follow_lr_schedule();
+void Engine::start_monitors() {
   monitored_ = config_.tensorboard.enabled || config_.csv_monitor.enabled;
   monitor_ = monitor::make_monitors(config_, data_parallel_rank());
   // activation_checkpointing: what strata::checkpoint() in the model does (process-wide, as
@@ -327,16 +202,6 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
 }
 
 Engine::~Engine() { checkpointing::release(this); }
-
-// torch_autocast, as DeepSpeed: the gradients of lower_precision_safe_modules' parameters travel
-// in the autocast dtype, the others in fp32. Strata's reducer sends one dtype, so the autocast
-// dtype only when every trainable parameter is in such a module (else fp32: never coarser than
-// DeepSpeed). communication_data_type, when set, decides for all.
-torch::ScalarType Engine::gradient_comm_dtype() const {
-  if (autocast_plan_.enabled && !model_cast_ && config_.communication_data_type.empty())
-    return autocast_safe_params_only_ ? autocast_plan_.dtype : torch::kFloat;
-  return comm_dtype(config_);
-}
 
 std::shared_ptr<torch::optim::Optimizer> Engine::make_optimizer_over(
     std::vector<torch::Tensor> params, InitOptions& options) {
@@ -378,9 +243,9 @@ void Engine::configure_lr_scheduler(InitOptions& options) {
   if (options.lr_scheduler && options.lr_scheduler_builder)
     throw Error("strata::initialize: pass either InitOptions::lr_scheduler or its builder");
   if (config_.scheduler.present) {
-    lr_scheduler_ = make_scheduler(config_.scheduler, *optimizer_);
+    lr_scheduler_ = make_scheduler(config_.scheduler, *dense().optimizer());
   } else if (options.lr_scheduler_builder) {
-    lr_scheduler_ = options.lr_scheduler_builder(*optimizer_);
+    lr_scheduler_ = options.lr_scheduler_builder(*dense().optimizer());
   } else {
     lr_scheduler_ = std::move(options.lr_scheduler);  // may be null: constant lr
   }
@@ -394,26 +259,18 @@ bool Engine::is_gradient_accumulation_boundary() const {
 
 zero::ModelStateBytes Engine::model_state_bytes() const {
   zero::ModelStateBytes bytes;
-  if (partitioned_) {
-    bytes = partitioned_->state_bytes();
-    if (expert_partitioned_) {
-      const auto e = expert_partitioned_->state_bytes();
-      bytes.params += e.params, bytes.grads += e.grads, bytes.master += e.master;
-      bytes.nvme += e.nvme;
-    }
-  } else {
-    for (const auto& p : params_) bytes.params += p.numel() * p.element_size();
-    bytes.grads = bytes.params;  // one gradient per parameter, same dtype
+  for (const auto& g : groups_) {
+    const auto b = g->state_bytes();
+    bytes.params += b.params, bytes.grads += b.grads, bytes.master += b.master;
+    bytes.optimizer += b.optimizer, bytes.nvme += b.nvme;
   }
-  bytes.optimizer = optim::optimizer_state_bytes(*optimizer_);
-  if (expert_optimizer_) bytes.optimizer += optim::optimizer_state_bytes(*expert_optimizer_);
   return bytes;
 }
 
 std::vector<zero::ParamCoordinator*> Engine::coordinators() const {
   std::vector<zero::ParamCoordinator*> out;
-  for (auto* c : {coordinator_.get(), expert_coordinator_.get()})
-    if (c) out.push_back(c);
+  for (const auto& g : groups_)
+    if (auto* c = g->coordinator()) out.push_back(c);
   return out;
 }
 
@@ -435,7 +292,7 @@ void Engine::end_forward() {
 }
 
 int64_t Engine::live_param_bytes_peak() const {
-  if (coordinator_) return last_live_peak_;
+  if (dense().coordinator()) return last_live_peak_;
   int64_t bytes = 0;
   for (const auto& p : unique_parameters(*module_, /*trainable_only=*/false))
     bytes += p.tensor.numel() * p.tensor.element_size();
@@ -443,7 +300,7 @@ int64_t Engine::live_param_bytes_peak() const {
 }
 
 std::shared_ptr<void> Engine::gathered_parameters() {
-  if (!coordinator_) return std::make_shared<int>(0);
+  if (!dense().coordinator()) return std::make_shared<int>(0);
   struct Gathered {
     explicit Gathered(zero::ParamCoordinator& c)
         : c(c), scope(&c, zero::ParamCoordinator::Phase::kGathered) {}
@@ -473,9 +330,7 @@ void Engine::backward(const torch::Tensor& loss) {
     const auto l = loss.detach().to(torch::kFloat).reshape({});
     window_loss_ = window_loss_.defined() ? window_loss_ + l : l;
   }
-  if (reducer_) reducer_->begin_backward(boundary);
-  if (partitioned_) partitioned_->begin_backward(boundary);
-  if (expert_partitioned_) expert_partitioned_->begin_backward(boundary);
+  for (const auto& g : groups_) g->begin_backward(boundary);
   // fp16: the loss scale; accumulation: 1/gas, so the window's gradients sum to the mean.
   const double factor = scaler_.cur_scale() / static_cast<double>(gradient_accumulation_steps());
   std::vector<zero::ParamCoordinator::Scope> scopes;
@@ -500,35 +355,15 @@ void Engine::backward(const torch::Tensor& loss) {
   }
 }
 
-void Engine::clip_gradients() {
-  // One global norm over every gradient, as torch.nn.utils.clip_grad_norm_ and DeepSpeed.
-  std::vector<torch::Tensor> norms;
-  norms.reserve(params_.size());
-  for (const auto& p : params_)
-    if (p.grad().defined()) norms.push_back(p.grad().detach().to(torch::kFloat).norm(2));
-  if (norms.empty()) return;
-  const auto total = torch::stack(norms).norm(2);
-  last_grad_norm_ = total.item<double>();
-  const double max_norm = config_.gradient_clipping.value;
-  const double coef = max_norm / (last_grad_norm_ + 1e-6);
-  if (coef < 1.0)
-    for (auto& p : params_)
-      if (p.grad().defined()) p.grad().mul_(coef);
-}
-
 void Engine::step() {
   for (auto* c : coordinators()) c->rethrow_if_failed();
-  if (partitioned_) partitioned_->end_micro_step();
-  if (expert_partitioned_) expert_partitioned_->end_micro_step();
+  for (const auto& g : groups_) g->end_micro_step();
   if (is_gradient_accumulation_boundary()) {
     // Before any weight changes: did every rank gather the same units?
     for (auto* c : coordinators()) c->check_same_gathers();
-    if (partitioned_)
-      partitioned_step();
-    else
-      plain_step();
+    optimizer_step();
     balance_experts();
-    if (coordinator_) last_live_peak_ = 0;
+    if (dense().coordinator()) last_live_peak_ = 0;
     for (auto* c : coordinators()) {  // experts and the rest: each one's peak (an upper bound)
       last_live_peak_ += c->live_bytes_peak();
       c->reset_peak();
@@ -563,46 +398,30 @@ void Engine::write_monitor_events(const std::vector<monitor::Event>& events) {
 }
 
 void Engine::settle_step() {
-  if (partitioned_) partitioned_->settle();
-  if (expert_partitioned_) expert_partitioned_->settle();
+  for (const auto& g : groups_) g->settle();
 }
 
-void Engine::plain_step() {
-  if (reducer_) reducer_->finish();  // gradients averaged over the data-parallel group
-  // Sparse gradients (Embedding(...).sparse(true)) are stepped dense, as the reducer sends them:
-  // the same numbers, and every optimizer and the clipping accept them.
-  for (auto& p : params_)
-    if (p.grad().defined() && p.grad().is_sparse()) p.mutable_grad() = p.grad().to_dense();
-  // A trainable parameter the forward did not use steps on a zero gradient, as in DeepSpeed
-  // (its engine gives such parameters zero gradients before the all-reduce) and as Strata's
-  // reducer and flat partitions do: one process, several ranks and every stage then step it
-  // alike (AdamW's decay, the moments), on LibTorch 1.13 (zero_grad keeps zeros) and 2.x
-  // (zero_grad leaves None, which LibTorch's optimizers skip) alike.
-  for (auto& p : params_)
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-  if (config_.gradient_clipping.value > 0.0) clip_gradients();
-  optimizer_->step();
-  if (lr_scheduler_) lr_scheduler_->step();
-  optimizer_->zero_grad();
-}
-
-void Engine::partitioned_step() {
-  auto summary = partitioned_->prepare(scaler_.cur_scale());
-  if (expert_partitioned_) {
-    // One global norm: the others' squares and every expert's, each counted once.
-    const auto experts = expert_partitioned_->prepare(scaler_.cur_scale());
-    summary.overflow = summary.overflow || experts.overflow;
-    summary.grad_norm = std::sqrt(summary.grad_norm * summary.grad_norm +
-                                  experts.grad_norm * experts.grad_norm);
+void Engine::optimizer_step() {
+  // One global norm over every group's gradients, each counted once (the experts' over their
+  // expert-parallel group), as torch.nn.utils.clip_grad_norm_ and DeepSpeed; one overflow
+  // decision for all. The plain fp32 path measures the norm only for clipping.
+  const bool clipping = config_.gradient_clipping.value > 0.0;
+  zero::GradientSummary summary;
+  double squares = 0.0;
+  for (const auto& g : groups_) {
+    const auto s = g->prepare(scaler_.cur_scale(), /*need_norm=*/clipping);
+    summary.overflow = summary.overflow || s.overflow;
+    summary.grad_norm = s.grad_norm;
+    squares += s.grad_norm * s.grad_norm;  // NaN when a group did not measure it
   }
+  if (groups_.size() > 1) summary.grad_norm = std::sqrt(squares);
   last_grad_norm_ = summary.grad_norm;
   last_step_skipped_ = summary.overflow && skip_on_overflow_;
   if (last_step_skipped_) {
     // As DeepSpeed: no parameter, optimizer-state or LR-schedule change; the scale drops
     // (or the run ends with an error at the minimum scale).
     const auto update = scaler_.update_scale(true);
-    partitioned_->discard();
-    if (expert_partitioned_) expert_partitioned_->discard();
+    for (const auto& g : groups_) g->discard();
     ++skipped_steps_;
     log::info("[strata] step {}: gradient overflow, step skipped; {}", global_steps_ + 1,
               describe(update));
@@ -610,10 +429,8 @@ void Engine::partitioned_step() {
   }
   scaler_.update_scale(false);
   double clip_coef = 1.0;
-  if (config_.gradient_clipping.value > 0.0)
-    clip_coef = config_.gradient_clipping.value / (summary.grad_norm + 1e-6);
-  partitioned_->apply(clip_coef);
-  if (expert_partitioned_) expert_partitioned_->apply(clip_coef);
+  if (clipping) clip_coef = config_.gradient_clipping.value / (summary.grad_norm + 1e-6);
+  for (const auto& g : groups_) g->apply(clip_coef);
   if (lr_scheduler_) lr_scheduler_->step();
   follow_lr_schedule();
 }
@@ -622,9 +439,8 @@ void Engine::partitioned_step() {
 // own): every group a step will use.
 std::vector<double> Engine::get_lr() const {
   std::vector<double> lrs;
-  for (auto& group : optimizer_->param_groups()) lrs.push_back(group.options().get_lr());
-  if (expert_optimizer_)
-    for (auto& group : expert_optimizer_->param_groups()) lrs.push_back(group.options().get_lr());
+  for (const auto& g : groups_)
+    for (auto& group : g->optimizer()->param_groups()) lrs.push_back(group.options().get_lr());
   return lrs;
 }
 

@@ -28,6 +28,7 @@
 #include "runtime/config/config.h"
 #include "runtime/error.h"
 #include "runtime/monitor/monitor.h"
+#include "runtime/param_group.h"
 #include "runtime/precision/loss_scaler.h"
 #include "runtime/sched/lr_scheduler.h"
 #include "zero/param_coordinator.h"
@@ -127,23 +128,26 @@ class Engine {
   // Optimizer offload: where the last step's host time went (null without offload).
   // NVMe optimizer offload: the swapper (its last pass's times, its size), or null.
   const offload::OptimizerSwapper* optimizer_swapper() const {
-    return partitioned_ ? partitioned_->swapper() : nullptr;
+    return dense().partitioned() ? dense().partitioned()->swapper() : nullptr;
   }
   // (Waits for an overlapped step still running, as optimizer() does.)
   const zero::OffloadTimes* last_offload_times() {
     settle_step();
-    return partitioned_ && partitioned_->offloads() ? &partitioned_->last_offload_times() : nullptr;
+    const auto* partitioned = dense().partitioned();
+    return partitioned && partitioned->offloads() ? &partitioned->last_offload_times() : nullptr;
   }
   // Stage 3: the units the parameters are cut into (null below stage 3); with MoE, the experts'
   // units (one per MoE layer, sharded over the expert-data-parallel group) are apart.
-  const zero::ParamUnits* stage3_units() const { return units_.get(); }
-  zero::ParamCoordinator* stage3_coordinator() const { return coordinator_.get(); }
-  const zero::ParamUnits* stage3_expert_units() const { return expert_units_.get(); }
-  // The dense parameters' gradient reducer (its bucket counters), or null when none reduces.
-  const zero::GradientReducer* gradient_reducer() const {
-    return reducer_ ? reducer_.get() : partitioned_ ? partitioned_->reducer() : nullptr;
+  const zero::ParamUnits* stage3_units() const { return dense().units(); }
+  zero::ParamCoordinator* stage3_coordinator() const { return dense().coordinator(); }
+  const zero::ParamUnits* stage3_expert_units() const {
+    return expert_group() ? expert_group()->units() : nullptr;
   }
-  zero::ParamCoordinator* stage3_expert_coordinator() const { return expert_coordinator_.get(); }
+  // The dense parameters' gradient reducer (its bucket counters), or null when none reduces.
+  const zero::GradientReducer* gradient_reducer() const { return dense().reducer(); }
+  zero::ParamCoordinator* stage3_expert_coordinator() const {
+    return expert_group() ? expert_group()->coordinator() : nullptr;
+  }
   // Checkpoints (runtime/checkpoint's layout: DIR/TAG/ with a manifest, DIR/latest): model
   // states, this rank's master weights and optimizer state, the loss scaler, the LR schedule,
   // the step counters and the program's own `client_state` (e.g. its data position). Every rank
@@ -174,28 +178,48 @@ class Engine {
   // overlap the next forward): these accessors wait for it first.
   torch::optim::Optimizer& optimizer() {
     settle_step();
-    return *optimizer_;
+    return *dense().optimizer();
   }
   // MoE: the expert parameters' optimizer (null without MoE layers), and the groups their
   // gradients are reduced over (expert_data_parallel) and their experts split over.
   torch::optim::Optimizer* expert_optimizer() {
     settle_step();
-    return expert_optimizer_.get();
+    return expert_group() ? expert_group()->optimizer().get() : nullptr;
   }
   const comm::ParallelGroups* expert_groups() const {
-    return expert_partitioned_ ? &expert_groups_ : nullptr;
+    return expert_group() ? &expert_groups_ : nullptr;
   }
   LRScheduler* lr_scheduler() { return lr_scheduler_.get(); }
 
  private:
+  // The constructor's phases, in order.
+  void validate(const InitOptions& options);  // what this build cannot run, refused by name
+  // The module made ready: experts found, every rank's model checked and made rank 0's, a
+  // PartitionedInit's shards taken in, the 16-bit cast, the trainable tensors listed.
+  void prepare_module(const InitOptions& options);
+  // The parameter groups and their holders (runtime/engine_groups.cpp).
+  void build_groups(InitOptions& options);
+  void make_groups(InitOptions& options);
+  void configure_lr_scheduler(InitOptions& options);
+  void start_monitors();
+
+  // runtime/engine_groups.cpp: the stage-3 groups (dense units, then one unit per MoE layer of
+  // experts); the experts' partitioned optimizer (over `units` at stage 3, else `experts`).
+  static bool uses_partitioned_optimizer(const Config& config);
+  void build_unit_groups(const zero::PartitionedOptions& po, InitOptions& options);
+  std::unique_ptr<zero::PartitionedOptimizer> make_expert_optimizer(
+      const zero::PartitionedOptions& po, InitOptions& options,
+      const std::shared_ptr<zero::ParamUnits>& units, const std::vector<torch::Tensor>& experts);
+  static double optimizer_group_lr(const ParamGroup& group);
   std::shared_ptr<torch::optim::Optimizer> make_optimizer_over(std::vector<torch::Tensor> params,
                                                                InitOptions& options);
-  void configure_lr_scheduler(InitOptions& options);
+  // The groups: the dense parameters', first, and the MoE experts' (null without MoE).
+  ParamGroup& dense() const { return *groups_.front(); }
+  ParamGroup* expert_group() const { return groups_.size() > 1 ? groups_[1].get() : nullptr; }
   // Waits for an offloaded step that runs overlapped with the next forward (zero/weight_arrival.h).
   void settle_step();
-  void plain_step();        // fp32 stage 0: the optimizer over the module's own tensors
-  void partitioned_step();  // mixed precision and ZeRO 1-2
-  void clip_gradients();
+  // At the accumulation boundary: every group prepared, then stepped (or the step skipped).
+  void optimizer_step();
   // MoE (runtime/engine_experts.cpp): finds the expert parameters, checks them, meets the
   // expert groups; after the LR schedule moved the others' lr, the experts' follows.
   void find_experts();
@@ -208,12 +232,6 @@ class Engine {
   // loads summed over the step's micro-batches and every rank move its bias toward balance;
   // checked identical on every rank.
   void balance_experts();
-  // The experts' partitioned optimizer (its options and inner optimizer follow `po` and the
-  // program's expert_optimizer_builder); at stage 3 the experts' units and coordinator first.
-  void build_expert_optimizer(const zero::PartitionedOptions& po, InitOptions& options,
-                              const std::vector<torch::Tensor>& experts);
-  void build_stage3_experts(const zero::UnitOptions& uo, const zero::CoordinatorOptions& co,
-                            const zero::PartitionedOptions& po, InitOptions& options);
   // Stage 3: the dense units and the experts' (each coordinator gathers over its own group).
   std::vector<zero::ParamCoordinator*> coordinators() const;
   bool is_expert(const torch::Tensor& p) const;
@@ -221,8 +239,12 @@ class Engine {
   // Expert checkpoints (per expert, so that they load at another ep_size), with the MoE layers'
   // call counters (their gate noise; older checkpoints: the saved micro-steps).
   void save_expert_states(checkpoint::CheckpointWriter& writer);
-  std::function<void()> read_expert_states(const checkpoint::CheckpointReader& reader,
-                                           int64_t saved_micro_steps);
+  GroupInstall read_expert_states(const checkpoint::CheckpointReader& reader,
+                                  int64_t saved_micro_steps);
+  // The dense group's optim_states (runtime/engine_checkpoint.cpp): its flat layout's partitions
+  // with their place in it, or the plain path's per-parameter state.
+  void save_dense_states(checkpoint::CheckpointWriter& writer);
+  GroupInstall read_dense_states(const checkpoint::CheckpointReader& reader, int64_t);
 
  protected:
   // Stage 3: the model may gather parameters while the returned scope lives; end_forward()
@@ -268,22 +290,16 @@ class Engine {
   Config config_;
   comm::GroupPtr group_;
   std::vector<torch::Tensor> params_;  // trainable parameters, in module order
-  std::shared_ptr<zero::GradientReducer> reducer_;            // plain path, several ranks
-  std::unique_ptr<zero::PartitionedOptimizer> partitioned_;  // mixed precision / ZeRO 1-3
-  std::shared_ptr<zero::ParamUnits> units_;                  // stage 3
-  std::unique_ptr<zero::ParamCoordinator> coordinator_;      // stage 3
-  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  // How the parameters are held, reduced and stepped: the dense group, then the experts'
+  // (declared before the LR schedule, which refers to their optimizers).
+  std::vector<std::unique_ptr<ParamGroup>> groups_;
   std::shared_ptr<offload::NvmeStore> nvme_store_;  // offload_optimizer.device "nvme"
   std::shared_ptr<LRScheduler> lr_scheduler_;
-  // MoE: the expert parameters (trainable, module order) in their own partitioned optimizer
-  // over the expert-data-parallel group.
+  // MoE: the expert parameters (trainable, module order), in a group of their own over the
+  // expert-data-parallel group.
   std::vector<moe::ExpertParameter> experts_;
   std::vector<moe::MoEImpl*> moe_layers_;  // the model's MoE layers, module order
   comm::ParallelGroups expert_groups_;
-  std::unique_ptr<zero::PartitionedOptimizer> expert_partitioned_;
-  std::shared_ptr<zero::ParamUnits> expert_units_;              // stage 3
-  std::unique_ptr<zero::ParamCoordinator> expert_coordinator_;  // stage 3
-  std::shared_ptr<torch::optim::Optimizer> expert_optimizer_;
   double expert_lr_ratio_ = 1.0;  // experts' lr / the others' first group's, at construction
   LossScaler scaler_;
   bool skip_on_overflow_ = false;

@@ -248,46 +248,6 @@ void Engine::key_gate_noise() {
   for (auto* layer : moe_layers_) layer->begin_micro_batch(index);
 }
 
-void Engine::build_expert_optimizer(const zero::PartitionedOptions& po, InitOptions& options,
-                                    const std::vector<torch::Tensor>& experts) {
-  // Averaged over their expert-data-parallel group, scaled to the world's mean, their norm
-  // summed over the expert-parallel group (zero/partitioned_optimizer.h).
-  const auto& edp = expert_groups_.expert_data_parallel;
-  auto eo = po;
-  eo.gradient_factor = static_cast<double>(edp ? edp->size() : 1) / data_parallel_size();
-  eo.norm_group = expert_groups_.expert_parallel;
-  eo.offload.swap_name = "expert-optimizer";  // beside the others' files in one NVMe store
-  auto build = [&](std::vector<torch::Tensor> master) {
-    if (!options.expert_optimizer_builder) return make_optimizer_over(master, options);
-    std::shared_ptr<torch::optim::Optimizer> built = options.expert_optimizer_builder(master);
-    if (!built) throw Error("strata::initialize: expert_optimizer_builder returned null");
-    return built;
-  };
-  if (expert_units_)
-    expert_partitioned_ = std::make_unique<zero::PartitionedOptimizer>(expert_units_, edp, eo, build);
-  else
-    expert_partitioned_ = std::make_unique<zero::PartitionedOptimizer>(experts, edp, eo, build);
-  expert_optimizer_ = expert_partitioned_->inner();
-}
-
-void Engine::build_stage3_experts(const zero::UnitOptions& uo, const zero::CoordinatorOptions& co,
-                                  const zero::PartitionedOptions& po, InitOptions& options) {
-  // One unit per MoE layer: this rank's experts of it, sharded over the ranks that hold the same
-  // experts (the expert-data-parallel group; with ep_size = world size nobody else does, and the
-  // unit is whole here, released and read back between uses like any other).
-  std::vector<zero::UnitSpec> specs;
-  for (const auto& e : experts_) {
-    const std::string name = e.layer_prefix + "experts";
-    if (specs.empty() || specs.back().name != name) specs.push_back({name, {}, {}});
-    specs.back().param_names.push_back(e.name);
-    specs.back().params.push_back(e.param);
-  }
-  const auto& edp = expert_groups_.expert_data_parallel;
-  expert_units_ = std::make_shared<zero::ParamUnits>(std::move(specs), edp, uo);
-  expert_coordinator_ = std::make_unique<zero::ParamCoordinator>(expert_units_, edp, co);
-  build_expert_optimizer(po, options, {});
-}
-
 void Engine::check_and_broadcast_experts() {
   const auto& edp = expert_groups_.expert_data_parallel;
   if (experts_.empty() || !edp || edp->size() == 1) return;
@@ -300,9 +260,10 @@ void Engine::check_and_broadcast_experts() {
 }
 
 void Engine::follow_lr_schedule() {
-  if (!expert_optimizer_) return;
-  const double lr = optimizer_->param_groups().at(0).options().get_lr() * expert_lr_ratio_;
-  for (auto& group : expert_optimizer_->param_groups()) group.options().set_lr(lr);
+  const auto* experts = expert_group();
+  if (!experts) return;
+  const double lr = optimizer_group_lr(dense()) * expert_lr_ratio_;
+  for (auto& group : experts->optimizer()->param_groups()) group.options().set_lr(lr);
 }
 
 void Engine::balance_experts() {
@@ -339,8 +300,9 @@ void Engine::balance_experts() {
 }
 
 void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
-  if (!expert_partitioned_) return;
-  const auto& ep = *expert_partitioned_;
+  const auto* experts = expert_group();
+  if (!experts) return;
+  const auto& ep = *experts->partitioned();
   const auto local = local_experts(ep);
   const auto layout = expert_layout(experts_, local);
   const auto& shards = local.shards;
@@ -374,7 +336,7 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   scalars["expert_pieces"] = checkpoint::pieces_json(to_global(shards.pieces(part), layout));
   // Streamed (NVMe: a tile at a time); the state's scalars join `scalars` before the footer.
   writer.stream_partition("expert_states", [&](checkpoint::TensorFileWriter& out) {
-    if (!write_master_state(ep, *expert_optimizer_, out, scalars))
+    if (!write_master_state(ep, *experts->optimizer(), out, scalars))
       throw Error("save_checkpoint: the experts' optimizer state cannot be saved per expert (only "
                   "Strata's Adam and SGD state can); use one of them for MoE models");
     // The 16-bit weights of the partition: stage 3 keeps them as the units' shards (on NVMe
@@ -401,19 +363,14 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   }, scalars);
 }
 
-std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointReader& reader,
-                                                 int64_t saved_micro_steps) {
+GroupInstall Engine::read_expert_states(const checkpoint::CheckpointReader& reader,
+                                       int64_t saved_micro_steps) {
   const bool has_experts = reader.has_partition("expert_states");
-  if (!expert_partitioned_) {
-    if (has_experts)
-      throw Error(fmt::format("{}: the checkpoint holds MoE experts and this model has no MoE "
-                              "layer", reader.folder()));
-    return [] {};
-  }
+  const auto* experts = expert_group();
   if (!has_experts)
     throw Error(fmt::format("{}: the checkpoint holds no MoE experts and this model has MoE layers",
                             reader.folder()));
-  const auto& ep = *expert_partitioned_;
+  const auto& ep = *experts->partitioned();
   const auto local = local_experts(ep);
   const auto layout = expert_layout(experts_, local);
   // Every rank's file: the partitions that cover the global layout, each expert once. This
@@ -425,7 +382,7 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
                             reader.folder(), saved->layout().dump(), layout.describe.dump()));
   const auto pieces = to_global(local.shards.pieces(local.part), layout);
   const auto state = saved_state_header(saved->scalars(), saved->state_tensors(), ep.master());
-  optim::check_param_state(*expert_optimizer_, ep.master(), state);
+  optim::check_param_state(*experts->optimizer(), ep.master(), state);
   // The layers' call counters (the same on every rank of a program whose ranks run the same
   // forwards). A checkpoint from before they were saved: one forward per micro-step, the usual
   // loop, so that the noise at least does not replay calls 0, 1, ...
@@ -474,13 +431,14 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
   // Without counters (saved by an older Strata) they count the saved run's micro-steps. Either
   // way they matter only to a layer called outside engine->forward, which keys the noise by the
   // global micro-batch (key_gate_noise).
-  return [this, saved, pieces, state, layout, local, layers, calls, biases] {
+  GroupInstall out;
+  out.install = [this, saved, pieces, state, layout, local, layers, calls, biases] {
     for (size_t i = 0; i < layers.size(); ++i) layers[i]->set_call_index(calls[i]);
     for (size_t i = 0; i < layers.size(); ++i)
       if (biases[i].defined()) layers[i]->set_expert_bias(biases[i]);
-    auto& ep = *expert_partitioned_;
+    auto& ep = *expert_group()->partitioned();
     install_master_state(
-        ep, *expert_optimizer_,
+        ep, *expert_group()->optimizer(),
         [&](const std::string& name, int64_t offset, int64_t n, float* dst) {
           saved->read(name, pieces, offset, n, dst);
         },
@@ -512,6 +470,7 @@ std::function<void()> Engine::read_expert_states(const checkpoint::CheckpointRea
     for (const auto& s : layout.segments)
       data.narrow(0, s.local, s.length).copy_(weights(s.local, s.length));
   };
+  return out;
 }
 
 }  // namespace strata

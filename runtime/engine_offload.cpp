@@ -83,23 +83,25 @@ std::shared_ptr<offload::NvmeStore> Engine::make_nvme_store(const std::string& n
 
 void Engine::offload_parameters() {
   const auto& op = config_.zero_optimization.offload_param;
-  if (op.device == "none" || !units_) return;
+  auto* units = dense().units();
+  if (op.device == "none" || !units) return;
+  auto* expert_units = expert_group() ? expert_group()->units() : nullptr;
   // With the optimizer offloaded too, its CPU step writes each tile of new weights to where the
   // shards live; else (as DeepSpeed allows at stage 3) the fp32 master and the optimizer state
   // stay on the device and each step stores the master, cast, to the shards' tier.
   const auto store = op.device == "nvme" ? make_nvme_store(op.nvme_path) : nullptr;
-  units_->offload_partition(op.device, op.pin_memory, store);
-  if (expert_units_) expert_units_->offload_partition(op.device, op.pin_memory, store, "expert-params");
+  units->offload_partition(op.device, op.pin_memory, store);
+  if (expert_units) expert_units->offload_partition(op.device, op.pin_memory, store, "expert-params");
   log::info("[strata] parameter offload: this rank's {} trainable {} shard elements{} in {}; "
             "each unit is {} for its gather; {}",
-            units_->partition().numel(), c10::toString(units_->partition().scalar_type()),
-            expert_units_ ? fmt::format(" (and {} of MoE experts)", expert_units_->partition().numel())
-                          : std::string(),
-            op.device == "cpu" ? (units_->partition().is_pinned() ? "page-locked host memory"
-                                                                  : "host memory")
+            units->partition().numel(), c10::toString(units->partition().scalar_type()),
+            expert_units ? fmt::format(" (and {} of MoE experts)", expert_units->partition().numel())
+                         : std::string(),
+            op.device == "cpu" ? (units->partition().is_pinned() ? "page-locked host memory"
+                                                                 : "host memory")
                                : "an NVMe swap file under " + op.nvme_path,
             op.device == "cpu" ? "copied to the device" : "read back",
-            partitioned_->offloads()
+            dense().partitioned()->offloads()
                 ? "the offloaded optimizer's step writes the new weights there"
                 : fmt::format("the fp32 master and the optimizer state stay on the {} (no "
                               "offload_optimizer), and each step stores the new weights there",
@@ -107,11 +109,17 @@ void Engine::offload_parameters() {
 }
 
 void Engine::finish_optimizer_offload() {
-  if (!partitioned_ || !partitioned_->offloads()) return;
+  const auto* dense_partitioned = dense().partitioned();
+  if (!dense_partitioned || !dense_partitioned->offloads()) return;
   const auto& zero = config_.zero_optimization;
-  const int64_t numel = partitioned_->master().numel() +
-                        (expert_partitioned_ ? expert_partitioned_->master().numel() : 0);
-  if (partitioned_->swaps()) {
+  int64_t numel = 0;
+  for (const auto& g : groups_) numel += g->partitioned()->master().numel();
+  // What each group's optimizer is to the user: the experts' comes from its own builder.
+  auto whose = [](const ParamGroup& g, const char* dense_name) {
+    return g.name() == "experts" ? "the MoE experts' optimizer (InitOptions::expert_optimizer_builder)"
+                                 : dense_name;
+  };
+  if (dense_partitioned->swaps()) {
     // Both partitioned optimizers (the experts' too) stream Strata's Adam through the files.
     auto use_swapped_adam = [&](zero::PartitionedOptimizer& partitioned,
                                 const std::shared_ptr<torch::optim::Optimizer>& optimizer,
@@ -126,11 +134,9 @@ void Engine::finish_optimizer_offload() {
             config_.source, whose));
       partitioned.use_swapped_step([adam](double scale) { return adam->next_flat_scalars(scale); });
     };
-    use_swapped_adam(*partitioned_, optimizer_, "this optimizer");
-    if (expert_partitioned_)
-      use_swapped_adam(*expert_partitioned_, expert_optimizer_,
-                       "the MoE experts' optimizer (InitOptions::expert_optimizer_builder)");
-    const auto* swapper = partitioned_->swapper();
+    for (const auto& g : groups_)
+      use_swapped_adam(*g->partitioned(), g->optimizer(), whose(*g, "this optimizer"));
+    const auto* swapper = dense_partitioned->swapper();
     log::info("[strata] optimizer offload to NVMe: fp32 master and Adam state of {} elements in "
               "swap files under {}{}, stepped on the CPU ({}, {} thread(s)) in tiles of {} "
               "elements (host buffers {} MB{}{}){}",
@@ -139,7 +145,7 @@ void Engine::finish_optimizer_offload() {
               (6 * swapper->tile_numel() * 4) >> 20,
               zero.offload_optimizer.pipeline_read ? ", read ahead" : "",
               zero.offload_optimizer.pipeline_write ? ", written behind" : "",
-              partitioned_->swaps_gradients()
+              dense_partitioned->swaps_gradients()
                   ? "; gradients in a swap file too, written as backward reduces them"
                   : "");
     return;
@@ -167,16 +173,18 @@ void Engine::finish_optimizer_offload() {
   };
   // Without an "optimizer" block the optimizers are the program's (InitOptions).
   const bool client = !config_.optimizer.present;
-  std::string steps = stepper(optimizer_, client, "InitOptions::optimizer_builder");
-  if (expert_partitioned_)
-    steps += "; MoE experts: " + stepper(expert_optimizer_, client,
-                                         "InitOptions::expert_optimizer_builder");
+  std::string steps;
+  for (const auto& g : groups_)
+    steps += (steps.empty() ? "" : "; MoE experts: ") +
+             stepper(g->optimizer(), client,
+                     g->name() == "experts" ? "InitOptions::expert_optimizer_builder"
+                                            : "InitOptions::optimizer_builder");
   log::info("[strata] optimizer offload: fp32 master and optimizer state of {} elements in host "
             "memory{}, stepped on the CPU by {} in tiles of up to {} elements{}",
             numel,
-            partitioned_->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
+            dense_partitioned->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
             steps, zero.sub_group_size,
-            partitioned_->overlaps_step()
+            dense_partitioned->overlaps_step()
                 ? "; each step overlaps the next forward, whose ops wait for the tiles they read"
                 : "");
 }

@@ -3,6 +3,7 @@
 # machine without the distribution's -dev packages. Optional DEPS_PREFIX: a folder holding
 # Debian packages (liburing, Gloo and their libraries) unpacked with `dpkg -x PKG.deb DEPS_PREFIX`.
 #   DEPS_PREFIX=/tmp/deps BUILD_DIR=build-cuda scripts/build_cuda.sh
+# STRATA_TARGETS (default all) and STRATA_JOBS (default nproc) choose what and how wide.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
@@ -24,4 +25,5 @@ fi
 build_dir="${BUILD_DIR:-build-cuda}"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix" \
   ${CMAKE_ARGS:-}
-cmake --build "$build_dir" -j "$(nproc)"
+read -r -a targets <<<"${STRATA_TARGETS:-all}"
+cmake --build "$build_dir" -j "${STRATA_JOBS:-$(nproc)}" --target "${targets[@]}"

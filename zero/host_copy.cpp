@@ -1,5 +1,9 @@
 #include "zero/host_copy.h"
 
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
 #if STRATA_ZERO_HAS_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -27,6 +31,14 @@ void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source) 
   }
 #endif
   host.copy_(source, /*non_blocking=*/host.is_pinned());
+}
+
+offload::Float host_float(torch::ScalarType type) {
+  if (type == torch::kFloat) return offload::Float::kF32;
+  if (type == torch::kBFloat16) return offload::Float::kBF16;
+  if (type == torch::kHalf) return offload::Float::kF16;
+  throw Error(fmt::format("optimizer offload: gradients in {} are not supported (fp32, bf16 or fp16)",
+                          c10::toString(type)));
 }
 
 }  // namespace strata::zero

@@ -7,8 +7,15 @@
 
 #include <torch/torch.h>
 
+#include "offload/cpu_adam.h"
+
 namespace strata::zero {
 
 void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source);
+
+// The CPU kernels' name for a host tensor's dtype (offload/cpu_adam.h): fp32, bf16 or fp16;
+// another dtype is refused by name.
+offload::Float host_float(torch::ScalarType type);
+inline offload::Float host_float(const torch::Tensor& t) { return host_float(t.scalar_type()); }
 
 }  // namespace strata::zero

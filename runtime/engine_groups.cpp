@@ -1,0 +1,235 @@
+// The engine's parameter groups (runtime/param_group.h): which holder each group gets, and how
+// it is built. The dense parameters form one group over the data-parallel group; the MoE
+// experts, when the model has any, a second one over their expert-data-parallel group, built by
+// the same code with the experts' options (their gradient factor, norm group and swap name).
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "runtime/engine.h"
+#include "runtime/error.h"
+#include "runtime/optim/adam.h"
+
+namespace strata {
+namespace {
+
+// A config's dtype name ("fp32", "fp16", "bf16", as the schema allows them).
+torch::ScalarType dtype_named(const std::string& name) {
+  if (name == "fp16") return torch::kHalf;
+  if (name == "bf16") return torch::kBFloat16;
+  return torch::kFloat;
+}
+
+// The dtype gradients travel in: communication_data_type, else fp16 under fp16 and fp32
+// otherwise (DeepSpeed's defaults).
+torch::ScalarType comm_dtype(const Config& config) {
+  const auto& name = config.communication_data_type;
+  if (!name.empty()) return dtype_named(name);
+  return config.fp16.enabled ? torch::kHalf : torch::kFloat;
+}
+
+// The dtype gradients are summed in over the accumulation window (data_types.grad_accum_dtype):
+// fp32 unless the config names the model's own dtype (the config's rules refuse other 16-bit
+// dtypes), as DeepSpeed's bf16 optimizer accumulates in fp32.
+torch::ScalarType accum_dtype(const Config& config) {
+  const auto& named = config.data_types.grad_accum_dtype;
+  return named ? dtype_named(*named) : torch::kFloat;
+}
+
+// Strata's Adam steps the flat master in one fused pass (a CUDA kernel on GPUs), and an
+// offloaded step of it can overlap the next forward.
+void use_flat_adam(zero::PartitionedOptimizer& partitioned,
+                   const std::shared_ptr<torch::optim::Optimizer>& inner) {
+  auto adam = std::dynamic_pointer_cast<optim::Adam>(inner);
+  if (!adam || !adam->can_step_flat()) return;
+  partitioned.use_flat_step(
+      [adam](const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
+             int64_t tile_numel, const zero::PartitionedOptimizer::TileDone& after_tile) {
+        adam->step_flat(grad, grad_scale, copy_out, tile_numel, after_tile);
+      });
+  partitioned.use_overlapped_step([adam](double grad_scale) {
+    auto parts = adam->begin_flat_step(grad_scale);
+    return zero::PartitionedOptimizer::AdamTiles{parts.scalars, parts.exp_avg, parts.exp_avg_sq};
+  });
+}
+
+}  // namespace
+
+// Mixed precision and ZeRO 1-3 run through the partitioned optimizer (fp32 master weights over
+// a flat buffer or the stage-3 units); plain fp32 stage 0 optimizes the module's own tensors.
+// torch_autocast in fp16 scales the loss (DeepSpeed's GradScaler), which the partitioned
+// optimizer unscales, at stage 0 too.
+bool Engine::uses_partitioned_optimizer(const Config& config) {
+  const bool fp16_autocast = config.torch_autocast.enabled && !config.bf16.enabled &&
+                             torch_autocast_dtype(config.torch_autocast) == torch::kHalf;
+  return config.zero_optimization.stage >= 1 || config.fp16.enabled || config.bf16.enabled ||
+         fp16_autocast;
+}
+
+// torch_autocast, as DeepSpeed: the gradients of lower_precision_safe_modules' parameters travel
+// in the autocast dtype, the others in fp32. Strata's reducer sends one dtype, so the autocast
+// dtype only when every trainable parameter is in such a module (else fp32: never coarser than
+// DeepSpeed). communication_data_type, when set, decides for all.
+torch::ScalarType Engine::gradient_comm_dtype() const {
+  if (autocast_plan_.enabled && !model_cast_ && config_.communication_data_type.empty())
+    return autocast_safe_params_only_ ? autocast_plan_.dtype : torch::kFloat;
+  return comm_dtype(config_);
+}
+
+void Engine::build_groups(InitOptions& options) {
+  make_groups(options);
+  // Each group's part of a checkpoint: the dense parameters' flat or per-parameter state, the
+  // experts' per expert (runtime/engine_experts.cpp).
+  dense().set_state_files(
+      {[this](checkpoint::CheckpointWriter& w) { save_dense_states(w); },
+       [this](const checkpoint::CheckpointReader& r, int64_t m) { return read_dense_states(r, m); }});
+  if (auto* experts = expert_group())
+    experts->set_state_files(
+        {[this](checkpoint::CheckpointWriter& w) { save_expert_states(w); },
+         [this](const checkpoint::CheckpointReader& r, int64_t m) { return read_expert_states(r, m); }});
+}
+
+void Engine::make_groups(InitOptions& options) {
+  const auto& zero = config_.zero_optimization;
+  // MoE: experts and the rest are partitioned over different groups, so both go through the
+  // partitioned optimizer, whatever the precision and stage.
+  if (!uses_partitioned_optimizer(config_) && experts_.empty()) {
+    zero::GradientReducer::Options ro;
+    ro.bucket_numel = zero.reduce_bucket_size.value;
+    ro.comm_dtype = gradient_comm_dtype();
+    groups_.push_back(std::make_unique<PlainGroup>(
+        "dense", params_, make_optimizer_over(params_, options), group_, ro));
+    return;
+  }
+  if (!experts_.empty() && std::all_of(params_.begin(), params_.end(),
+                                       [&](const torch::Tensor& p) { return is_expert(p); }))
+    throw Error("strata::initialize: every trainable parameter is an MoE expert; the engine "
+                "needs the others (at least the gate) trainable too");
+  zero::PartitionedOptions po;
+  po.stage = zero.stage;
+  po.comm_dtype = gradient_comm_dtype();
+  po.reduce_bucket_numel = zero.reduce_bucket_size.value;
+  po.accumulation_steps = gradient_accumulation_steps();
+  po.accum_dtype = accum_dtype(config_);
+  po.offload = optimizer_offload_options();
+  if (zero.stage == 3) {
+    build_unit_groups(po, options);
+  } else {
+    std::vector<torch::Tensor> dense, expert;
+    for (const auto& p : params_) (is_expert(p) ? expert : dense).push_back(p);
+    auto build = [&](std::vector<torch::Tensor> master) {
+      return make_optimizer_over(master, options);
+    };
+    groups_.push_back(std::make_unique<PartitionedGroup>(
+        "dense", std::make_unique<zero::PartitionedOptimizer>(dense, group_, po, build)));
+    if (!experts_.empty())
+      groups_.push_back(std::make_unique<PartitionedGroup>(
+          "experts", make_expert_optimizer(po, options, nullptr, expert)));
+  }
+  for (const auto& g : groups_) use_flat_adam(*g->partitioned(), g->optimizer());
+  finish_optimizer_offload();
+  if (auto* experts = expert_group()) {
+    const double lr = optimizer_group_lr(dense());
+    expert_lr_ratio_ = lr > 0 ? optimizer_group_lr(*experts) / lr : 1.0;
+  }
+}
+
+double Engine::optimizer_group_lr(const ParamGroup& group) {
+  return group.optimizer()->param_groups().at(0).options().get_lr();
+}
+
+void Engine::build_unit_groups(const zero::PartitionedOptions& po, InitOptions& options) {
+  // Every parameter, frozen ones too, is cut into units and sharded; from here on a unit's bytes
+  // exist only while the model uses it (zero/param_coordinator.h).
+  const auto& zero = config_.zero_optimization;
+  const auto& init = options.partitioned_init;
+  zero::UnitOptions uo;
+  uo.persistence_threshold = zero.stage3_param_persistence_threshold.value;
+  uo.model_persistence_threshold = zero.stage3_model_persistence_threshold;
+  // NVMe offload: every unit's shard on the swap files' 4 KiB grid, in the parameters' file (the
+  // model's dtype) and the gradient's (whose chunks are the units' shards, in the communication
+  // dtype): aligned for the narrower of the two, which suits both.
+  if (zero.offload_param.device == "nvme" || zero.offload_optimizer.device == "nvme")
+    uo.alignment = int64_t(offload::kIoAlign) /
+                   std::min<int64_t>(params_.front().element_size(),
+                                     int64_t(c10::elementSize(po.comm_dtype)));
+  zero::CoordinatorOptions co;
+  co.prefetch_numel = zero.stage3_prefetch_bucket_size.value;
+  co.max_live_numel = zero.stage3_max_live_parameters;
+  co.max_reuse_distance = zero.stage3_max_reuse_distance;
+
+  zero::ParamUnits::ValueOf value_of;
+  if (init)
+    value_of = [&](const torch::Tensor& p) {
+      return init->shard_of(p) ? init->take_full_value(p) : p;
+    };
+  auto specs = zero::plan_units(*module_, options.stage3_units);
+  // The experts are units of their own, over their own group (below). A frozen parameter that
+  // is not floating point (an index table) is never trained or cast: it stays whole on every
+  // rank, as DeepSpeed keeps what it does not partition.
+  for (auto& spec : specs) {
+    zero::UnitSpec kept{spec.name, {}, {}};
+    for (size_t i = 0; i < spec.params.size(); ++i)
+      if (!is_expert(spec.params[i]) &&
+          (spec.params[i].is_floating_point() || spec.params[i].requires_grad())) {
+        kept.param_names.push_back(spec.param_names[i]);
+        kept.params.push_back(spec.params[i]);
+      }
+    spec = std::move(kept);
+  }
+  specs.erase(std::remove_if(specs.begin(), specs.end(),
+                             [](const zero::UnitSpec& s) { return s.params.empty(); }),
+              specs.end());
+  auto units = std::make_shared<zero::ParamUnits>(std::move(specs), group_, uo, value_of);
+  if (init) init->release();  // the units own the parameters now
+  auto build = [&](std::vector<torch::Tensor> master) {
+    return make_optimizer_over(master, options);
+  };
+  auto coordinator = std::make_unique<zero::ParamCoordinator>(units, group_, co);
+  auto partitioned = std::make_unique<zero::PartitionedOptimizer>(units, group_, po, build);
+  groups_.push_back(std::make_unique<UnitGroup>("dense", units, std::move(coordinator),
+                                                std::move(partitioned)));
+  if (!experts_.empty()) {
+    // One unit per MoE layer: this rank's experts of it, sharded over the ranks that hold the
+    // same experts (the expert-data-parallel group; with ep_size = world size nobody else does,
+    // and the unit is whole here, released and read back between uses like any other).
+    std::vector<zero::UnitSpec> expert_specs;
+    for (const auto& e : experts_) {
+      const std::string name = e.layer_prefix + "experts";
+      if (expert_specs.empty() || expert_specs.back().name != name)
+        expert_specs.push_back({name, {}, {}});
+      expert_specs.back().param_names.push_back(e.name);
+      expert_specs.back().params.push_back(e.param);
+    }
+    const auto& edp = expert_groups_.expert_data_parallel;
+    auto expert_units = std::make_shared<zero::ParamUnits>(std::move(expert_specs), edp, uo);
+    auto expert_coordinator = std::make_unique<zero::ParamCoordinator>(expert_units, edp, co);
+    auto expert_partitioned = make_expert_optimizer(po, options, expert_units, {});
+    groups_.push_back(std::make_unique<UnitGroup>("experts", expert_units,
+                                                  std::move(expert_coordinator),
+                                                  std::move(expert_partitioned)));
+  }
+  offload_parameters();  // after the optimizers read the partitions
+}
+
+std::unique_ptr<zero::PartitionedOptimizer> Engine::make_expert_optimizer(
+    const zero::PartitionedOptions& po, InitOptions& options,
+    const std::shared_ptr<zero::ParamUnits>& units, const std::vector<torch::Tensor>& experts) {
+  // Averaged over their expert-data-parallel group, scaled to the world's mean, their norm
+  // summed over the expert-parallel group (zero/partitioned_optimizer.h).
+  const auto& edp = expert_groups_.expert_data_parallel;
+  auto eo = po;
+  eo.gradient_factor = static_cast<double>(edp ? edp->size() : 1) / data_parallel_size();
+  eo.norm_group = expert_groups_.expert_parallel;
+  eo.offload.swap_name = "expert-optimizer";  // beside the others' files in one NVMe store
+  auto build = [&](std::vector<torch::Tensor> master) {
+    if (!options.expert_optimizer_builder) return make_optimizer_over(master, options);
+    std::shared_ptr<torch::optim::Optimizer> built = options.expert_optimizer_builder(master);
+    if (!built) throw Error("strata::initialize: expert_optimizer_builder returned null");
+    return built;
+  };
+  if (units) return std::make_unique<zero::PartitionedOptimizer>(units, edp, eo, build);
+  return std::make_unique<zero::PartitionedOptimizer>(experts, edp, eo, build);
+}
+
+}  // namespace strata
