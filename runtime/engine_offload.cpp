@@ -115,9 +115,9 @@ void Engine::finish_optimizer_offload() {
   int64_t numel = 0;
   for (const auto& g : groups_) numel += g->partitioned()->master().numel();
   // What each group's optimizer is to the user: the experts' comes from its own builder.
-  auto whose = [](const ParamGroup& g, const char* dense_name) {
-    return g.name() == "experts" ? "the MoE experts' optimizer (InitOptions::expert_optimizer_builder)"
-                                 : dense_name;
+  auto whose = [this](const ParamGroup& g, const char* dense_name) {
+    return &g == expert_group() ? "the MoE experts' optimizer (InitOptions::expert_optimizer_builder)"
+                                : dense_name;
   };
   if (dense_partitioned->swaps()) {
     // Both partitioned optimizers (the experts' too) stream Strata's Adam through the files.
@@ -177,8 +177,8 @@ void Engine::finish_optimizer_offload() {
   for (const auto& g : groups_)
     steps += (steps.empty() ? "" : "; MoE experts: ") +
              stepper(g->optimizer(), client,
-                     g->name() == "experts" ? "InitOptions::expert_optimizer_builder"
-                                            : "InitOptions::optimizer_builder");
+                     g.get() == expert_group() ? "InitOptions::expert_optimizer_builder"
+                                               : "InitOptions::optimizer_builder");
   log::info("[strata] optimizer offload: fp32 master and optimizer state of {} elements in host "
             "memory{}, stepped on the CPU by {} in tiles of up to {} elements{}",
             numel,
