@@ -12,6 +12,7 @@ runs=("dense-350M configs/bench_dense_bf16.json"
       "moe-8x configs/bench_moe8x_bf16_zero2.json"
       "moe-8x configs/bench_moe8x_bf16_zero3.json")
 out=$(mktemp -d)
+median() { sort -n "$1" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 for ((r = 1; r <= rounds; ++r)); do
   for run in "${runs[@]}"; do
     read -r model config <<<"$run"
@@ -29,8 +30,7 @@ echo "median tokens/s over $rounds rounds (A = $a, B = $b):"
 for run in "${runs[@]}"; do
   read -r model config <<<"$run"
   key="$model.$(basename "$config")"
-  ma=$(sort -n "$out/A.$key" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
-  mb=$(sort -n "$out/B.$key" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
+  ma=$(median "$out/A.$key") mb=$(median "$out/B.$key")
   awk -v k="$key" -v a="$ma" -v b="$mb" 'BEGIN { printf "%-44s A %10.0f  B %10.0f  B/A %.4f\n", k, a, b, (a > 0 ? b / a : 0) }'
 done
 rm -rf "$out"
