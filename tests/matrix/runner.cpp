@@ -106,9 +106,22 @@ void check_group_lrs(const Description& d, const std::vector<nlohmann::json>& or
 // autocast with MoE: bf16's bounds. Top-k routing with capacity drops turns bf16 rounding into
 // other routes: the CPU Adam's rounding against the device Adam's moved tiny-moe's step-6 loss by
 // 8.2e-4 (k 2, capacity factor 1), as far as autocast itself is from fp32 there (9.1e-4).
-Tolerance tolerance_for(const std::string& dtype, const std::string& model) {
-  if (dtype == "fp32") return {1e-5, 1e-4, 1e-9, 0.25};
-  if (dtype == "autocast" && model != "tiny-moe") return {5e-4, 5e-3, 1e-9, 4.0};
+// autocast at a world size that is not a power of two: bf16's bounds too. The oracle backpropagates
+// loss / (world x gas) through bf16 products where each rank backpropagates loss / gas and the
+// ranks average in fp32 afterwards; scaling by 1/3 changes bf16 mantissas (1/2 and 1/4 do not), so
+// every bf16 intermediate of the backward rounds differently: measured on tiny-tied, 3 ranks
+// against the oracle's 3 micro-steps, one SGD step moved elements up to 3% of the step apart and
+// AdamW's step-2 loss 7.2e-4 apart, where 2 and 4 ranks are bit-exact (1e-9).
+static bool scales_exactly_in_bf16(const Description& d) {
+  for (const Phase& p : d.phases)
+    if (p.world & (p.world - 1)) return false;
+  return true;
+}
+
+Tolerance tolerance_for(const Description& d) {
+  if (d.dtype == "fp32") return {1e-5, 1e-4, 1e-9, 0.25};
+  if (d.dtype == "autocast" && d.model != "tiny-moe" && scales_exactly_in_bf16(d))
+    return {5e-4, 5e-3, 1e-9, 4.0};
   return {2e-3, 1e-2, 1e-9, 4.0};  // bf16 (and fp16 where it trains)
 }
 
@@ -309,7 +322,7 @@ Verdict Runner::run(const Description& d) {
     return finish();
   }
   // Per step: the loss (parameters after the steps before it), the gradient norm and the LR.
-  const Tolerance tol = tolerance_for(d.dtype, d.model);
+  const Tolerance tol = tolerance_for(d);
   for (int s = 0; s < d.steps; ++s) {
     const auto& a = reference[size_t(s)];
     const auto& b = rows[size_t(s)];
@@ -357,13 +370,13 @@ void Runner::compare_parameters(const Description& d, const std::string& mine,
   const double scale = lr_of(d) * d.steps;
   const double e = worst.at("max_abs").get<double>() / scale;
   v->worst_param = e;
-  if (e > tolerance_for(d.dtype, d.model).param && v->outcome == Outcome::kPass) {
+  if (e > tolerance_for(d).param && v->outcome == Outcome::kPass) {
     v->outcome = Outcome::kMismatch;
     std::ostringstream s_;
     s_.precision(6);
     s_ << "after step " << d.steps << ": parameter '" << worst.at("name").get<std::string>()
        << "' differs from the oracle's by up to " << worst.at("max_abs").get<double>() << " = "
-       << e << " x lr x steps (> " << tolerance_for(d.dtype, d.model).param << ")";
+       << e << " x lr x steps (> " << tolerance_for(d).param << ")";
     v->detail = s_.str();
   }
 }

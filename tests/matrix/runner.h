@@ -19,7 +19,9 @@ struct Tolerance {
   // units of lr x steps (about how far Adam moves an element in that many steps).
   double param;
 };
-Tolerance tolerance_for(const std::string& dtype, const std::string& model);
+// Per dtype (docs/matrix.md says why); autocast at a world size that is not a power of two gets
+// bf16's, since the oracle's loss / (world x gas) rounds differently in bf16 there.
+Tolerance tolerance_for(const Description& d);
 
 enum class Outcome {
   kPass,             // trained, and matched the oracle

@@ -122,4 +122,26 @@ TEST(MatrixOracle, IsOneProcessAtStage0WithTheSameGlobalBatch) {
   }
 }
 
+// The soak's tied + autocast "mismatch" at 3 ranks was bf16 rounding of the oracle's loss / 3
+// (2 and 4 ranks are bit-exact): autocast keeps its tight bounds only where every phase's world
+// size is a power of two.
+TEST(MatrixTolerance, AutocastAtAWorldSizeNotAPowerOfTwoGetsBf16Bounds) {
+  Description d;
+  d.dtype = "autocast";
+  d.model = "tiny-tied";
+  d.phases = {Phase{}};
+  for (int world : {1, 2, 4}) {
+    d.phases[0].world = world;
+    EXPECT_EQ(tolerance_for(d).loss, 5e-4) << world;
+  }
+  d.phases[0].world = 3;
+  EXPECT_EQ(tolerance_for(d).loss, 2e-3);
+  d.phases = {Phase{}, Phase{}};
+  d.phases[0].world = 2;
+  d.phases[1].world = 3;  // a resume at 3 ranks
+  EXPECT_EQ(tolerance_for(d).loss, 2e-3);
+  d.dtype = "fp32";
+  EXPECT_EQ(tolerance_for(d).loss, 1e-5);  // fp32 rounds the same way at any world size
+}
+
 }  // namespace
