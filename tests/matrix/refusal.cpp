@@ -41,15 +41,16 @@ std::optional<Refusal> refuse_phase(const Description& d, const Phase& p, int in
   // examples/train_gpt.cpp (after the config is read): --zero-init builds shards, for stage 3
   // only.
   if (p.zero_init && p.stage != 3) return refusal("--zero-init", "--zero-init needs stage 3");
-  // runtime/engine.cpp (the MoE check at initialize): a PartitionedInit shards over the whole world, experts over
-  // their expert-parallel groups: MoE models are not built in shards.
-  if (p.zero_init && p.stage == 3 && d.model == "tiny-moe")
-    return refusal("PartitionedInit", "MoE layers cannot be built inside a PartitionedInit");
-  // runtime/engine.cpp (the Engine constructor): fp16 on a CPU device is refused at initialize,
-  // before any offload is set up, as LibTorch's CPU kernels (1.13) have no Half matrix products
-  // or LayerNorm.
+  // runtime/engine.cpp (Engine::validate, the constructor's first part): fp16 on a CPU device is
+  // refused at initialize, before any offload is set up, as LibTorch's CPU kernels (1.13) have
+  // no Half matrix products or LayerNorm.
   if (d.dtype == "fp16" && !g_cpu_fp16_trains)
     return refusal("fp16.enabled", "fp16 is GPU-only: the engine refuses it on a CPU device");
+  // runtime/engine.cpp (Engine::prepare_module, after validate: the soak of session 18 found the
+  // other order predicted): a PartitionedInit shards over the whole world, experts over their
+  // expert-parallel groups: MoE models are not built in shards.
+  if (p.zero_init && p.stage == 3 && d.model == "tiny-moe")
+    return refusal("PartitionedInit", "MoE layers cannot be built inside a PartitionedInit");
   // Parameter offload without optimizer offload trains (the master and the optimizer stay on the
   // device; runtime/engine_offload.cpp offload_parameters): not a refusal.
   // runtime/engine_offload.cpp finish_optimizer_offload: NVMe steps Strata's Adam/AdamW only.

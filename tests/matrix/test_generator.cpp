@@ -85,6 +85,16 @@ TEST(MatrixRefusal, PredictsWhatTheEngineRefusesByName) {
   d.phases[0].offload_optimizer = "nvme";
   ASSERT_TRUE(predict_refusal(d));
   EXPECT_EQ(predict_refusal(d)->key, "offload_optimizer.device");
+  // fp16 on the CPU is refused by Engine::validate, before prepare_module meets an MoE model
+  // built inside a PartitionedInit (the soak's WRONG-REFUSAL, session 18).
+  d.phases[0].offload_optimizer = "none";
+  d.phases[0].stage = 3, d.phases[0].ep_size = 1;
+  ASSERT_TRUE(predict_refusal(d));
+  EXPECT_EQ(predict_refusal(d)->key, "PartitionedInit");
+  set_cpu_fp16_trains(false);
+  d.dtype = "fp16";
+  ASSERT_TRUE(predict_refusal(d));
+  EXPECT_EQ(predict_refusal(d)->key, "fp16.enabled");
 }
 
 TEST(MatrixShrinker, EverySimplificationIsSmallerAndKeepsTheLayoutValid) {
