@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "offload/worker_pool.h"
 #include "runtime/error.h"
 
 // GCC 12 warns inside its own AVX-512 headers (their _mm512_undefined_* placeholders).
@@ -63,15 +64,14 @@ std::vector<ThreadRange> split_for_threads(int64_t n, int threads, int64_t min_p
 
 namespace {
 
-// Runs fn(thread, begin, end) over split_for_threads' ranges, the first on the calling thread.
+// Runs fn(thread, begin, end) over split_for_threads' ranges, the first on the calling thread,
+// the others on the standing pool's threads.
 template <class Fn>
 void split_over_threads(int64_t n, int threads, int64_t min_per_thread, const Fn& fn) {
   const auto ranges = split_for_threads(n, threads, min_per_thread);
-  std::vector<std::thread> workers;
-  for (size_t t = 1; t < ranges.size(); ++t)
-    workers.emplace_back([&fn, t, r = ranges[t]] { fn(int(t), r.begin, r.end); });
-  if (!ranges.empty()) fn(0, ranges[0].begin, ranges[0].end);
-  for (auto& w : workers) w.join();
+  WorkerPool::shared().run(int(ranges.size()), [&](int t) {
+    fn(t, ranges[size_t(t)].begin, ranges[size_t(t)].end);
+  });
 }
 
 // --- scalar conversions (IEEE round to nearest even; NaN stays NaN) ---------------------------

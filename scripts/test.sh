@@ -73,7 +73,7 @@ run_ctest() {  # run_ctest DIR [ctest arguments]
 # rank's threads), the launcher's with strata-run, and the NVMe store's and optimizer swapper's
 # (torch-free). Left out: test_launcher_ssh (it needs train_gpt, the whole engine) and the
 # engine's threads (the CPU Adam's, weight arrival's), which run inside LibTorch: not instrumented.
-tsan_targets=(test_comm_unit test_comm_multirank test_launcher_parts
+tsan_targets=(test_comm_unit test_comm_multirank test_launcher_parts test_worker_pool
               test_launcher_run strata-run test_nvme_store test_optimizer_swapper)
 plain_build() {
   STRATA_SKIP_APT=1 BUILD_DIR="$build_dir" STRATA_JOBS="$jobs" STRATA_TARGETS=all scripts/bootstrap.sh

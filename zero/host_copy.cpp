@@ -1,5 +1,7 @@
 #include "zero/host_copy.h"
 
+#include <mutex>
+
 #include <fmt/format.h>
 
 #include "runtime/error.h"
@@ -13,19 +15,98 @@
 
 namespace strata::zero {
 
+#if STRATA_ZERO_HAS_CUDA
+namespace {
+
+// One side stream per device and direction for the process, whichever thread asks (backward's
+// ops run on autograd's device threads): copies to the host and to the device use the two copy
+// engines side by side.
+enum class Direction { kToHost, kToDevice };
+c10::cuda::CUDAStream side_stream(c10::DeviceIndex index, Direction direction) {
+  static std::mutex mutex;
+  static c10::optional<c10::cuda::CUDAStream> side[2][64];
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& stream = side[int(direction)][index];
+  if (!stream) stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  return *stream;
+}
+
+class EventWork : public comm::Work {
+ public:
+  explicit EventWork(c10::DeviceIndex index) : index_(index) {}
+  at::cuda::CUDAEvent event;
+  void wait() override { event.block(c10::cuda::getCurrentCUDAStream(index_)); }
+  bool is_completed() override { return event.query(); }
+
+ private:
+  c10::DeviceIndex index_;
+};
+
+}  // namespace
+
+struct SideStream::State {
+  explicit State(c10::DeviceIndex index)
+      : stream(side_stream(index, Direction::kToDevice)), guard(stream) {}
+  c10::cuda::CUDAStream stream;
+  c10::cuda::CUDAStreamGuard guard;
+};
+#else
+struct SideStream::State {};
+#endif
+
+SideStream::SideStream(c10::Device device) {
+#if STRATA_ZERO_HAS_CUDA
+  if (!device.is_cuda()) return;
+  const auto index = device.index();
+  at::cuda::CUDAEvent ready;
+  ready.record(c10::cuda::getCurrentCUDAStream(index));
+  ready.block(side_stream(index, Direction::kToDevice));
+  state_ = std::make_unique<State>(index);
+#else
+  (void)device;
+#endif
+}
+
+SideStream::~SideStream() = default;
+
+void SideStream::uses(const torch::Tensor& t) {
+#if STRATA_ZERO_HAS_CUDA
+  if (state_ && t.is_cuda())
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), state_->stream);
+#else
+  (void)t;
+#endif
+}
+
+comm::WorkPtr SideStream::done() {
+#if STRATA_ZERO_HAS_CUDA
+  if (!state_) return nullptr;
+  auto work = std::make_shared<EventWork>(state_->stream.device_index());
+  work->event.record(state_->stream);
+  return work;
+#else
+  return nullptr;
+#endif
+}
+
+void SideStream::synchronize(c10::Device device) {
+#if STRATA_ZERO_HAS_CUDA
+  if (device.is_cuda()) side_stream(device.index(), Direction::kToDevice).synchronize();
+#else
+  (void)device;
+#endif
+}
+
 void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source) {
 #if STRATA_ZERO_HAS_CUDA
   if (source.is_cuda() && host.is_pinned()) {
     const auto index = source.device().index();
-    // One side stream per device for the process (the pool hands out the same few streams).
-    static thread_local c10::optional<c10::cuda::CUDAStream> side[64];
-    auto& stream = side[index];
-    if (!stream) stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+    auto stream = side_stream(index, Direction::kToHost);
     at::cuda::CUDAEvent ready;
     ready.record(c10::cuda::getCurrentCUDAStream(index));
-    ready.block(*stream);
-    c10::cuda::CUDACachingAllocator::recordStream(source.storage().data_ptr(), *stream);
-    c10::cuda::CUDAStreamGuard guard(*stream);
+    ready.block(stream);
+    c10::cuda::CUDACachingAllocator::recordStream(source.storage().data_ptr(), stream);
+    c10::cuda::CUDAStreamGuard guard(stream);
     host.copy_(source, /*non_blocking=*/true);
     return;
   }

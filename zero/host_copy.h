@@ -1,17 +1,48 @@
-// Device-to-host copies that leave the compute stream free (optimizer offload's gradients):
-// a CUDA source is copied into page-locked memory on a side stream that first waits for
-// the compute stream, and the source's memory is kept from reuse until the copy is done; the
-// caller waits with torch::cuda::synchronize() (or any device-wide wait) before reading the
-// host buffer. Anything else is an ordinary copy_.
+// Copies between host and device that leave the compute stream free.
+//
+// Device to host (optimizer offload's gradients): a CUDA source is copied into page-locked
+// memory on a side stream that first waits for the compute stream, and the source's memory is
+// kept from reuse until the copy is done; the caller waits with torch::cuda::synchronize() (or
+// any device-wide wait) before reading the host buffer. Anything else is an ordinary copy_.
+//
+// Host to device (offload_param's gathers): SideStream makes a device's copy stream current
+// after it has waited for what the caller's stream queued so far (the destination's bytes may
+// have been in use there); the copies and collectives issued inside it run beside the compute
+// stream, and done() hands back an event the consumer's stream waits for.
 #pragma once
+
+#include <memory>
 
 #include <torch/torch.h>
 
+#include "comm/process_group.h"
 #include "offload/cpu_adam.h"
 
 namespace strata::zero {
 
 void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source);
+
+class SideStream {
+ public:
+  // A CUDA device: its host-to-device copy stream (one per device) becomes current; anything else:
+  // nothing changes (active() is false).
+  explicit SideStream(c10::Device device);
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  bool active() const { return state_ != nullptr; }
+  // `t`'s bytes are used on the copy stream: not reused by the allocator before it is done.
+  void uses(const torch::Tensor& t);
+  // An event recorded on the copy stream now: wait() makes the then-current stream wait for the
+  // work issued inside this scope; is_completed() asks the device. Null when not active().
+  comm::WorkPtr done();
+  // Blocks the host until everything issued on this device's copy stream is done: before the host rewrites memory a copy may still read.
+  static void synchronize(c10::Device device);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // The CPU kernels' name for a host tensor's dtype (offload/cpu_adam.h): fp32, bf16 or fp16;
 // another dtype is refused by name.

@@ -13,12 +13,17 @@ namespace strata::zero {
 namespace {
 
 // RecordFunction callbacks are plain function pointers: one callback serves every live
-// coordinator, listed here. It is installed with the first and removed with the last.
+// coordinator, listed here. It is installed with the first and removed with the last. Every op
+// reads the list: it reads an immutable snapshot, replaced (under the mutex) when the list
+// changes, instead of copying the list under a global lock.
+using Registry = std::vector<ParamCoordinator*>;
 std::mutex g_registry_mutex;
-std::vector<ParamCoordinator*>& registry() {
-  static std::vector<ParamCoordinator*> coordinators;
+Registry& registry() {
+  static Registry coordinators;
   return coordinators;
 }
+std::shared_ptr<const Registry> g_snapshot = std::make_shared<const Registry>();
+void publish_registry() { std::atomic_store(&g_snapshot, std::make_shared<const Registry>(registry())); }
 at::CallbackHandle g_callback = 0;
 size_t g_paused = 0;  // coordinators that asked for the callback to be off
 
@@ -29,13 +34,9 @@ struct Holds : at::ObserverContext {
 };
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
-  std::vector<ParamCoordinator*> live;
-  {
-    std::lock_guard<std::mutex> lock(g_registry_mutex);
-    live = registry();
-  }
+  const auto live = std::atomic_load(&g_snapshot);
   std::unique_ptr<Holds> holds;
-  for (auto* c : live) {
+  for (auto* c : *live) {
     auto held = c->on_op(fn);
     if (held.empty()) continue;
     if (!holds) holds = std::make_unique<Holds>();
@@ -91,6 +92,7 @@ ParamCoordinator::ParamCoordinator(std::shared_ptr<ParamUnits> units, comm::Grou
   held_.assign(units_->size(), 0);
   std::lock_guard<std::mutex> lock(g_registry_mutex);
   registry().push_back(this);
+  publish_registry();
   if (registry().size() == 1)
     g_callback = at::addGlobalCallback(
         at::RecordFunctionCallback(&on_op_start, &release_holds)
@@ -102,6 +104,7 @@ ParamCoordinator::~ParamCoordinator() {
   std::lock_guard<std::mutex> lock(g_registry_mutex);
   auto& r = registry();
   r.erase(std::remove(r.begin(), r.end(), this), r.end());
+  publish_registry();
   if (paused_) --g_paused;
   if (r.empty()) {
     at::removeCallback(g_callback);
@@ -187,9 +190,11 @@ std::vector<size_t> ParamCoordinator::on_op(const at::RecordFunction& fn) {
   for (size_t u : touched)
     if (std::find(current_.begin(), current_.end(), u) == current_.end()) use(u, fn.name());
   // The units this op does not read, and no op still running holds: their use is over for now.
-  for (size_t v = 0; v < units_->size(); ++v)
-    if (units_->unit(v).gathered && !units_->unit(v).persistent && !pinned_[v] && held_[v] == 0 &&
-        std::find(touched.begin(), touched.end(), v) == touched.end() && !kept_for_reuse(v))
+  // (The gathered ones only: a copy of the live list, which release_unit changes.)
+  const std::vector<size_t> live = units_->live_units();
+  for (size_t v : live)
+    if (!pinned_[v] && held_[v] == 0 && std::find(touched.begin(), touched.end(), v) == touched.end() &&
+        !kept_for_reuse(v))
       release_unit(v);
   current_ = touched;
   if (on_trace_) prefetch();
@@ -215,7 +220,7 @@ void ParamCoordinator::use(size_t u, const char* op) {
            u);
     }
   }
-  prefetched_[u] = false;
+  set_prefetched(u, false);
   record_.push_back(int32_t(u));
   micro_.push_back(int32_t(u));
   if (!on_trace_) return;
@@ -234,13 +239,26 @@ void ParamCoordinator::use(size_t u, const char* op) {
 bool ParamCoordinator::kept_for_reuse(size_t u) const {
   if (prefetched_[u]) return true;  // gathered ahead of its use
   if (!on_trace_ || options_.max_reuse_distance <= 0) return false;
-  int64_t distance = 0;
-  for (size_t k = pos_; k < trace_.size(); ++k) {
-    if (trace_[k] == int32_t(u)) return true;
-    distance += units_->unit(size_t(trace_[k])).numel;
-    if (distance > options_.max_reuse_distance) return false;
+  // Its next use at or after pos_, and the elements used before it from pos_ on.
+  const auto& at = trace_uses_[u];
+  const auto next = std::lower_bound(at.begin(), at.end(), pos_);
+  return next != at.end() &&
+         trace_prefix_[*next] - trace_prefix_[pos_] <= options_.max_reuse_distance;
+}
+
+void ParamCoordinator::set_prefetched(size_t u, bool ahead) {
+  if (prefetched_[u] == ahead) return;
+  prefetched_[u] = ahead;
+  ahead_numel_ += ahead ? units_->unit(u).numel : -units_->unit(u).numel;
+}
+
+void ParamCoordinator::index_trace() {
+  trace_uses_.assign(units_->size(), {});
+  trace_prefix_.assign(trace_.size() + 1, 0);
+  for (size_t k = 0; k < trace_.size(); ++k) {
+    trace_uses_[size_t(trace_[k])].push_back(k);
+    trace_prefix_[k + 1] = trace_prefix_[k] + units_->unit(size_t(trace_[k])).numel;
   }
-  return false;
 }
 
 void ParamCoordinator::finish_prefetch(size_t u) {
@@ -258,18 +276,13 @@ void ParamCoordinator::finish_prefetch(size_t u) {
 
 void ParamCoordinator::release_unit(size_t u) {
   finish_prefetch(u);  // its bytes may still be being written
-  prefetched_[u] = false;
+  set_prefetched(u, false);
   units_->release(u);
 }
 
 void ParamCoordinator::prefetch() {
   if (options_.prefetch_numel <= 0) return;
-  int64_t ahead = 0, live = 0;
-  for (size_t u = 0; u < units_->size(); ++u) {
-    const auto& unit = units_->unit(u);
-    if (unit.gathered && !unit.persistent) live += unit.numel;
-    if (prefetched_[u]) ahead += unit.numel;
-  }
+  int64_t ahead = ahead_numel_, live = units_->live_numel();
   for (size_t k = pos_; k < trace_.size(); ++k) {
     const size_t v = size_t(trace_[k]);
     const auto& unit = units_->unit(v);
@@ -285,7 +298,7 @@ void ParamCoordinator::prefetch() {
       fail(fmt::format("ZeRO-3 could not launch the gather of unit '{}': {}", unit.name, e.what()), v);
       return;
     }
-    prefetched_[v] = true;
+    set_prefetched(v, true);
     ++gathers_;
     ++prefetches_;
     ahead += unit.numel;
@@ -295,7 +308,10 @@ void ParamCoordinator::prefetch() {
 
 void ParamCoordinator::end_micro_step() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!on_trace_ || pos_ != trace_.size()) trace_ = micro_;
+  if (!on_trace_ || pos_ != trace_.size()) {
+    trace_ = micro_;
+    index_trace();
+  }
   micro_.clear();
   pos_ = 0;
   on_trace_ = !trace_.empty() && options_.prefetch_numel + options_.max_reuse_distance > 0;

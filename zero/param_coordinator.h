@@ -26,6 +26,11 @@
 // used since the last check, and names the first unit on which the ranks differ (ranks that take
 // different branches could otherwise all-gather different units of equal size and mix their
 // weights silently).
+//
+// Per op, the work is the op's inputs plus the gathered units (never every unit or the whole
+// trace): ParamUnits keeps the list of gathered units, the elements in flight ahead are counted
+// as they change, and a unit's next use is found through an index of the trace built once per
+// recorded trace.
 #pragma once
 
 #include <atomic>
@@ -117,7 +122,9 @@ class ParamCoordinator {
   void fail(const std::string& message, size_t unit);
   std::vector<size_t> hold(std::vector<size_t> touched);
   void use(size_t u, const char* op);  // u comes into use: gather or wait, follow the trace
-  bool kept_for_reuse(size_t u) const;
+  bool kept_for_reuse(size_t u) const;  // O(log uses) through the trace's index
+  void set_prefetched(size_t u, bool ahead);
+  void index_trace();  // trace_uses_ and trace_prefix_ from trace_
   void finish_prefetch(size_t u);
   void release_unit(size_t u);
   void prefetch();
@@ -138,6 +145,9 @@ class ParamCoordinator {
   std::vector<size_t> current_;  // the units of the last op that touched any
   std::vector<comm::WorkPtr> inflight_;  // per unit: a prefetch not yet waited for
   std::vector<bool> prefetched_;         // gathered ahead and not used yet
+  int64_t ahead_numel_ = 0;              // their elements
+  std::vector<std::vector<size_t>> trace_uses_;  // per unit: its places in trace_, ascending
+  std::vector<int64_t> trace_prefix_;            // elements of trace_[0, k)
   int64_t prefetches_ = 0;
   std::optional<std::string> error_;
   int64_t peak_bytes_ = 0, gathers_ = 0;

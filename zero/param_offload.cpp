@@ -14,11 +14,17 @@
 // store_partition() casts it into the 16-bit shards a unit at a time, as DeepSpeed copies its
 // fp32 partition into the offloaded fp16 one (stage3.py, _reassign_or_swap_out_partitioned_
 // parameters).
+//
+// Host memory: a gather copies the unit's page-locked shard on the device's copy stream
+// (host_copy.h's SideStream), the all-gather follows there, and the compute stream waits only
+// where it reads the unit, so a prefetched unit's copy overlaps the layers before it; the host
+// waits for those copies before it rewrites the shards (the step's new weights).
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "zero/host_copy.h"
 #include "zero/param_units.h"
 #include "zero/storage.h"
 
@@ -100,10 +106,18 @@ void ParamUnits::store_partition(const torch::Tensor& values) {
     write_shards(values);
     return;
   }
+  wait_for_host_reads();
   // In place (host memory or the device): cast and copied a unit's shard at a time, so the
   // temporary a cast across devices needs is one shard, not the partition.
   for (const auto& u : units_)
     if (u.trainable) u.shard.copy_(values.narrow(0, partition_offset(u), u.chunk));
+}
+
+void ParamUnits::wait_for_host_reads() {
+  if (!host_reads_pending_) return;
+  host_reads_pending_ = false;
+  for (const auto& u : units_)
+    if (u.trainable) return SideStream::synchronize(u.full.device());
 }
 
 const torch::Tensor& ParamUnits::gather_source(Unit& unit) {
@@ -133,6 +147,7 @@ void ParamUnits::write_partition(int64_t lo, const torch::Tensor& values) {
                             c10::toString(values.scalar_type())));
   if (offload_ != "nvme") {
     torch::NoGradGuard no_grad;
+    wait_for_host_reads();
     partition_.narrow(0, lo, n).copy_(values, /*non_blocking=*/values.is_pinned());
     return;
   }

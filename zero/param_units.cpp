@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "zero/host_copy.h"
 #include "zero/storage.h"
 
 namespace strata::zero {
@@ -213,6 +214,7 @@ ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOp
     }
   }
 
+  live_slot_.assign(units_.size(), -1);
   // Move every parameter into its unit's storage; keep this rank's chunk.
   at::DisableRecordFunctionGuard no_callbacks;  // these ops are the layout's own
   torch::NoGradGuard no_grad;
@@ -258,10 +260,23 @@ comm::WorkPtr ParamUnits::gather_async(size_t u) {
   torch::NoGradGuard no_grad;
   if (!unit.gathered) {
     fill(unit);
-    unit.gathered = true;
-    gathered_bytes_ += bytes_of(unit.full);
+    set_gathered(u, true);
   }
   ++unit.gathers;
+  if (offload_ == "cpu" && unit.trainable && unit.full.is_cuda() && unit.shard.is_pinned()) {
+    // From page-locked host memory: the copy, and the all-gather after it, on the copy stream,
+    // beside the compute stream; the caller's wait on the returned work orders its reads after.
+    SideStream side(unit.full.device());
+    side.uses(unit.full);
+    host_reads_pending_ = true;
+    if (!group_) {  // one process: straight into the unit, no copy on the device
+      unit.full.copy_(unit.shard, /*non_blocking=*/true);
+      return side.done();
+    }
+    unit.staging = torch::empty({unit.chunk}, unit.full.options());
+    unit.staging.copy_(unit.shard, /*non_blocking=*/true);
+    return group_->all_gather_async(unit.full, unit.staging);
+  }
   const auto& source = gather_source(unit);
   if (group_) return group_->all_gather_async(unit.full, source);  // reads it until done
   unit.full.copy_(source);
@@ -274,8 +289,26 @@ void ParamUnits::release(size_t u) {
   if (unit.persistent || !unit.gathered) return;
   release_bytes(unit.full);
   unit.staging = torch::Tensor();
-  unit.gathered = false;
-  gathered_bytes_ -= bytes_of(unit.full);
+  set_gathered(u, false);
+}
+
+void ParamUnits::set_gathered(size_t u, bool gathered) {
+  auto& unit = units_[u];
+  unit.gathered = gathered;
+  gathered_bytes_ += gathered ? bytes_of(unit.full) : -bytes_of(unit.full);
+  if (unit.persistent) return;
+  auto& slot = live_slot_[u];
+  if (gathered && slot < 0) {
+    slot = int64_t(live_units_.size());
+    live_units_.push_back(u);
+    live_numel_ += unit.numel;
+  } else if (!gathered && slot >= 0) {
+    live_slot_[live_units_.back()] = slot;  // the last one takes its place
+    live_units_[size_t(slot)] = live_units_.back();
+    live_units_.pop_back();
+    slot = -1;
+    live_numel_ -= unit.numel;
+  }
 }
 
 void ParamUnits::poison(size_t u) {
@@ -285,8 +318,7 @@ void ParamUnits::poison(size_t u) {
   torch::NoGradGuard no_grad;
   fill(unit);
   unit.full.fill_(std::numeric_limits<double>::quiet_NaN());
-  unit.gathered = true;
-  gathered_bytes_ += bytes_of(unit.full);
+  set_gathered(u, true);
 }
 
 ShardMap ParamUnits::shards_over(const std::vector<int64_t>& offsets) const {
@@ -326,6 +358,7 @@ void ParamUnits::assign(size_t u, const std::vector<torch::Tensor>& values) {
     const uint64_t at = uint64_t(partition_offset(unit) * partition_.element_size());
     store_->wait(store_->write(file_, at, bounce_.data(), uint64_t(bytes_of(mine))));
   } else {
+    wait_for_host_reads();
     unit.shard.copy_(mine);
   }
   if (unit.gathered) unit.full.copy_(flat);

@@ -104,6 +104,10 @@ class ParamUnits {
   void poison(size_t u);
   // Bytes of gathered (full) parameters that exist now, persistent ones included.
   int64_t gathered_bytes() const { return gathered_bytes_; }
+  // The units that are gathered now, persistent ones aside (in no particular order), and their
+  // elements: kept up to date by gather, release and poison, so a caller never scans every unit.
+  const std::vector<size_t>& live_units() const { return live_units_; }
+  int64_t live_numel() const { return live_numel_; }
 
   // The trainable units' shards, in ShardMap order (model dtype): what the master covers.
   const torch::Tensor& partition() const { return partition_; }
@@ -155,10 +159,13 @@ class ParamUnits {
 
  private:
   void fill(Unit& unit);  // allocate the storage's bytes again
+  void set_gathered(size_t u, bool gathered);  // the flag, the byte count and the live list
   // What a gather all-gathers from: the shard, or (offload_param) its copy on the model's device.
   const torch::Tensor& gather_source(Unit& unit);
   int64_t partition_offset(const Unit& unit) const;  // the shard's place in partition()
   void write_shards(const torch::Tensor& values);     // NVMe: every trainable shard to the file
+  // offload_param "cpu": before the host rewrites shards, the copies still reading them finish.
+  void wait_for_host_reads();
 
   comm::GroupPtr group_;
   int64_t parts_ = 1, rank_ = 0;
@@ -171,12 +178,16 @@ class ParamUnits {
   std::vector<std::vector<size_t>> plan_;
   std::vector<bool> persistent_buckets_;
   int64_t gathered_bytes_ = 0;
+  std::vector<size_t> live_units_;
+  std::vector<int64_t> live_slot_;  // per unit: its place in live_units_, or -1
+  int64_t live_numel_ = 0;
   // offload_param
   std::string offload_ = "none";
   std::shared_ptr<offload::NvmeStore> store_;
   offload::NvmeStore::FileId file_ = -1;
   offload::AlignedBuffer bounce_;  // one shard, 4096-aligned, for the swap file's reads and writes
   std::vector<offload::NvmeTicket> writes_;
+  bool host_reads_pending_ = false;  // gathers' copies from host shards issued on a side stream
 };
 
 }  // namespace strata::zero

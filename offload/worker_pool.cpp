@@ -1,0 +1,80 @@
+#include "offload/worker_pool.h"
+
+namespace strata::offload {
+
+WorkerPool& WorkerPool::shared() {
+  static WorkerPool* pool = new WorkerPool;  // leaked on purpose: no teardown order at exit
+  return *pool;
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+int WorkerPool::threads() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return int(threads_.size());
+}
+
+void WorkerPool::run(int n, const std::function<void(int)>& fn) {
+  if (n <= 1) {
+    if (n == 1) fn(0);
+    return;
+  }
+  std::lock_guard<std::mutex> turn(turn_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (int(threads_.size()) < n - 1) {
+      const int index = int(threads_.size());
+      threads_.emplace_back([this, index] { work(index); });
+    }
+    fn_ = &fn;
+    tasks_ = n;
+    running_ = n - 1;
+    failure_ = nullptr;
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  std::exception_ptr mine;
+  try {
+    fn(0);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [this] { return running_ == 0; });
+  fn_ = nullptr;
+  if (mine) std::rethrow_exception(mine);
+  if (failure_) std::rethrow_exception(failure_);
+}
+
+void WorkerPool::work(int index) {
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mutex_);
+  seen = generation_;  // a thread grown for a job joins that job
+  if (seen > 0) --seen;
+  for (;;) {
+    start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    if (index + 1 >= tasks_) continue;  // this job needs fewer threads
+    const auto* fn = fn_;
+    lock.unlock();
+    std::exception_ptr failure;
+    try {
+      (*fn)(index + 1);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    lock.lock();
+    if (failure && !failure_) failure_ = failure;
+    if (--running_ == 0) done_cv_.notify_one();
+  }
+}
+
+}  // namespace strata::offload
