@@ -264,6 +264,14 @@ int run(const Args& args) {
   synchronize(device);
   const double warm = std::chrono::duration<double>(Clock::now() - w0).count();
   reset_peak_memory(device);
+  // offload_param: shard bytes brought to the device for gathers (dense and experts' units).
+  auto h2d_bytes = [&] {
+    int64_t b = 0;
+    for (const auto* u : {engine->stage3_units(), engine->stage3_expert_units()})
+      if (u) b += u->host_to_device_bytes();
+    return b;
+  };
+  const int64_t h2d0 = h2d_bytes();
   const auto t0 = Clock::now();
   torch::Tensor loss;
   for (int64_t i = 0; i < args.steps; ++i) loss = step();
@@ -310,6 +318,16 @@ int run(const Args& args) {
     r["moe_dropped_route_fraction"] =
         double(dropped) / double(moe_layers.size() * batch * seq * cfg.top_k);
     r["ep_size"] = moe_layers.front()->options().ep_size;
+  }
+  if (const int64_t h2d = h2d_bytes() - h2d0; h2d > 0) {
+    // Against the parameters' own bytes: every unit comes over twice a step (forward, backward).
+    int64_t param_bytes = 0;
+    for (const auto* u : {engine->stage3_units(), engine->stage3_expert_units()})
+      if (u) param_bytes += u->partition().numel() * u->partition().element_size();
+    const double per_step = double(h2d) / double(args.steps);
+    r["param_offload"] = {{"h2d_GB_per_step", per_step / 1e9},
+                          {"param_GB", double(param_bytes) / 1e9},
+                          {"h2d_GB_s", per_step / dt / 1e9}};
   }
   if (const auto* t = engine->last_offload_times())
     r["offload_ms"] = {{"wait", t->wait_ms}, {"norm", t->norm_ms}, {"cpu_step", t->step_ms},

@@ -113,6 +113,12 @@ void ParamUnits::store_partition(const torch::Tensor& values) {
     if (u.trainable) u.shard.copy_(values.narrow(0, partition_offset(u), u.chunk));
 }
 
+torch::Tensor ParamUnits::writable_host_partition() {
+  if (offload_ != "cpu") return {};
+  wait_for_host_reads();
+  return partition_;
+}
+
 void ParamUnits::wait_for_host_reads() {
   if (!host_reads_pending_) return;
   host_reads_pending_ = false;
@@ -122,6 +128,7 @@ void ParamUnits::wait_for_host_reads() {
 
 const torch::Tensor& ParamUnits::gather_source(Unit& unit) {
   if (offload_ == "none" || !unit.trainable) return unit.shard;
+  host_to_device_bytes_ += unit.chunk * int64_t(partition_.element_size());
   if (offload_ == "cpu") {
     if (unit.shard.device() == unit.full.device()) return unit.shard;
     unit.staging = unit.shard.to(unit.full.device(), /*non_blocking=*/unit.shard.is_pinned());

@@ -269,6 +269,7 @@ comm::WorkPtr ParamUnits::gather_async(size_t u) {
     SideStream side(unit.full.device());
     side.uses(unit.full);
     host_reads_pending_ = true;
+    host_to_device_bytes_ += bytes_of(unit.shard);
     if (!group_) {  // one process: straight into the unit, no copy on the device
       unit.full.copy_(unit.shard, /*non_blocking=*/true);
       return side.done();

@@ -145,6 +145,8 @@ class ParamUnits {
                          std::shared_ptr<offload::NvmeStore> store,
                          const std::string& file_name = "params");
   const std::string& partition_offload() const { return offload_; }
+  // offload_param: bytes of shards brought to the model's device for gathers, since creation.
+  int64_t host_to_device_bytes() const { return host_to_device_bytes_; }
   // New weights for partition elements [lo, lo + values.numel()) from host memory (the
   // optimizer's tiles): copied into the partition, or written to its swap file, where lo is a
   // multiple of swap_grain(), `values` 4096-aligned and unchanged until flush_writes() returns.
@@ -154,6 +156,10 @@ class ParamUnits {
   // and stored where the shards live, a unit's shard at a time; synchronous.
   void store_partition(const torch::Tensor& values);
   void flush_writes();
+  // offload_param "cpu": the host partition, once no gather's copy still reads it, for the
+  // optimizer to write the step's new weights into directly (same layout as partition()).
+  // Undefined otherwise.
+  torch::Tensor writable_host_partition();
   // Partition elements per 4 KiB (the swap file's grid); 1 without NVMe.
   int64_t swap_grain() const;
 
@@ -187,7 +193,8 @@ class ParamUnits {
   offload::NvmeStore::FileId file_ = -1;
   offload::AlignedBuffer bounce_;  // one shard, 4096-aligned, for the swap file's reads and writes
   std::vector<offload::NvmeTicket> writes_;
-  bool host_reads_pending_ = false;  // gathers' copies from host shards issued on a side stream
+  bool host_reads_pending_ = false;
+  int64_t host_to_device_bytes_ = 0;  // gathers' copies from host shards issued on a side stream
 };
 
 }  // namespace strata::zero

@@ -27,12 +27,19 @@ void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor
                                  std::chrono::steady_clock::now() - t0).count();
     return;
   }
-  if (!host_out_.defined()) host_out_ = host_buffer(mine.numel(), mine.scalar_type());
+  // Parameters in host memory too: the step writes their new values into the host shards
+  // themselves, no buffer and no copy between the two.
+  const auto host_params = units_ ? units_->writable_host_partition() : torch::Tensor();
+  if (host_params.defined())
+    host_out_ = host_params;
+  else if (!host_out_.defined())
+    host_out_ = host_buffer(mine.numel(), mine.scalar_type());
   // Each tile goes back as soon as the CPU has written it; the copies queue on the device's
   // stream (asynchronous from page-locked memory) while the CPU steps the next tile.
   const bool offloaded_params = units_ && units_->partition_offload() != "none";
   auto send = [&](int64_t lo, int64_t n) {
-    if (offloaded_params)  // to the parameters' host copy or swap file
+    if (host_params.defined()) return;  // written in place
+    if (offloaded_params)  // to the parameters' swap file
       units_->write_partition(lo, host_out_.narrow(0, lo, n));
     else
       mine.narrow(0, lo, n).copy_(host_out_.narrow(0, lo, n), /*non_blocking=*/host_out_.is_pinned());
