@@ -26,6 +26,8 @@ GradientSwap::GradientSwap(offload::NvmeStore& store, const std::string& name, i
 }
 
 GradientSwap::~GradientSwap() {
+  for (auto& p : pending_)
+    if (p.copied) p.copied();  // no copy may land in freed staging
   for (auto* tickets : {staged_, reading_})
     for (int i = 0; i < 2; ++i)
       if (tickets[i]) {
@@ -45,20 +47,35 @@ void GradientSwap::write(int64_t offset, const torch::Tensor& chunk) {
                             c10::toString(dtype_)));
   torch::NoGradGuard no_grad;
   const auto flat = chunk.reshape({-1});
+  if (flat.is_cuda() && !pinned_[0].active())
+    for (int s = 0; s < 2; ++s)
+      pinned_[s] = HostRegistration(stage_[s].data(), size_t(kStageBytes), flat.device());
   const int64_t per = kStageBytes / element_;
   for (int64_t lo = 0; lo < flat.numel(); lo += per) {
     const int64_t n = std::min(per, flat.numel() - lo);
     const int s = next_stage_;
     next_stage_ ^= 1;
-    if (staged_[s]) store_.wait(*std::exchange(staged_[s], std::nullopt));  // buffer free again
-    torch::from_blob(stage_[s].data(), {n}, torch::TensorOptions().dtype(dtype_))
-        .copy_(flat.narrow(0, lo, n));  // from a device: a synchronous copy
-    staged_[s] = store_.write(file_, uint64_t((offset + lo) * element_), stage_[s].data(),
-                              uint64_t(n * element_));
+    send(s);  // the piece this buffer held goes to disk (if it has not yet),
+    if (staged_[s]) store_.wait(*std::exchange(staged_[s], std::nullopt));  // and has landed
+    const auto stage = torch::from_blob(stage_[s].data(), {n}, torch::TensorOptions().dtype(dtype_));
+    pending_[s] = {true, copy_to_host_tracked(stage, flat.narrow(0, lo, n)), offset + lo, n};
+    if (!pending_[s].copied) send(s);  // copied already (host memory): to disk at once
   }
 }
 
+void GradientSwap::send(int stage) {
+  auto& p = pending_[stage];
+  if (!p.pending) return;
+  if (p.copied) std::exchange(p.copied, {})();
+  p.pending = false;
+  staged_[stage] = store_.write(file_, uint64_t(p.offset * element_), stage_[stage].data(),
+                                uint64_t(p.n * element_));
+}
+
 void GradientSwap::flush() {
+  // The older piece first, as the writes were issued.
+  send(next_stage_);
+  send(next_stage_ ^ 1);
   for (auto& t : staged_)
     if (t) store_.wait(*std::exchange(t, std::nullopt));
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -15,6 +16,7 @@
 
 #include "offload/aligned_buffer.h"
 #include "offload/nvme_store.h"
+#include "zero/host_copy.h"
 
 namespace strata::zero {
 
@@ -28,8 +30,10 @@ class GradientSwap {
   GradientSwap& operator=(const GradientSwap&) = delete;
 
   // The reduced chunk for partition elements [offset, offset + chunk.numel()), on any device, in
-  // this swap's dtype; `offset` must be on the store's 4 KiB grid. Returns once the chunk is
-  // copied out of `chunk` (the write may still be in flight).
+  // this swap's dtype; `offset` must be on the store's 4 KiB grid. From a GPU the copy out of
+  // `chunk` runs on a copy stream into page-locked staging and returns at once (the chunk's
+  // memory is kept from reuse until it is done); its disk write is sent when its staging buffer
+  // is needed again or at flush(). From host memory it is copied before this returns.
   void write(int64_t offset, const torch::Tensor& chunk);
   void flush();  // every write has landed (its error, if any, is thrown)
 
@@ -44,6 +48,7 @@ class GradientSwap {
 
  private:
   void read_ahead(int slot, int64_t lo);
+  void send(int stage);  // the staged piece's copy has ended: its disk write goes out
 
   offload::NvmeStore& store_;
   offload::NvmeStore::FileId file_ = -1;
@@ -52,6 +57,12 @@ class GradientSwap {
   int64_t element_ = 0;
   offload::AlignedBuffer stage_[2];  // writes: one fills while the other is written
   std::optional<offload::NvmeTicket> staged_[2];
+  HostRegistration pinned_[2];  // the staging page-locked for the chunks' GPU
+  struct Pending {                // a piece copied (or being copied) in, not yet sent to disk
+    bool pending = false;
+    std::function<void()> copied;  // blocks until the copy is done (empty: done)
+    int64_t offset = 0, n = 0;
+  } pending_[2];
   int next_stage_ = 0;
   offload::AlignedBuffer tiles_[2];  // reads: this tile and the next
   std::optional<offload::NvmeTicket> reading_[2];

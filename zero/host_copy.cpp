@@ -9,6 +9,7 @@
 #if STRATA_ZERO_HAS_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -95,6 +96,38 @@ void SideStream::synchronize(c10::Device device) {
 #else
   (void)device;
 #endif
+}
+
+HostRegistration::HostRegistration(void* data, size_t bytes, c10::Device device) {
+#if STRATA_ZERO_HAS_CUDA
+  if (!device.is_cuda() || data == nullptr || bytes == 0) return;
+  const auto status = cudaHostRegister(data, bytes, cudaHostRegisterDefault);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the copies fall back to synchronous ones
+    return;
+  }
+  data_ = data;
+#else
+  (void)data, (void)bytes, (void)device;
+#endif
+}
+
+HostRegistration::~HostRegistration() {
+#if STRATA_ZERO_HAS_CUDA
+  if (data_) (void)cudaHostUnregister(data_);
+#endif
+}
+
+std::function<void()> copy_to_host_tracked(const torch::Tensor& host, const torch::Tensor& source) {
+  copy_to_host_async(host, source);
+#if STRATA_ZERO_HAS_CUDA
+  if (source.is_cuda() && host.is_pinned()) {
+    auto copied = std::make_shared<at::cuda::CUDAEvent>();
+    copied->record(side_stream(source.device().index(), Direction::kToHost));
+    return [copied] { copied->synchronize(); };
+  }
+#endif
+  return {};
 }
 
 void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source) {

@@ -11,7 +11,9 @@
 // stream, and done() hands back an event the consumer's stream waits for.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -21,6 +23,9 @@
 namespace strata::zero {
 
 void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source);
+// The same, and a way to wait for that one copy: the returned callable blocks the host until the
+// copy is done (empty when the copy was synchronous and is done already).
+std::function<void()> copy_to_host_tracked(const torch::Tensor& host, const torch::Tensor& source);
 
 class SideStream {
  public:
@@ -42,6 +47,27 @@ class SideStream {
  private:
   struct State;
   std::unique_ptr<State> state_;
+};
+
+// Page-locks [data, data + bytes) for copies to `device` (cudaHostRegister) while it lives, so
+// that copies out of it are asynchronous; for a CPU device or in a CPU build it does nothing
+// (active() false). Move-only.
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  HostRegistration(void* data, size_t bytes, c10::Device device);
+  ~HostRegistration();
+  HostRegistration(HostRegistration&& o) noexcept : data_(o.data_) { o.data_ = nullptr; }
+  HostRegistration& operator=(HostRegistration&& o) noexcept {
+    std::swap(data_, o.data_);
+    return *this;
+  }
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  bool active() const { return data_ != nullptr; }
+
+ private:
+  void* data_ = nullptr;
 };
 
 // The CPU kernels' name for a host tensor's dtype (offload/cpu_adam.h): fp32, bf16 or fp16;

@@ -3,9 +3,10 @@
 //
 // NVMe: the partition is one swap file laid out as partition() is (UnitOptions::alignment is one
 // 4 KiB page then, so every unit's shard starts on the file's page grid). A gather reads the
-// unit's shard through a 4096-aligned bounce buffer into a copy on the model's device, which the
-// all-gather reads; the copy goes with the unit's release. The read is synchronous in the
-// gathering thread (a prefetch reads ahead of use, not behind another transfer).
+// unit's shard into one of a few 4096-aligned slots (page-locked for a GPU model) as soon as the
+// gather is launched (the coordinator launches prefetches ahead along its trace), and only the
+// wait for the gather copies the slot to the model's device (on the copy stream for a GPU) and
+// all-gathers: the disk works while the layers before the unit run.
 //
 // The step's new weights arrive one of two ways. With the optimizer offloaded too, its CPU step
 // sends each tile from host memory (write_partition: copied in, or written asynchronously to the
@@ -73,6 +74,12 @@ void ParamUnits::offload_partition(const std::string& device, bool pin,
   const uint64_t bytes = uint64_t(partition_.numel() * element);
   file_ = store_->create(file_name, bytes);
   bounce_ = offload::AlignedBuffer(size_t(largest * element));
+  slots_.resize(kNvmeReadSlots);
+  for (auto& slot : slots_) {
+    slot.buffer = offload::AlignedBuffer(size_t(largest * element));
+    slot.pinned = HostRegistration(slot.buffer.data(), offload::round_up_io(slot.buffer.size()),
+                                   partition_.device());
+  }
   write_shards(partition_);  // then the partition's bytes are freed
   offload_ = device;
   release_bytes(partition_);
@@ -134,14 +141,100 @@ const torch::Tensor& ParamUnits::gather_source(Unit& unit) {
     unit.staging = unit.shard.to(unit.full.device(), /*non_blocking=*/unit.shard.is_pinned());
     return unit.staging;
   }
+  throw Error("ParamUnits::gather_source: an NVMe shard is read by gather_from_nvme");
+}
+
+// A gather whose shard is being read from the swap file into a slot. Finishing it (once) copies
+// the slot to the device, or to the staging the all-gather reads, and launches the all-gather;
+// waiting for it then waits for that.
+class ParamUnits::NvmeGather : public comm::Work {
+ public:
+  NvmeGather(ParamUnits* units, size_t unit, size_t slot, offload::NvmeTicket read)
+      : units(units), unit(unit), slot(slot), read(std::move(read)) {}
+  void wait() override {  // once: a release may have waited for it before its user does
+    if (!finished) units->finish_nvme_gather(*this);
+    if (result && !waited) result->wait();
+    waited = true;
+  }
+  bool is_completed() override {
+    return finished ? (!result || result->is_completed()) : false;
+  }
+  ParamUnits* units;
+  size_t unit, slot;
+  offload::NvmeTicket read;
+  bool finished = false, waited = false;
+  comm::WorkPtr result;  // the copy's event or the all-gather (null: done on the host)
+};
+
+ParamUnits::~ParamUnits() {
+  for (auto& slot : slots_) {
+    if (!slot.reader) continue;
+    try {
+      store_->wait(slot.reader->read);  // the read must not land in a freed buffer
+    } catch (const std::exception&) {
+      // its error belongs to a gather nobody waits for any more
+    }
+  }
+  if (!slots_.empty() && partition_.is_cuda()) SideStream::synchronize(partition_.device());
+}
+
+void ParamUnits::finish_reads_of(size_t u) {
+  for (auto& slot : slots_)
+    if (slot.reader && slot.reader->unit == u) {
+      const auto reader = slot.reader;
+      reader->wait();
+    }
+}
+
+size_t ParamUnits::take_slot() {
+  const size_t s = next_slot_;
+  next_slot_ = (next_slot_ + 1) % slots_.size();
+  auto& slot = slots_[s];
+  if (slot.reader) finish_nvme_gather(*slot.reader);  // in the order the reads were issued
+  if (slot.copying) {
+    SideStream::synchronize(partition_.device());
+    slot.copying = false;
+  }
+  return s;
+}
+
+comm::WorkPtr ParamUnits::gather_from_nvme(size_t u) {
+  auto& unit = units_[u];
   flush_writes();  // the last step's weights first
+  const size_t s = take_slot();
+  auto& slot = slots_[s];
   const int64_t element = partition_.element_size();
   const uint64_t bytes = uint64_t(unit.chunk * element);
-  store_->wait(store_->read(file_, uint64_t(partition_offset(unit) * element), bounce_.data(), bytes));
-  const auto host = torch::from_blob(bounce_.data(), {unit.chunk},
+  host_to_device_bytes_ += int64_t(bytes);
+  slot.reader = std::make_shared<NvmeGather>(
+      this, u, s, store_->read(file_, uint64_t(partition_offset(unit) * element), slot.buffer.data(), bytes));
+  return slot.reader;
+}
+
+void ParamUnits::finish_nvme_gather(NvmeGather& g) {
+  if (g.finished) return;
+  g.finished = true;
+  auto& slot = slots_[g.slot];
+  const auto keep = slot.reader;  // g lives on while this runs
+  slot.reader.reset();
+  store_->wait(g.read);  // throws the read's error (a failed checksum names file and offset)
+  at::DisableRecordFunctionGuard no_callbacks;
+  torch::NoGradGuard no_grad;
+  auto& unit = units_[g.unit];
+  const auto host = torch::from_blob(slot.buffer.data(), {unit.chunk},
                                      unit.full.options().device(torch::kCPU));
-  unit.staging = host.to(unit.full.device(), /*non_blocking=*/false, /*copy=*/true);
-  return unit.staging;
+  SideStream side(unit.full.device());  // a GPU model: the copy beside the compute stream
+  side.uses(unit.full);
+  const bool async = side.active() && slot.pinned.active();
+  slot.copying = async;
+  if (!group_) {
+    unit.full.copy_(host, async);
+    g.result = side.done();
+    return;
+  }
+  unit.staging = torch::empty({unit.chunk}, unit.full.options());
+  unit.staging.copy_(host, async);  // the all-gather reads the staging, the slot is free after
+  g.result = group_->all_gather_async(unit.full, unit.staging);
 }
 
 void ParamUnits::write_partition(int64_t lo, const torch::Tensor& values) {
@@ -163,7 +256,7 @@ void ParamUnits::write_partition(int64_t lo, const torch::Tensor& values) {
     throw Error(fmt::format("ParamUnits::write_partition: offset {} / address {:#x} off the swap "
                             "file's 4 KiB grid", lo, address));
   const int64_t element = partition_.element_size();
-  writes_.push_back(store_->write(file_, uint64_t(lo * element), values.data_ptr(),
+  writes_.emplace_back(values.data_ptr(), store_->write(file_, uint64_t(lo * element), values.data_ptr(),
                                   uint64_t(n * element)));
 }
 
@@ -171,7 +264,21 @@ void ParamUnits::flush_writes() {
   if (writes_.empty()) return;
   auto pending = std::move(writes_);
   writes_.clear();
-  for (const auto& t : pending) store_->wait(t);
+  for (const auto& w : pending) store_->wait(w.second);
+}
+
+void ParamUnits::flush_writes_from(const void* buffer) {
+  // The others stay in flight: a double buffer refills one while the other is still written.
+  std::vector<std::pair<const void*, offload::NvmeTicket>> rest;
+  std::vector<offload::NvmeTicket> mine;
+  for (auto& w : writes_) {
+    if (w.first == buffer)
+      mine.push_back(w.second);
+    else
+      rest.push_back(w);
+  }
+  writes_ = std::move(rest);
+  for (const auto& t : mine) store_->wait(t);
 }
 
 }  // namespace strata::zero

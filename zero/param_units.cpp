@@ -278,6 +278,7 @@ comm::WorkPtr ParamUnits::gather_async(size_t u) {
     unit.staging.copy_(unit.shard, /*non_blocking=*/true);
     return group_->all_gather_async(unit.full, unit.staging);
   }
+  if (offload_ == "nvme" && unit.trainable) return gather_from_nvme(u);
   const auto& source = gather_source(unit);
   if (group_) return group_->all_gather_async(unit.full, source);  // reads it until done
   unit.full.copy_(source);
@@ -288,6 +289,7 @@ comm::WorkPtr ParamUnits::gather_async(size_t u) {
 void ParamUnits::release(size_t u) {
   auto& unit = units_.at(u);
   if (unit.persistent || !unit.gathered) return;
+  finish_reads_of(u);  // a read for it still in a slot: finished before its bytes go
   release_bytes(unit.full);
   unit.staging = torch::Tensor();
   set_gathered(u, false);

@@ -28,6 +28,7 @@
 #include "comm/process_group.h"
 #include "offload/aligned_buffer.h"
 #include "offload/nvme_store.h"
+#include "zero/host_copy.h"
 #include "zero/shard_map.h"
 
 namespace c10 {
@@ -85,6 +86,9 @@ class ParamUnits {
   using ValueOf = std::function<torch::Tensor(const torch::Tensor&)>;
   ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOptions options,
              const ValueOf& value_of = {});
+  ~ParamUnits();  // waits for reads still going into its buffers
+  ParamUnits(const ParamUnits&) = delete;
+  ParamUnits& operator=(const ParamUnits&) = delete;
 
   size_t size() const { return units_.size(); }
   const Unit& unit(size_t u) const { return units_[u]; }
@@ -156,6 +160,9 @@ class ParamUnits {
   // and stored where the shards live, a unit's shard at a time; synchronous.
   void store_partition(const torch::Tensor& values);
   void flush_writes();
+  // The writes whose values came from `buffer` (write_partition's data_ptr()) have landed; the
+  // others may still be in flight.
+  void flush_writes_from(const void* buffer);
   // offload_param "cpu": the host partition, once no gather's copy still reads it, for the
   // optimizer to write the step's new weights into directly (same layout as partition()).
   // Undefined otherwise.
@@ -191,8 +198,25 @@ class ParamUnits {
   std::string offload_ = "none";
   std::shared_ptr<offload::NvmeStore> store_;
   offload::NvmeStore::FileId file_ = -1;
-  offload::AlignedBuffer bounce_;  // one shard, 4096-aligned, for the swap file's reads and writes
-  std::vector<offload::NvmeTicket> writes_;
+  offload::AlignedBuffer bounce_;  // one shard, 4096-aligned, for the swap file's writes
+  // NVMe gathers read ahead (param_offload.cpp): a gather's read goes into a slot at once, and the
+  // work it returns finishes the gather (the copy to the device, the all-gather) when waited for,
+  // or when its slot is needed again, in the order the reads were issued.
+  class NvmeGather;
+  static constexpr size_t kNvmeReadSlots = 3;  // reads ahead, at most
+  struct NvmeSlot {
+    offload::AlignedBuffer buffer;
+    HostRegistration pinned;             // page-locked for a GPU model: its copy is asynchronous
+    std::shared_ptr<NvmeGather> reader;  // the gather reading into it, not finished yet
+    bool copying = false;                // a copy out of it may still run on the copy stream
+  };
+  comm::WorkPtr gather_from_nvme(size_t u);
+  void finish_nvme_gather(NvmeGather& g);
+  void finish_reads_of(size_t u);
+  size_t take_slot();
+  std::vector<NvmeSlot> slots_;
+  size_t next_slot_ = 0;
+  std::vector<std::pair<const void*, offload::NvmeTicket>> writes_;  // source buffer, write
   bool host_reads_pending_ = false;
   int64_t host_to_device_bytes_ = 0;  // gathers' copies from host shards issued on a side stream
 };

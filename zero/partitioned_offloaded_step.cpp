@@ -155,7 +155,8 @@ void PartitionedOptimizer::step_swapped(double grad_scale,
     int64_t t = 0;
     swapper_->for_each_tile([&](int64_t lo, int64_t n, float* p, float* m, float* v) {
       auto& out = tile_out_[t++ % 2];
-      units_->flush_writes();  // the buffer's last write (and the other's) has landed
+      units_->flush_writes_from(out.data());  // this buffer's last write has landed; the
+                                              // other buffer's stays in flight meanwhile
       offload::cpu_adam_step(p, m, v, grad_at(lo, n), g_type, out.data(), host_float(dtype), n,
                              scalars, threads);
       units_->write_partition(lo, torch::from_blob(out.data(), {n}, torch::TensorOptions(dtype)));
