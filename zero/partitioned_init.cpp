@@ -82,10 +82,14 @@ PartitionedInit::PartitionedInit(comm::GroupPtr group, PartitionedInitOptions op
       parts_(group_ ? group_->size() : 1),
       rank_(group_ ? group_->rank() : 0) {}
 
-PartitionedInit::~PartitionedInit() {
+PartitionedInit::~PartitionedInit() { unwatch(); }
+
+void PartitionedInit::unwatch() {
   std::lock_guard<std::mutex> lock(g_inits_mutex);
   auto& r = live_init_list();
-  r.erase(std::remove(r.begin(), r.end(), this), r.end());
+  const auto it = std::find(r.begin(), r.end(), this);
+  if (it == r.end()) return;
+  r.erase(it);
   if (r.empty()) {
     at::removeCallback(g_init_callback);
     g_init_callback = 0;
@@ -278,11 +282,16 @@ void PartitionedInit::restore_except(const std::vector<torch::Tensor>& keep) {
 }
 
 void PartitionedInit::release() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  active_ = false;
-  sealed_.clear();
-  pending_.clear();
-  held_.clear();
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    active_ = false;
+    sealed_.clear();
+    pending_.clear();
+    held_.clear();
+  }
+  // Nothing is watched any more: the op callback (which reads every op's inputs and outputs)
+  // goes now, not when the last handle to this scope does.
+  unwatch();
 }
 
 int64_t PartitionedInit::shard_bytes() const {

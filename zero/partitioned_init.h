@@ -83,6 +83,7 @@ class PartitionedInit {
   void on_op_end(const at::RecordFunction& fn, const std::vector<const c10::StorageImpl*>& inputs);
 
  private:
+  void unwatch();  // leaves the list the op callback serves (the last one removes it)
   PartitionedInit(comm::GroupPtr group, PartitionedInitOptions options);
   void seal_pending();        // partition what the construction has moved past
   void seal(torch::Tensor t);

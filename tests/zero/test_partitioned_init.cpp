@@ -6,6 +6,7 @@
 // freed the op's own input before the kernel read it.) The multi-rank behaviour and the engine's
 // side: tests/runtime/engine/test_engine_stage3.cpp.
 #include <gtest/gtest.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "zero/partitioned_init.h"
@@ -104,6 +105,23 @@ TEST(PartitionedInit, InPlaceInitialisationDrawsAsWithoutPartitioning) {
           << (value.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<float>();
     }
   }
+}
+
+// Once the engine holds the shards (release()), no op pays for the scope's callback any more,
+// though the user may keep the scope's handle for the whole run.
+TEST(PartitionedInit, ReleaseStopsWatchingOpsWhileTheHandleLives) {
+  ASSERT_FALSE(at::hasGlobalCallbacks());
+  strata::zero::PartitionedInitOptions options;
+  options.min_numel = 64;
+  auto init = strata::zero::PartitionedInit::create(nullptr, options);
+  EXPECT_TRUE(at::hasGlobalCallbacks());
+  torch::nn::Linear layer(64, 64);
+  init->finish();
+  EXPECT_TRUE(at::hasGlobalCallbacks());  // an op touching a shard still gathers it
+  init->release();
+  EXPECT_FALSE(at::hasGlobalCallbacks());
+  init.reset();  // and the handle's end removes nothing twice
+  EXPECT_FALSE(at::hasGlobalCallbacks());
 }
 
 }  // namespace
