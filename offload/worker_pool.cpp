@@ -1,10 +1,37 @@
 #include "offload/worker_pool.h"
 
+#include <pthread.h>
+
 namespace strata::offload {
 
 WorkerPool& WorkerPool::shared() {
-  static WorkerPool* pool = new WorkerPool;  // leaked on purpose: no teardown order at exit
+  static WorkerPool* pool = [] {
+    auto* p = new WorkerPool;  // leaked on purpose: no teardown order at exit
+    // fork(): no job may be half-way (the handlers hold both locks across it), and the child,
+    // which has none of the parent's threads, starts with an empty pool.
+    pthread_atfork([] { shared().before_fork(); }, [] { shared().after_fork(false); },
+                   [] { shared().after_fork(true); });
+    return p;
+  }();
   return *pool;
+}
+
+void WorkerPool::before_fork() {
+  turn_.lock();
+  mutex_.lock();
+}
+
+void WorkerPool::after_fork(bool child) {
+  if (child) {
+    // The handles of threads that do not exist here: kept, never joined or destroyed.
+    new std::vector<std::thread>(std::move(threads_));
+    threads_.clear();
+    generation_ = 0;
+    running_ = 0;
+    fn_ = nullptr;
+  }
+  mutex_.unlock();
+  turn_.unlock();
 }
 
 WorkerPool::~WorkerPool() {

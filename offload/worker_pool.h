@@ -1,6 +1,7 @@
 // The CPU Adam's threads, started once (DeepSpeed's cpu_adam runs on OpenMP's standing team):
 // starting std::threads on every call cost a thread creation per worker per tile per step.
-// Torch-free, like the kernels it serves.
+// Torch-free, like the kernels it serves. fork() is safe: it waits for a job in progress, and
+// the child's pool starts empty (its threads are started again on first use).
 #pragma once
 
 #include <condition_variable>
@@ -28,6 +29,8 @@ class WorkerPool {
 
  private:
   WorkerPool() = default;
+  void before_fork();
+  void after_fork(bool child);
   void work(int index);  // a pool thread: runs task index + 1 of each job that has one
 
   std::mutex turn_;  // held by the caller for a whole job

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <set>
 #include <stdexcept>
@@ -69,6 +72,26 @@ TEST(WorkerPool, AFailureInAnyTaskReachesTheCallerAndThePoolGoesOn) {
   std::atomic<int> ran{0};
   pool.run(3, [&](int) { ++ran; });
   EXPECT_EQ(ran.load(), 3);
+}
+
+TEST(WorkerPool, AForkedChildRunsJobsOnThreadsOfItsOwn) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer does not start threads in the child of a threaded fork";
+#endif
+  auto& pool = WorkerPool::shared();
+  pool.run(4, [](int) {});  // the parent's threads exist
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::atomic<int> ran{0};
+    WorkerPool::shared().run(4, [&](int) { ++ran; });
+    _exit(ran.load() == 4 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's job did not finish";
+  std::atomic<int> ran{0};
+  pool.run(4, [&](int) { ++ran; });  // and the parent's pool goes on
+  EXPECT_EQ(ran.load(), 4);
 }
 
 }  // namespace
