@@ -21,6 +21,7 @@
 // where it reads the unit, so a prefetched unit's copy overlaps the layers before it; the host
 // waits for those copies before it rewrites the shards (the step's new weights).
 #include <cstring>
+#include <exception>
 
 #include <fmt/format.h>
 
@@ -153,6 +154,7 @@ class ParamUnits::NvmeGather : public comm::Work {
       : units(units), unit(unit), slot(slot), read(std::move(read)) {}
   void wait() override {  // once: a release may have waited for it before its user does
     if (!finished) units->finish_nvme_gather(*this);
+    if (failure) std::rethrow_exception(failure);  // every wait: the unit holds no weights
     if (result && !waited) result->wait();
     waited = true;
   }
@@ -164,6 +166,7 @@ class ParamUnits::NvmeGather : public comm::Work {
   offload::NvmeTicket read;
   bool finished = false, waited = false;
   comm::WorkPtr result;  // the copy's event or the all-gather (null: done on the host)
+  std::exception_ptr failure;  // the read's error, for this gather's waiter (not another's)
 };
 
 ParamUnits::~ParamUnits() {
@@ -217,7 +220,13 @@ void ParamUnits::finish_nvme_gather(NvmeGather& g) {
   auto& slot = slots_[g.slot];
   const auto keep = slot.reader;  // g lives on while this runs
   slot.reader.reset();
-  store_->wait(g.read);  // throws the read's error (a failed checksum names file and offset)
+  try {
+    store_->wait(g.read);  // a failed checksum names file and offset
+  } catch (...) {
+    // Kept for the gather's own wait: finishing it may be another unit's gather taking the slot.
+    g.failure = std::current_exception();
+    return;
+  }
   at::DisableRecordFunctionGuard no_callbacks;
   torch::NoGradGuard no_grad;
   auto& unit = units_[g.unit];
