@@ -9,9 +9,9 @@
 #if STRATA_ZERO_HAS_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <cuda_runtime_api.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace strata::zero {
@@ -22,7 +22,7 @@ namespace {
 // One side stream per device and direction for the process, whichever thread asks (backward's
 // ops run on autograd's device threads): copies to the host and to the device use the two copy
 // engines side by side.
-enum class Direction { kToHost, kToDevice };
+using Direction = SideStream::Direction;
 c10::cuda::CUDAStream side_stream(c10::DeviceIndex index, Direction direction) {
   static std::mutex mutex;
   static c10::optional<c10::cuda::CUDAStream> side[2][64];
@@ -46,8 +46,7 @@ class EventWork : public comm::Work {
 }  // namespace
 
 struct SideStream::State {
-  explicit State(c10::DeviceIndex index)
-      : stream(side_stream(index, Direction::kToDevice)), guard(stream) {}
+  explicit State(c10::cuda::CUDAStream side) : stream(side), guard(stream) {}
   c10::cuda::CUDAStream stream;
   c10::cuda::CUDAStreamGuard guard;
 };
@@ -55,16 +54,17 @@ struct SideStream::State {
 struct SideStream::State {};
 #endif
 
-SideStream::SideStream(c10::Device device) {
+SideStream::SideStream(c10::Device device, Direction direction) {
 #if STRATA_ZERO_HAS_CUDA
   if (!device.is_cuda()) return;
   const auto index = device.index();
+  const auto side = side_stream(index, direction);
   at::cuda::CUDAEvent ready;
   ready.record(c10::cuda::getCurrentCUDAStream(index));
-  ready.block(side_stream(index, Direction::kToDevice));
-  state_ = std::make_unique<State>(index);
+  ready.block(side);
+  state_ = std::make_unique<State>(side);
 #else
-  (void)device;
+  (void)device, (void)direction;
 #endif
 }
 
@@ -131,19 +131,12 @@ std::function<void()> copy_to_host_tracked(const torch::Tensor& host, const torc
 }
 
 void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source) {
-#if STRATA_ZERO_HAS_CUDA
   if (source.is_cuda() && host.is_pinned()) {
-    const auto index = source.device().index();
-    auto stream = side_stream(index, Direction::kToHost);
-    at::cuda::CUDAEvent ready;
-    ready.record(c10::cuda::getCurrentCUDAStream(index));
-    ready.block(stream);
-    c10::cuda::CUDACachingAllocator::recordStream(source.storage().data_ptr(), stream);
-    c10::cuda::CUDAStreamGuard guard(stream);
-    host.copy_(source, /*non_blocking=*/true);
+    SideStream side(source.device(), SideStream::Direction::kToHost);
+    side.uses(source);
+    host.copy_(source, /*non_blocking=*/side.active());
     return;
   }
-#endif
   host.copy_(source, /*non_blocking=*/host.is_pinned());
 }
 

@@ -29,9 +29,10 @@ std::function<void()> copy_to_host_tracked(const torch::Tensor& host, const torc
 
 class SideStream {
  public:
-  // A CUDA device: its host-to-device copy stream (one per device) becomes current; anything else:
-  // nothing changes (active() is false).
-  explicit SideStream(c10::Device device);
+  enum class Direction { kToHost, kToDevice };  // one copy stream each: both copy engines work
+  // A CUDA device: its copy stream for `direction` (one per device and direction) becomes
+  // current; anything else: nothing changes (active() is false).
+  explicit SideStream(c10::Device device, Direction direction = Direction::kToDevice);
   ~SideStream();
   SideStream(const SideStream&) = delete;
   SideStream& operator=(const SideStream&) = delete;
@@ -41,7 +42,8 @@ class SideStream {
   // An event recorded on the copy stream now: wait() makes the then-current stream wait for the
   // work issued inside this scope; is_completed() asks the device. Null when not active().
   comm::WorkPtr done();
-  // Blocks the host until everything issued on this device's copy stream is done: before the host rewrites memory a copy may still read.
+  // Blocks the host until everything issued on this device's host-to-device copy stream is
+  // done: before the host rewrites memory a copy may still read.
   static void synchronize(c10::Device device);
 
  private:
