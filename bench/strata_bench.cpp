@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -58,13 +59,14 @@ struct Args {
   int64_t profile = 0;  // > 0: after timing, that many steps under the op profile
   std::string checkpointing;  // --activation-checkpointing: GPTConfig::checkpointing
   int64_t seq = 0;            // --seq: the model's sequence length instead of its own
+  bool host_init = false;     // --host-init 1: the model built in host memory (InitOptions::device)
 };
 
 Args parse(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) != "gpt")
     throw strata::Error("usage: strata-bench gpt --config FILE [--model NAME] [--steps N] "
                         "[--warmup N] [--device cuda|cpu] [--activation-checkpointing every|every:K|selective] "
-                        "[--seq T]\n       strata-bench adam [--numel N] "
+                        "[--seq T] [--host-init 1]\n       strata-bench adam [--numel N] "
                         "[--steps N] [--device cuda|cpu]");
   Args a;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -77,6 +79,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--profile") a.profile = std::stoll(value);
     else if (flag == "--activation-checkpointing") a.checkpointing = value;
     else if (flag == "--seq") a.seq = std::stoll(value);
+    else if (flag == "--host-init") a.host_init = value == "1";
     else throw strata::Error("strata-bench: unknown option " + flag);
   }
   if (a.config.empty()) throw strata::Error("strata-bench: --config FILE is required");
@@ -241,7 +244,11 @@ int run(const Args& args) {
   auto config = strata::load_engine_config(args.config, init);
   torch::manual_seed(0);
   GPT model = make_gpt(cfg, config.moe, 0, init.group);
-  model->to(device);
+  // --host-init: the engine moves the host-built model to the device (a unit at a time at stage 3).
+  if (args.host_init)
+    init.device = device;
+  else
+    model->to(device);
   auto engine =
       std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));
   const auto moe_layers = strata::moe::moe_layers(*model);
@@ -272,9 +279,11 @@ int run(const Args& args) {
     return b;
   };
   const int64_t h2d0 = h2d_bytes();
+  const auto nvme0 = engine->nvme_traffic();
   const auto t0 = Clock::now();
   torch::Tensor loss;
-  for (int64_t i = 0; i < args.steps; ++i) loss = step();
+  std::vector<torch::Tensor> losses;  // read after the timed steps: no sync among them
+  for (int64_t i = 0; i < args.steps; ++i) losses.push_back((loss = step()).detach());
   synchronize(device);
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count() / args.steps;
 
@@ -304,6 +313,9 @@ int run(const Args& args) {
                       {"peak_tflops", peak}, {"mem_GiB", peak_memory_gib(device)},
                       {"reserved_GiB", peak_memory_gib(device, /*reserved=*/true)},
                       {"warm_s", warm}, {"loss", loss.item<double>()}};
+  std::vector<double> loss_values;
+  for (const auto& l : losses) loss_values.push_back(l.item<double>());
+  r["losses"] = loss_values;
   if (args.profile > 0 && engine->data_parallel_rank() == 0) {
     strata::bench::OpProfile profile;
     for (int64_t i = 0; i < args.profile; ++i) step();
@@ -328,6 +340,24 @@ int run(const Args& args) {
     r["param_offload"] = {{"h2d_GB_per_step", per_step / 1e9},
                           {"param_GB", double(param_bytes) / 1e9},
                           {"h2d_GB_s", per_step / dt / 1e9}};
+  }
+  if (const auto nvme = engine->nvme_traffic(); nvme.read_bytes + nvme.written_bytes > 0) {
+    // NVMe offload: this rank's disk traffic per step, and the time the step waited for it.
+    const double n = double(args.steps);
+    const double read = double(nvme.read_bytes - nvme0.read_bytes) / n;
+    const double written = double(nvme.written_bytes - nvme0.written_bytes) / n;
+    r["nvme_io"] = {{"read_GB_per_step", read / 1e9},
+                    {"written_GB_per_step", written / 1e9},
+                    {"GB_s", (read + written) / dt / 1e9},
+                    {"read_wait_s_per_step", (nvme.read_wait_s - nvme0.read_wait_s) / n},
+                    {"write_wait_s_per_step", (nvme.write_wait_s + nvme.wait_all_s -
+                                               nvme0.write_wait_s - nvme0.wait_all_s) / n}};
+  }
+  if (engine->expert_window_bytes() > 0) {  // streamed experts: the last step's peak
+    const auto& p = engine->stage3_expert_units()->partition();
+    r["expert_window"] = {{"peak_GiB", double(engine->expert_bytes_peak()) / (1 << 30)},
+                          {"window_GiB", double(engine->expert_window_bytes()) / (1 << 30)},
+                          {"expert_param_GiB", double(p.numel() * p.element_size()) / (1 << 30)}};
   }
   if (const auto* t = engine->last_offload_times())
     r["offload_ms"] = {{"wait", t->wait_ms}, {"norm", t->norm_ms}, {"cpu_step", t->step_ms},

@@ -17,7 +17,7 @@ namespace {
 
 const char* kUsage =
     "usage: train_gpt --config FILE [--model tiny|small|tiny-tied|tiny-zoo|tiny-moe|dense-350M|dense-1.3B|moe-8x|moe-ds]\n"
-    "                 [--steps N] [--seed S] [--seq-len N] [--zero-init] [--print-config]\n"
+    "                 [--steps N] [--seed S] [--seq-len N] [--zero-init] [--host-init] [--print-config]\n"
     "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n"
     "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n"
     "                 [--applied-steps N]  (stop after N optimizer steps not skipped for overflow)\n"
@@ -91,6 +91,10 @@ TrainArgs parse_train_args(int argc, char** argv) {
     args.given.insert(flag);
     if (flag == "--zero-init") {
       args.zero_init = true;
+      continue;
+    }
+    if (flag == "--host-init") {
+      args.host_init = true;
       continue;
     }
     if (flag == "--print-config") {

@@ -42,6 +42,7 @@ struct TrainArgs {
   std::string resume;
   std::optional<int64_t> seq_len;  // tokens per sample, instead of the model's
   bool zero_init = false;          // build the model in shards (stage 3)
+  bool host_init = false;          // build it in host memory; the engine moves it (InitOptions::device)
   bool print_config = false;       // print the resolved config, as DeepSpeed logs it
   // Stop once this many optimizer steps have been applied in all (steps skipped for an fp16
   // gradient overflow do not count); --steps still bounds the run.

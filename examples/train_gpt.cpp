@@ -96,6 +96,9 @@ int run(const strata::examples::TrainArgs& args) {
   // --zero-init (DeepSpeed's zero.Init): at stage 3 the model is built in shards, so that no
   // rank ever holds it whole (zero/partitioned_init.h).
   if (args.zero_init) {
+    if (args.host_init)
+      throw Error("--zero-init and --host-init: choose one (--zero-init builds the model in shards "
+                  "on the device, --host-init whole in host memory)");
     if (config.zero_optimization.stage != 3)
       throw Error("--zero-init builds the model in shards for ZeRO stage 3; the config's stage is " +
                   std::to_string(config.zero_optimization.stage));
@@ -109,7 +112,13 @@ int run(const strata::examples::TrainArgs& args) {
   GPT model = make_gpt(model_config, config.moe, args.seed, init.group);
   if (init.partitioned_init) init.partitioned_init->finish();
   const auto moe_layers = strata::moe::moe_layers(*model);
-  if (!init.partitioned_init) model->to(device);
+  // --host-init: built in host memory, moved by the engine (at stage 3 a unit at a time, so a
+  // model larger than the device trains); otherwise here, whole (a PartitionedInit's shards are
+  // on the device already).
+  if (args.host_init)
+    init.device = device;
+  else if (!init.partitioned_init)
+    model->to(device);
   auto engine =
       std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));
 
@@ -157,6 +166,8 @@ int run(const strata::examples::TrainArgs& args) {
     auto moe_loads = torch::zeros({int64_t(moe_layers.size()),
                                    moe_layers.empty() ? 0 : moe_layers[0]->options().num_experts},
                                   torch::TensorOptions().dtype(torch::kLong).device(device));
+    int64_t skipped_units = 0;  // streamed experts left unread (this rank's forwards)
+    const auto nvme_before = engine->nvme_traffic();
     for (int64_t m = 0; m < gas; ++m) {
       // Sample j of the global batch is the same whatever the world: ranks take slices.
       const int64_t first = (m * world + rank) * micro;
@@ -169,8 +180,10 @@ int run(const strata::examples::TrainArgs& args) {
         moe_sums[0] += layer->last().l_aux.detach().to(torch::kDouble);
         moe_sums[1] += layer->last().dropped.to(torch::kDouble);
       }
-      for (size_t l = 0; l < moe_layers.size(); ++l)
+      for (size_t l = 0; l < moe_layers.size(); ++l) {
         moe_loads[int64_t(l)] += moe_layers[l]->last().exp_counts;
+        skipped_units += moe_layers[l]->experts->last_skipped_units();
+      }
       engine->backward(loss);
       engine->step();
       loss_sum += loss.detach();
@@ -225,6 +238,20 @@ int run(const strata::examples::TrainArgs& args) {
         }
         row["expert_load_max_over_mean"] = max_over_mean;
         row["idle_experts"] = idle;
+      }
+      if (const auto t = engine->nvme_traffic(); t.read_bytes + t.written_bytes > 0) {
+        // NVMe offload, this rank, this step: bytes read and written, and the time the step
+        // waited for reads (what the reads ahead did not hide) and writes.
+        row["nvme_read_bytes"] = t.read_bytes - nvme_before.read_bytes;
+        row["nvme_written_bytes"] = t.written_bytes - nvme_before.written_bytes;
+        row["nvme_read_wait_s"] = t.read_wait_s - nvme_before.read_wait_s;
+        row["nvme_write_wait_s"] =
+            t.write_wait_s + t.wait_all_s - nvme_before.write_wait_s - nvme_before.wait_all_s;
+      }
+      if (engine->expert_window_bytes() > 0) {  // streamed experts (moe.expert_unit_size)
+        row["expert_bytes_peak"] = engine->expert_bytes_peak();
+        row["expert_window_bytes"] = engine->expert_window_bytes();
+        row["skipped_expert_units"] = skipped_units;
       }
       metrics << row.dump() << '\n' << std::flush;
       if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: write failed",

@@ -2,6 +2,8 @@
 
 #include "moe/layer.h"
 
+#include <algorithm>
+
 namespace strata::moe {
 
 bool is_expert_parameter_name(const std::string& name) {
@@ -26,10 +28,25 @@ void collect(const torch::nn::Module& m, const std::string& prefix,
       p.name = base + kv.key();
       p.param = kv.value();
       p.stacked = ex.built_in();
-      // A user expert's parameters sit under its global index: "5.fc.weight".
-      p.first_expert =
-          p.stacked ? ex.first_expert() : std::stoll(kv.key().substr(0, kv.key().find('.')));
-      p.num_experts = p.stacked ? ex.local_experts() : 1;
+      const auto dot = kv.key().find('.');
+      if (p.stacked && !ex.streamed()) {  // "w1": every local expert
+        p.first_expert = ex.first_expert();
+        p.num_experts = ex.local_experts();
+        p.per_expert_name = kv.key();
+      } else if (p.stacked) {  // "unit4.w1": the unit's experts
+        const auto& unit = *std::find_if(ex.units().begin(), ex.units().end(), [&](const auto& u) {
+          return kv.key().compare(0, dot, u.name) == 0 && u.name.size() == dot;
+        });
+        p.first_expert = ex.first_expert() + unit.first;
+        p.num_experts = unit.count;
+        p.per_expert_name = kv.key().substr(dot + 1);
+        p.unit = unit.name;
+      } else {  // a user expert's parameters sit under its global index: "5.fc.weight"
+        p.first_expert = std::stoll(kv.key().substr(0, dot));
+        p.num_experts = 1;
+        p.per_expert_name = kv.key().substr(dot + 1);
+        if (ex.streamed()) p.unit = ex.units()[size_t(ex.unit_of(p.first_expert - ex.first_expert()))].name;
+      }
       p.layer_id = moe->options().layer_id;
       p.layer_experts = moe->options().num_experts;
       p.ep_size = moe->options().ep_size;

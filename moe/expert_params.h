@@ -32,6 +32,12 @@ struct ExpertParameter {
   int64_t ep_size;        // the layer's expert-parallel size
   // Where its layer's name ends: name = prefix + "experts." + the expert module's own name.
   std::string layer_prefix;
+  // Its name within one expert ("w1"; a user expert's "fc.weight"): what checkpoints key it by,
+  // the same whether or not the experts are streamed.
+  std::string per_expert_name;
+  // Streamed experts (moe/experts.h): the name of the unit it belongs to ("unit4"); empty when
+  // the layer's local experts form one unit.
+  std::string unit;
 };
 
 // Every expert parameter of every MoE layer inside `model` (the model itself included), in

@@ -2,8 +2,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -87,6 +89,14 @@ ExpertsImpl::ExpertsImpl(ExpertsOptions options) : options_(std::move(options)) 
                             "all must be positive (first_expert >= 0)",
                             o.hidden_size, o.local_experts, o.first_expert));
   }
+  if (o.unit_experts < 0)
+    throw Error(fmt::format("moe::Experts: unit_experts = {}; give the experts per streamed unit "
+                            "(>= 1), or 0 for none", o.unit_experts));
+  // The units: every local expert in one, or unit_experts at a time (the last may hold fewer).
+  const int64_t per = o.unit_experts > 0 ? o.unit_experts : o.local_experts;
+  for (int64_t first = 0; first < o.local_experts; first += per)
+    units_.push_back({"unit" + std::to_string(o.first_expert + first), first,
+                      std::min(per, o.local_experts - first), {}, {}, {}, {}});
   if (o.factory) {
     for (int64_t i = 0; i < o.local_experts; ++i) {
       const int64_t g = o.first_expert + i;
@@ -111,21 +121,65 @@ ExpertsImpl::ExpertsImpl(ExpertsOptions options) : options_(std::move(options)) 
     W2[i].copy_(uniform(gen, {f, d}, bound2));
     B2[i].copy_(uniform(gen, {d}, bound2));
   }
-  w1 = register_parameter("w1", W1);
-  if (o.bias) b1 = register_parameter("b1", B1);
-  w2 = register_parameter("w2", W2);
-  if (o.bias) b2 = register_parameter("b2", B2);
+  if (!streamed()) {
+    w1 = register_parameter("w1", W1);
+    if (o.bias) b1 = register_parameter("b1", B1);
+    w2 = register_parameter("w2", W2);
+    if (o.bias) b2 = register_parameter("b2", B2);
+    auto& u = units_.front();
+    std::tie(u.w1, u.b1, u.w2, u.b2) = std::tie(w1, b1, w2, b2);
+    return;
+  }
+  // Each unit's weights in a submodule of their own, so that each is a storage of its own.
+  for (auto& u : units_) {
+    auto m = register_module(u.name, std::make_shared<torch::nn::Module>());
+    auto rows = [&](const torch::Tensor& t) { return t.narrow(0, u.first, u.count).clone(); };
+    u.w1 = m->register_parameter("w1", rows(W1));
+    if (o.bias) u.b1 = m->register_parameter("b1", rows(B1));
+    u.w2 = m->register_parameter("w2", rows(W2));
+    if (o.bias) u.b2 = m->register_parameter("b2", rows(B2));
+  }
+}
+
+int64_t ExpertsImpl::unit_of(int64_t local_expert) const {
+  const int64_t per = streamed() ? options_.unit_experts : options_.local_experts;
+  return local_expert / per;
+}
+
+std::vector<bool> ExpertsImpl::active_units(const torch::Tensor& rows_per_expert) {
+  const auto rows = rows_per_expert.detach().to(torch::kLong).contiguous();
+  const auto* r = rows.data_ptr<int64_t>();
+  auto used = torch::zeros({int64_t(units_.size())}, torch::kLong);
+  auto* u = used.data_ptr<int64_t>();
+  for (int64_t e = 0; e < rows.numel(); ++e)
+    if (r[e] > 0) u[unit_of(e)] = 1;
+  // The ranks that gather the units together run a unit when any of them needs it.
+  if (agreement_group_ && agreement_group_->size() > 1)
+    agreement_group_->all_reduce(used, comm::ReduceOp::Max);
+  std::vector<bool> active(units_.size());
+  last_skipped_ = 0;
+  for (size_t j = 0; j < units_.size(); ++j) {
+    active[j] = u[j] > 0;
+    last_skipped_ += active[j] ? 0 : 1;
+  }
+  return active;
+}
+
+torch::Tensor ExpertsImpl::batched(const torch::Tensor& x, const Unit& unit) const {
+  // Padding rows (zeros) pass through too; they are never combined, so get no gradient.
+  if (!has_bias()) return torch::bmm(torch::gelu(torch::bmm(x, unit.w1)), unit.w2);
+  auto h = torch::gelu(torch::baddbmm(unit.b1.unsqueeze(1), x, unit.w1));
+  return torch::baddbmm(unit.b2.unsqueeze(1), h, unit.w2);
 }
 
 torch::Tensor ExpertsImpl::forward(const torch::Tensor& x) {
   check_input(x);
-  if (built_in()) {
-    // Padding rows (zeros) pass through too; they are never combined, so get no gradient.
-    if (!has_bias()) return torch::bmm(torch::gelu(torch::bmm(x, w1)), w2);
-    auto h = torch::gelu(torch::baddbmm(b1.unsqueeze(1), x, w1));
-    return torch::baddbmm(b2.unsqueeze(1), h, w2);
-  }
-  return run_user(x);
+  if (!built_in()) return run_user(x);
+  if (units_.size() == 1) return batched(x, units_.front());
+  // Streamed, not told which rows are filled: every unit runs.
+  std::vector<torch::Tensor> out;
+  for (const auto& u : units_) out.push_back(batched(x.narrow(0, u.first, u.count), u));
+  return torch::cat(out);
 }
 
 bool ExpertsImpl::grouped(const torch::Tensor& x) const {
@@ -138,8 +192,9 @@ bool ExpertsImpl::native_grouped(const torch::Tensor& x) const {
 #if STRATA_MOE_HAS_GROUPED_MM && STRATA_MOE_HAS_CUDA
   // _grouped_mm's fast path: bf16 operands on compute capability 9.0 or 10.0 (else it falls back
   // to a loop that reads the offsets on the host), rows 16-byte aligned (d, ffn multiples of 8).
+  const auto& w = units_.front();
   if (!x.is_cuda() || x.scalar_type() != torch::kBFloat16 ||
-      w1.scalar_type() != torch::kBFloat16 || w2.scalar_type() != torch::kBFloat16) {
+      w.w1.scalar_type() != torch::kBFloat16 || w.w2.scalar_type() != torch::kBFloat16) {
     return false;
   }
   if (options_.hidden_size % 8 != 0 || options_.ffn_size % 8 != 0) return false;
@@ -152,15 +207,38 @@ bool ExpertsImpl::native_grouped(const torch::Tensor& x) const {
 }
 
 torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& filled) {
-  const int64_t El = options_.local_experts, d = options_.hidden_size;
-  if (!grouped(x)) return forward(x);
+  const int64_t El = options_.local_experts;
+  const bool skip = streamed() && filled.defined();
+  if (!grouped(x) && !skip) return forward(x);
   check_input(x);
-  const int64_t T = x.size(1), N = El * T;
+  const int64_t T = x.size(1);
   if (!filled.defined() || filled.dim() != 2 || filled.size(0) != El || filled.size(1) < 1 ||
       T % filled.size(1) != 0) {
     throw Error(fmt::format("moe::Experts: filled must be [{}, blocks] with blocks dividing {}, "
                             "got {}", El, T, filled.defined() ? c10::str(filled.sizes()) : "none"));
   }
+  if (!skip) return grouped_padded(x, filled, units_.front());
+  // Streamed: unit after unit; a unit no route reaches is not touched (its rows are padding).
+  // One device-to-host copy per layer: the price of leaving unrouted units unread.
+  const auto active = active_units(filled.sum(1).to(torch::kCPU));
+  if (!built_in()) return run_user(x, active);
+  std::vector<torch::Tensor> out;
+  for (size_t j = 0; j < units_.size(); ++j) {
+    const auto& u = units_[j];
+    const auto xu = x.narrow(0, u.first, u.count);
+    if (!active[j])
+      out.push_back(torch::zeros_like(xu));
+    else if (grouped(x))
+      out.push_back(grouped_padded(xu, filled.narrow(0, u.first, u.count), u));
+    else
+      out.push_back(batched(xu, u));
+  }
+  return torch::cat(out);
+}
+
+torch::Tensor ExpertsImpl::grouped_padded(const torch::Tensor& x, const torch::Tensor& filled,
+                                          const Unit& unit) {
+  const int64_t El = x.size(0), d = options_.hidden_size, T = x.size(1), N = El * T;
   const int64_t B = filled.size(1), Cb = T / B;
   const auto i64 = filled.options().dtype(torch::kLong);
   // Pack: expert e's filled rows, block by block, at [offs[e-1], offs[e]); the rest of the N rows
@@ -173,7 +251,7 @@ torch::Tensor ExpertsImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   const auto packed = torch::zeros({N + 1, packed_width()}, x.options())
                           .index_copy(0, packed_pos, with_bias_column(x.reshape({N, d})))
                           .narrow(0, 0, N);
-  const auto y = run_packed(packed, counts.view({El, B}).sum(1));
+  const auto y = run_packed(packed, counts.view({El, B}).sum(1), unit);
   // Unpack to the padded layout: only filled rows are read (padding rows read zeros), and the
   // gradient comes back in place.
   return gather_unique_rows(y, packed_pos).view({El, T, d});
@@ -196,7 +274,25 @@ PackedRoutes ExpertsImpl::forward_routes(const torch::Tensor& x, int64_t k,
   const auto packed = torch::zeros({N + 1, packed_width()}, x.options())
                           .index_copy(0, position, route_inputs(with_bias_column(x), k))
                           .narrow(0, 0, N);
-  return {run_packed(packed, counts), position};
+  if (!streamed()) return {run_packed(packed, counts, units_.front()), position};
+  // Streamed: each unit's experts' rows are contiguous, [ends[first - 1], ends[first + count - 1]),
+  // known on the host from the one read the skipping needs anyway.
+  const auto host_counts = counts.to(torch::kCPU);  // the one device-to-host copy per layer
+  const auto active = active_units(host_counts);
+  const auto ends = host_counts.cumsum(0);
+  const auto* end = ends.data_ptr<int64_t>();
+  std::vector<torch::Tensor> out;
+  int64_t row = 0;
+  for (size_t j = 0; j < units_.size(); ++j) {
+    const auto& u = units_[j];
+    const int64_t to = end[u.first + u.count - 1];
+    if (active[j])
+      out.push_back(run_packed(packed.narrow(0, row, to - row), counts.narrow(0, u.first, u.count), u));
+    row = to;
+  }
+  // Rows past the kept routes belong to no expert and are never read.
+  out.push_back(torch::zeros({N - row, d}, x.options()));
+  return {torch::cat(out), position};
 }
 
 int64_t ExpertsImpl::packed_width() const {
@@ -210,8 +306,10 @@ torch::Tensor ExpertsImpl::with_bias_column(const torch::Tensor& rows) const {
                      torch::zeros({n, kBiasPad - 1}, rows.options())}, 1);
 }
 
-torch::Tensor ExpertsImpl::run_packed(const torch::Tensor& packed, const torch::Tensor& counts) {
-  const int64_t El = options_.local_experts, N = packed.size(0);
+torch::Tensor ExpertsImpl::run_packed(const torch::Tensor& packed, const torch::Tensor& counts,
+                                      const Unit& unit) {
+  const int64_t El = unit.count, N = packed.size(0);
+  const auto &w1 = unit.w1, &b1 = unit.b1, &w2 = unit.w2, &b2 = unit.b2;
   const auto i64 = counts.options().dtype(torch::kLong);
   // The first bias rides in the first product: the packed rows carry a column of ones after the
   // d inputs (with_bias_column; 7 zero columns keep rows 16-byte aligned) and the bias is row d
@@ -246,11 +344,14 @@ void ExpertsImpl::check_input(const torch::Tensor& x) const {
   }
 }
 
-torch::Tensor ExpertsImpl::run_user(const torch::Tensor& x) {
+torch::Tensor ExpertsImpl::run_user(const torch::Tensor& x, const std::vector<bool>& active) {
   const int64_t El = options_.local_experts;
   std::vector<torch::Tensor> out;
   out.reserve(El);
-  for (int64_t i = 0; i < El; ++i) out.push_back(user_[i].forward<torch::Tensor>(x[i]));
+  for (int64_t i = 0; i < El; ++i)
+    out.push_back(active.empty() || active[size_t(unit_of(i))]
+                      ? user_[i].forward<torch::Tensor>(x[i])
+                      : torch::zeros_like(x[i]));
   return torch::stack(out);
 }
 

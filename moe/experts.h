@@ -20,6 +20,18 @@
 //     they are registered under their GLOBAL index ("experts.5.fc.weight") and run in a loop
 //     over the local experts (no host sync either, but one kernel per expert and layer).
 //
+// Streamed experts (ExpertsOptions::unit_experts = n > 0, the config's moe.expert_unit_size): the
+// weights are split into units of n local experts, each a submodule of its own ("unit4.w1" for
+// the unit whose first global expert is 4; the last unit may hold fewer; a user expert keeps its
+// own names, its unit is a matter of grouping), so that ZeRO-3 can gather, release and offload
+// them one unit at a time. Each forward then reads the routed rows per expert on the host (one
+// device-to-host copy per layer), computes unit after unit over contiguous rows, and never
+// touches a unit that no route reaches: its weights are not gathered or read from host memory
+// or NVMe, its gradient is zero (the reducer still reduces it, the optimizer still steps it).
+// Under ZeRO-3 the ranks that gather the units together (the expert-data-parallel group,
+// set_agreement_group) agree first on which units any of them needs, one small all-reduce per
+// layer, so that every rank runs the same gathers.
+//
 // Initialisation does not depend on ep_size: global expert g of layer L draws from a generator
 // keyed by (seed, L, g) (moe/keys.h), so an ep_size 2 run holds exactly the slices of an
 // ep_size 1 run. Built-in: each matrix uniform(+-1/sqrt(fan_in)) as torch::nn::Linear does,
@@ -31,9 +43,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
+
+#include "comm/process_group.h"
 
 namespace strata::moe {
 
@@ -61,6 +76,7 @@ struct ExpertsOptions {
   uint64_t seed = 0;
   int64_t layer_id = 0;
   ExpertFactory factory;  // empty: the built-in MLP
+  int64_t unit_experts = 0;  // experts per streamed unit (see above); 0: not streamed
 };
 
 class ExpertsImpl : public torch::nn::Module {
@@ -91,26 +107,56 @@ class ExpertsImpl : public torch::nn::Module {
   int64_t first_expert() const { return options_.first_expert; }
   int64_t local_experts() const { return options_.local_experts; }
 
-  // Built-in MLP parameters (undefined for user experts; b1 and b2 without bias).
+  // Streaming: local experts [first, first + count) form a unit; `name` is its submodule's
+  // (built-in) or its label (user experts): "unit" + the global index of its first expert.
+  struct Unit {
+    std::string name;
+    int64_t first = 0, count = 0;
+    torch::Tensor w1, b1, w2, b2;  // built-in weights [count, ...] (b1, b2 undefined without bias)
+  };
+  bool streamed() const { return options_.unit_experts > 0; }
+  const std::vector<Unit>& units() const { return units_; }
+  // The unit that local expert i belongs to.
+  int64_t unit_of(int64_t local_expert) const;
+  // ZeRO-3: the ranks that gather this layer's units together; they agree on the units to run.
+  void set_agreement_group(comm::GroupPtr group) { agreement_group_ = std::move(group); }
+  // Units the last forward left alone (no route reached them on any agreeing rank).
+  int64_t last_skipped_units() const { return last_skipped_; }
+
+  // Built-in MLP parameters, not streamed (undefined for user experts, when streamed, and b1 and
+  // b2 without bias).
   torch::Tensor w1, b1, w2, b2;
 
  private:
   bool native_grouped(const torch::Tensor& x) const;  // _grouped_mm's sync-free kernel applies
-  bool has_bias() const { return b1.defined(); }
+  bool has_bias() const { return options_.bias && built_in(); }
+  // Streaming: which units run, from the routed rows per local expert ([E_local], on the host).
+  std::vector<bool> active_units(const torch::Tensor& rows_per_expert);
+  // The batched MLP of one unit over its experts' padded rows x [count, T, d].
+  torch::Tensor batched(const torch::Tensor& x, const Unit& unit) const;
+  // The grouped MLP of one unit over its experts' padded rows, told which rows are filled.
+  torch::Tensor grouped_padded(const torch::Tensor& x, const torch::Tensor& filled,
+                               const Unit& unit);
   // The width of a packed row: d, and with bias 8 more (with_bias_column).
   int64_t packed_width() const;
   // rows [n, d] -> [n, packed_width()]: with bias, a column of ones (the first bias's input) and
   // zero padding; without, the rows as they are.
   torch::Tensor with_bias_column(const torch::Tensor& rows) const;
-  // The grouped MLP over packed rows [N, packed_width()], group e's rows at [offs[e-1], offs[e])
-  // with offs = cumsum(counts); rows past the last group are left unspecified.
-  torch::Tensor run_packed(const torch::Tensor& packed, const torch::Tensor& counts);
+  // One unit's grouped MLP over packed rows [N, packed_width()], its expert e's rows at
+  // [offs[e-1], offs[e]) with offs = cumsum(counts); rows past the last group are left
+  // unspecified.
+  torch::Tensor run_packed(const torch::Tensor& packed, const torch::Tensor& counts,
+                           const Unit& unit);
   void check_input(const torch::Tensor& x) const;
-  torch::Tensor run_user(const torch::Tensor& x);
+  // User experts over x [E_local, T, d]; an expert of a unit not in `active` gives zeros.
+  torch::Tensor run_user(const torch::Tensor& x, const std::vector<bool>& active = {});
 
   ExpertsOptions options_;
   ExpertKernel kernel_ = ExpertKernel::Auto;
   std::vector<torch::nn::AnyModule> user_;  // user experts, local order
+  std::vector<Unit> units_;  // built-in: one unit of every local expert unless streamed
+  comm::GroupPtr agreement_group_;
+  int64_t last_skipped_ = 0;
 };
 TORCH_MODULE(Experts);
 

@@ -46,6 +46,11 @@ void check(const MoEOptions& o) {
     throw Error(fmt::format("moe::MoE: bias_update_speed = {}, n_shared_experts = {}; both must "
                             "be >= 0", o.bias_update_speed, o.n_shared_experts));
   }
+  if (o.expert_unit_size < 0) {
+    throw Error(fmt::format("moe::MoE: expert_unit_size = {}; give the experts per streamed unit "
+                            "(>= 1), or 0 to keep a layer's local experts in one unit",
+                            o.expert_unit_size));
+  }
   if (o.bias_update_speed > 0 && o.score_func != ScoreFunc::Sigmoid) {
     throw Error(fmt::format("moe::MoE: bias_update_speed = {} balances the sigmoid router; set "
                             "score_func = ScoreFunc::Sigmoid or leave it 0", o.bias_update_speed));
@@ -166,6 +171,7 @@ MoEOptions MoEOptions::from_config(const MoeConfig& c, int64_t hidden, int64_t f
   o.norm_topk_prob = c.norm_topk_prob;
   o.route_scale = c.route_scale;
   o.n_shared_experts = c.n_shared_experts;
+  o.expert_unit_size = c.expert_unit_size;
   o.ep_size = c.ep_size;
   // comm's expert layout refuses an ep_size that does not divide the world, naming both.
   o.ep_group = comm::expert_groups(world, static_cast<int>(c.ep_size)).expert_parallel;
@@ -199,6 +205,7 @@ std::string MoEOptions::differs_from(const MoeConfig& c) const {
       {"norm_topk_prob", c.norm_topk_prob, norm_topk_prob},
       {"route_scale", c.route_scale, route_scale},
       {"n_shared_experts", c.n_shared_experts, n_shared_experts},
+      {"expert_unit_size", c.expert_unit_size, expert_unit_size},
   };
   for (const auto& [key, in_config, here] : keys)
     if (c.given.count(key) && in_config != here)
@@ -226,6 +233,7 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   eo.seed = o.seed;
   eo.layer_id = o.layer_id;
   eo.factory = o.expert_factory;
+  eo.unit_experts = o.expert_unit_size;
   experts = register_module("experts", Experts(std::move(eo)));
   if (o.score_func == ScoreFunc::Sigmoid) expert_bias_ = torch::zeros({o.num_experts}, torch::kFloat);
   if (o.n_shared_experts > 0) {
@@ -409,10 +417,11 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
   // 3. To the experts' ranks and back: [ep, El, C, d] arrives, the experts see [El, ep * C, d].
   auto expert_in = all_to_all(sent, o.ep_group).view({ep, El, C, d}).transpose(0, 1)
                        .reshape({El, ep * C, d});
-  torch::Tensor filled;  // [El, ep] rows filled per (local expert, source rank), grouped kernel
-  if (experts->grouped(expert_in)) {
+  torch::Tensor filled;  // [El, ep] rows filled per (local expert, source rank)
+  if (experts->grouped(expert_in) || experts->streamed()) {
     // Block (e, p) holds its first kept_counts rows (slots are dense from 0); the counts travel
-    // like the tokens, one small equal-split exchange on the device.
+    // like the tokens, one small equal-split exchange on the device. (The grouped kernel packs
+    // the filled rows; streamed experts leave the units that receive none unread.)
     filled = all_to_all(g.kept_counts, o.ep_group).view({ep, El}).t().contiguous();
   }
   auto expert_out = experts->forward(expert_in, filled);

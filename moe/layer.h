@@ -38,7 +38,9 @@
 // the device (MoEStats::dropped; dropped_count() reads it), and the gate's CPU-drawn noise is
 // copied through page-locked memory without a wait. With drop_tokens = false one: reading the
 // largest expert load for the capacity (the group's all-reduce runs on a host tensor), none at
-// ep_size 1 with the grouped kernel (no capacity needed).
+// ep_size 1 with the grouped kernel (no capacity needed). Streamed experts (expert_unit_size)
+// add one per forward: the routed rows per local expert, read so that unreached units are left
+// alone (moe/experts.h).
 //
 // Randomness is named, never positional (moe/keys.h), so runs at different ep_size draw the same:
 //   - W_g from key(seed, GateInit, layer_id): uniform(+-1/sqrt(d)), identical on every rank;
@@ -125,6 +127,10 @@ struct MoEOptions {
   // MLP, or expert_factory(kSharedExperts)) on every token, added to the routed output; an
   // ordinary data-parallel parameter under expert parallelism.
   int64_t n_shared_experts = 0;
+  // Streamed experts (moe/experts.h): the local experts' weights in units of this many experts,
+  // which ZeRO-3 gathers, offloads and releases one at a time; a unit no route reaches is not
+  // read. 0: one unit of all local experts. The config's moe.expert_unit_size.
+  int64_t expert_unit_size = 0;
 
   // The gate's options for one call (training flag and seed filled by the layer).
   GateOptions gate_options() const;

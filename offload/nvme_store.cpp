@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -55,6 +56,7 @@ std::string human_size(uint64_t bytes) {
 
 struct NvmeTicket::State {
   std::atomic<int64_t> pieces{0};
+  bool is_write = false;
   bool done = false;      // the fields below are guarded by the store's mutex
   std::string error;      // the first error of any piece
   bool reported = false;  // thrown by wait() already
@@ -503,6 +505,11 @@ NvmeTicket NvmeStore::submit(bool is_write, FileId id, uint64_t offset, void* bu
                             "4096-aligned (O_DIRECT; use AlignedBuffer)", what, f.path, offset,
                             buffer));
   auto state = std::make_shared<NvmeTicket::State>();
+  state->is_write = is_write;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    (is_write ? traffic_.written_bytes : traffic_.read_bytes) += bytes;
+  }
   if (bytes == 0) {
     state->done = true;
     return NvmeTicket(state);
@@ -581,16 +588,31 @@ void NvmeStore::finish_piece(Piece* p, const std::string& error) {
 void NvmeStore::wait(const NvmeTicket& t) {
   if (!t.state_) return;
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return t.state_->done; });
+  if (!t.state_->done) {
+    const auto start = std::chrono::steady_clock::now();
+    cv_.wait(lock, [&] { return t.state_->done; });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    (t.state_->is_write ? traffic_.write_wait_s : traffic_.read_wait_s) += s;
+  }
   if (!t.state_->error.empty()) {
     t.state_->reported = true;
     throw Error(t.state_->error);
   }
 }
 
+NvmeStore::Traffic NvmeStore::traffic() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return traffic_;
+}
+
 void NvmeStore::wait_all() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return outstanding_ == 0; });
+  if (outstanding_ != 0) {
+    const auto start = std::chrono::steady_clock::now();
+    cv_.wait(lock, [&] { return outstanding_ == 0; });
+    traffic_.wait_all_s +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   std::vector<std::shared_ptr<NvmeTicket::State>> failed;
   failed.swap(failed_);
   for (auto& st : failed)

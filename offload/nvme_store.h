@@ -108,6 +108,15 @@ class NvmeStore {
   // Blocks until every request is done; throws the first error not yet thrown by wait().
   void wait_all();
 
+  // What went through the store since it was made: bytes submitted for reading and writing, and
+  // the time callers spent blocked in wait() on a read, on a write, and in wait_all() (time a
+  // read ahead did not hide shows here).
+  struct Traffic {
+    uint64_t read_bytes = 0, written_bytes = 0;
+    double read_wait_s = 0, write_wait_s = 0, wait_all_s = 0;
+  };
+  Traffic traffic() const;
+
   const std::string& folder() const { return folder_; }
   // Folders under nvme_path that stores of dead processes left behind (their lock was free),
   // removed when this store started.
@@ -144,10 +153,11 @@ class NvmeStore {
   std::vector<std::unique_ptr<Worker>> workers_;
   size_t next_worker_ = 0;
 
-  std::mutex mu_;  // guards the fields below and every State's done/error
+  mutable std::mutex mu_;  // guards the fields below and every State's done/error
   std::condition_variable cv_;
   int64_t outstanding_ = 0;
   std::vector<std::shared_ptr<NvmeTicket::State>> failed_;  // errors wait_all has to report
+  Traffic traffic_;  // guarded by mu_
 };
 
 }  // namespace strata::offload

@@ -80,9 +80,13 @@ void Engine::validate(const InitOptions& options) {
   if (!module_) throw Error("strata::initialize: the model is empty (a null module holder)");
   // Before any offload, partition or step: a clear refusal instead of LibTorch's "not
   // implemented for 'Half'" (with a backtrace) in the first forward.
-  if (config_.fp16.enabled && !options.allow_fp16_on_cpu) {
+  {
     const auto params = module_->parameters();
-    const auto device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+    device_ = options.device.value_or(params.empty() ? torch::Device(torch::kCPU)
+                                                     : params.front().device());
+  }
+  if (config_.fp16.enabled && !options.allow_fp16_on_cpu) {
+    const auto& device = device_;
     if (device.is_cpu())
       throw Error(fmt::format(
           "{}: fp16.enabled = true, but the model is on the CPU, where LibTorch has no fp16 "
@@ -171,7 +175,7 @@ void Engine::prepare_module(const InitOptions& options) {
   check_one_device(trainable);
   for (const auto& p : trainable) params_.push_back(p.tensor);
   configure_autocast();
-  if (params_.front().is_cpu()) {
+  if (device_.is_cpu()) {
     static std::once_flag logged;  // once per process, however many engines
     std::call_once(logged, [] {
       const auto threads = configure_cpu_threads(1);
@@ -190,6 +194,20 @@ void Engine::prepare_module(const InitOptions& options) {
     broadcast_buffers(*module_, *group_);
   }
   check_and_broadcast_experts();
+  // InitOptions::device below stage 3: the checked model moves there whole (stage 3 moves it a
+  // unit at a time: build_unit_groups).
+  if (config_.zero_optimization.stage < 3) move_rest_to_device();
+}
+
+void Engine::move_rest_to_device() {
+  // set_data keeps every TensorImpl (the optimizer's, the reducer's and autograd's handles).
+  torch::NoGradGuard no_grad;
+  at::DisableRecordFunctionGuard quiet;  // units' parameters are on the device already
+  auto move = [&](torch::Tensor t) {
+    if (t.defined() && t.device() != device_) t.set_data(t.to(device_));
+  };
+  for (const auto& p : module_->parameters(/*recurse=*/true)) move(p);
+  for (const auto& b : module_->buffers(/*recurse=*/true)) move(b);
 }
 
 void Engine::start_monitors() {
@@ -364,6 +382,7 @@ void Engine::step() {
     optimizer_step();
     balance_experts();
     if (dense().coordinator()) last_live_peak_ = 0;
+    if (expert_window_bytes_ > 0) last_expert_peak_ = stage3_expert_coordinator()->live_bytes_peak();
     for (auto* c : coordinators()) {  // experts and the rest: each one's peak (an upper bound)
       last_live_peak_ += c->live_bytes_peak();
       c->reset_peak();

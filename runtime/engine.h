@@ -78,6 +78,13 @@ struct InitOptions {
   // ZeRO-3: the scope the model was built in (zero/partitioned_init.h, DeepSpeed's zero.Init):
   // its parameters arrive partitioned, and the engine builds its units from the shards.
   std::shared_ptr<zero::PartitionedInit> partitioned_init;
+  // Where the model trains, when it is handed over somewhere else (built in host memory, e.g.
+  // because it does not fit on the device whole). Unset: where its parameters are. At ZeRO
+  // stage 3 each unit moves there as it is built, one at a time, and with offload_param and
+  // offload_optimizer the shards are built in host memory directly, so the device never holds the
+  // model (DeepSpeed's zero.Init(remote_device=...) serves this); below stage 3 the module moves
+  // there once the ranks' models are checked and made rank 0's.
+  std::optional<torch::Device> device;
   // The data-parallel group. Unset: when the environment names a world of several ranks
   // (WORLD_SIZE, OpenMPI's or SLURM's variables), strata::initialize meets the other ranks and
   // creates it; otherwise training is single-process.
@@ -120,6 +127,14 @@ class Engine {
   // The most bytes of whole (gathered) parameters that existed on this rank during the last
   // optimizer step's window (stage 3; below it every parameter is whole all the time).
   int64_t live_param_bytes_peak() const;
+  // Stage 3 with streamed experts (moe.expert_unit_size): the expert weights' bytes gathered at
+  // once, at most, in the last optimizer step's window (the experts' coordinator's peak, counted
+  // at every gather and release), and the bound moe.expert_window sets (that many of the largest
+  // unit). Both 0 otherwise.
+  int64_t expert_bytes_peak() const { return last_expert_peak_; }
+  // NVMe offload: the traffic of every swap store this engine made, summed (zeros without).
+  offload::NvmeStore::Traffic nvme_traffic() const;
+  int64_t expert_window_bytes() const { return expert_window_bytes_; }
   // Stage 3: every parameter whole on this rank until the returned handle is dropped
   // (DeepSpeed's GatheredParameters, FSDP's summon_full_params), e.g. to print or save weights.
   // Every rank must enter it (it all-gathers). Changes made inside are not kept: the next
@@ -197,6 +212,9 @@ class Engine {
   // The module made ready: experts found, every rank's model checked and made rank 0's, a
   // PartitionedInit's shards taken in, the 16-bit cast, the trainable tensors listed.
   void prepare_module(const InitOptions& options);
+  // InitOptions::device: the module's parameters and buffers not there yet move there (stage 3:
+  // after the units are built on it, what is left: buffers, parameters outside every unit).
+  void move_rest_to_device();
   // The parameter groups and their holders (runtime/engine_groups.cpp).
   void build_groups(InitOptions& options);
   void make_groups(InitOptions& options);
@@ -289,10 +307,12 @@ class Engine {
   std::shared_ptr<torch::nn::Module> module_;
   Config config_;
   comm::GroupPtr group_;
+  torch::Device device_{torch::kCPU};  // where the model trains (InitOptions::device)
   std::vector<torch::Tensor> params_;  // trainable parameters, in module order
   // How the parameters are held, reduced and stepped: the dense group, then the experts'
   // (declared before the LR schedule, which refers to their optimizers).
   std::vector<std::unique_ptr<ParamGroup>> groups_;
+  std::vector<std::weak_ptr<offload::NvmeStore>> nvme_stores_;  // every store made, for traffic
   std::shared_ptr<offload::NvmeStore> nvme_store_;  // offload_optimizer.device "nvme"
   std::shared_ptr<LRScheduler> lr_scheduler_;
   // MoE: the expert parameters (trainable, module order), in a group of their own over the
@@ -311,6 +331,7 @@ class Engine {
   int64_t skipped_steps_ = 0;
   bool last_step_skipped_ = false;
   int64_t last_live_peak_ = 0;  // stage 3: live_param_bytes_peak() of the last window
+  int64_t last_expert_peak_ = 0, expert_window_bytes_ = 0;  // streamed experts
   double last_grad_norm_;
   std::optional<torch::ScalarType> input_cast_dtype_;
   AutocastPlan autocast_plan_;

@@ -27,7 +27,7 @@ void Engine::configure_autocast() {
                 "parameters; the forward's inputs are passed as they are",
                 config_.source);
   }
-  autocast_plan_ = plan_autocast(config_, params_.front().device(), config_.zero_optimization.stage == 3);
+  autocast_plan_ = plan_autocast(config_, device_, config_.zero_optimization.stage == 3);
   if (!autocast_plan_.enabled) return;
   std::vector<std::string> unmatched;
   std::unordered_set<const void*> safe;

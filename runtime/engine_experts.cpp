@@ -42,13 +42,9 @@ struct ExpertLayout {
   json describe = json::array();  // per layer: its name, experts, each expert's parameters
 };
 
-// The name of an expert parameter relative to one expert: "w1" for the built-in stacked tensors,
-// "fc.weight" for a user expert registered as "experts.5.fc.weight".
-std::string per_expert_name(const moe::ExpertParameter& e) {
-  std::string rest = e.name.substr(e.layer_prefix.size() + std::string("experts.").size());
-  if (!e.stacked) rest = rest.substr(rest.find('.') + 1);
-  return rest;
-}
+// The name of an expert parameter relative to one expert: "w1" for the built-in stacked tensors
+// (streamed or not), "fc.weight" for a user expert registered as "experts.5.fc.weight".
+const std::string& per_expert_name(const moe::ExpertParameter& e) { return e.per_expert_name; }
 
 // This rank's expert elements in one local flat layout, and its partition of that layout:
 // stages 0-2 the experts' FlatParams; stage 3 the experts' units' trainable parameters laid out
@@ -192,6 +188,13 @@ void Engine::find_experts() {
       throw Error(fmt::format("{}: {} (MoE layer {}); build the layers from the config "
                               "(moe::MoEOptions::from_config) or drop the key from its moe block",
                               config_.source, differs, layer->options().layer_id));
+    if (layer->options().expert_unit_size > 0 && config_.zero_optimization.stage < 3)
+      throw Error(fmt::format("{}: MoE layer {} streams its experts (expert_unit_size {}), which "
+                              "ZeRO stage 3 does; at stage {} every rank keeps its experts whole. "
+                              "Set zero_optimization.stage to 3 or build the layer with "
+                              "expert_unit_size 0",
+                              config_.source, layer->options().layer_id,
+                              layer->options().expert_unit_size, config_.zero_optimization.stage));
   }
   // An ep_size that does not divide the world is refused here, by comm's expert layout.
   expert_groups_ = comm::expert_groups(group_, static_cast<int>(ep));

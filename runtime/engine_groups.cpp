@@ -3,9 +3,11 @@
 // experts, when the model has any, a second one over their expert-data-parallel group, built by
 // the same code with the experts' options (their gradient factor, norm group and swap name).
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
+#include "moe/layer.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "runtime/optim/adam.h"
@@ -153,6 +155,13 @@ void Engine::build_unit_groups(const zero::PartitionedOptions& po, InitOptions& 
     uo.alignment = int64_t(offload::kIoAlign) /
                    std::min<int64_t>(params_.front().element_size(),
                                      int64_t(c10::elementSize(po.comm_dtype)));
+  // The units live on the model's device (InitOptions::device: a host-built model moves there a
+  // unit at a time); such a model's shards, with parameters and optimizer both offloaded, are
+  // built in host memory, where they will live, so that the device never holds them all.
+  uo.device = device_;
+  if (params_.front().device() != device_ && zero.offload_param.device != "none" &&
+      po.offload.enabled)
+    uo.partition_device = torch::kCPU;
   zero::CoordinatorOptions co;
   co.prefetch_numel = zero.stage3_prefetch_bucket_size.value;
   co.max_live_numel = zero.stage3_max_live_parameters;
@@ -192,24 +201,48 @@ void Engine::build_unit_groups(const zero::PartitionedOptions& po, InitOptions& 
   if (!experts_.empty()) {
     // One unit per MoE layer: this rank's experts of it, sharded over the ranks that hold the
     // same experts (the expert-data-parallel group; with ep_size = world size nobody else does,
-    // and the unit is whole here, released and read back between uses like any other).
+    // and the unit is whole here, released and read back between uses like any other). Streamed
+    // experts (moe.expert_unit_size): one unit per unit of the layer's experts, never persistent,
+    // at most moe.expert_window of them gathered at once.
     std::vector<zero::UnitSpec> expert_specs;
+    std::map<std::string, size_t> spec_of;
+    bool streamed = false;
     for (const auto& e : experts_) {
-      const std::string name = e.layer_prefix + "experts";
-      if (expert_specs.empty() || expert_specs.back().name != name)
-        expert_specs.push_back({name, {}, {}});
-      expert_specs.back().param_names.push_back(e.name);
-      expert_specs.back().params.push_back(e.param);
+      const std::string name = e.layer_prefix + "experts" + (e.unit.empty() ? "" : "." + e.unit);
+      streamed = streamed || !e.unit.empty();
+      auto [it, fresh] = spec_of.try_emplace(name, expert_specs.size());
+      if (fresh) expert_specs.push_back({name, {}, {}});
+      expert_specs[it->second].param_names.push_back(e.name);
+      expert_specs[it->second].params.push_back(e.param);
     }
     const auto& edp = expert_groups_.expert_data_parallel;
-    auto expert_units = std::make_shared<zero::ParamUnits>(std::move(expert_specs), edp, uo);
-    auto expert_coordinator = std::make_unique<zero::ParamCoordinator>(expert_units, edp, co);
+    auto euo = uo;
+    if (streamed) euo.persistence_threshold = 0;
+    auto expert_units = std::make_shared<zero::ParamUnits>(std::move(expert_specs), edp, euo);
+    auto eco = co;
+    if (streamed) {
+      int64_t largest = 0, largest_bytes = 0;  // elements, and bytes with the shards' padding
+      for (size_t u = 0; u < expert_units->size(); ++u) {
+        const auto& unit = expert_units->unit(u);
+        largest = std::max(largest, unit.numel);
+        largest_bytes = std::max(largest_bytes, unit.full.numel() * unit.full.element_size());
+      }
+      eco.max_live_numel = std::min(co.max_live_numel, config_.moe.expert_window * largest);
+      // The window bounds them, not the reuse distance (DeepSpeed's default of 1e9 elements
+      // would keep every unit from forward to backward).
+      eco.max_reuse_distance = 0;
+      expert_window_bytes_ = config_.moe.expert_window * largest_bytes;
+      // The units run where any rank of the group that gathers them has tokens for them.
+      for (auto* layer : moe_layers_) layer->experts->set_agreement_group(edp);
+    }
+    auto expert_coordinator = std::make_unique<zero::ParamCoordinator>(expert_units, edp, eco);
     auto expert_partitioned = make_expert_optimizer(po, options, expert_units, {});
     groups_.push_back(std::make_unique<UnitGroup>("experts", expert_units,
                                                   std::move(expert_coordinator),
                                                   std::move(expert_partitioned)));
   }
   offload_parameters();  // after the optimizers read the partitions
+  move_rest_to_device();  // buffers and parameters outside every unit
 }
 
 std::unique_ptr<zero::PartitionedOptimizer> Engine::make_expert_optimizer(

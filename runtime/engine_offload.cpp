@@ -72,13 +72,28 @@ std::shared_ptr<offload::NvmeStore> Engine::make_nvme_store(const std::string& n
     std::free(b);
     if (same) return nvme_store_;
   }
-  if (swap_job_id_.empty()) swap_job_id_ = swap_job_id(group_, params_.front().device());
+  if (swap_job_id_.empty()) swap_job_id_ = swap_job_id(group_, device_);
   auto store = std::make_shared<offload::NvmeStore>(nvme_path, swap_job_id_, data_parallel_rank(),
                                                     nvme_options(config_.aio));
   for (const auto& folder : store->removed_abandoned())
     log::info("[strata] nvme store: removed '{}', left by a run that died before cleaning up",
               folder);
+  nvme_stores_.push_back(store);
   return store;
+}
+
+offload::NvmeStore::Traffic Engine::nvme_traffic() const {
+  offload::NvmeStore::Traffic sum;
+  for (const auto& weak : nvme_stores_)
+    if (const auto store = weak.lock()) {
+      const auto t = store->traffic();
+      sum.read_bytes += t.read_bytes;
+      sum.written_bytes += t.written_bytes;
+      sum.read_wait_s += t.read_wait_s;
+      sum.write_wait_s += t.write_wait_s;
+      sum.wait_all_s += t.wait_all_s;
+    }
+  return sum;
 }
 
 void Engine::offload_parameters() {
@@ -105,7 +120,7 @@ void Engine::offload_parameters() {
                 ? "the offloaded optimizer's step writes the new weights there"
                 : fmt::format("the fp32 master and the optimizer state stay on the {} (no "
                               "offload_optimizer), and each step stores the new weights there",
-                              params_.front().device().str()));
+                              device_.str()));
 }
 
 void Engine::finish_optimizer_offload() {

@@ -88,7 +88,7 @@ ParamCoordinator::ParamCoordinator(std::shared_ptr<ParamUnits> units, comm::Grou
       options_(options),
       inflight_(units_->size()),
       prefetched_(units_->size(), false) {
-  peak_bytes_ = units_->gathered_bytes();
+  units_->reset_gathered_peak();
   held_.assign(units_->size(), 0);
   std::lock_guard<std::mutex> lock(g_registry_mutex);
   registry().push_back(this);
@@ -184,21 +184,25 @@ std::vector<size_t> ParamCoordinator::on_op(const at::RecordFunction& fn) {
              u);
       }
     }
-    peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());
     return hold(touched);
   }
+  std::vector<size_t> fresh;  // units this op brings into use
   for (size_t u : touched)
-    if (std::find(current_.begin(), current_.end(), u) == current_.end()) use(u, fn.name());
+    if (std::find(current_.begin(), current_.end(), u) == current_.end()) {
+      follow(u);
+      fresh.push_back(u);
+    }
   // The units this op does not read, and no op still running holds: their use is over for now.
-  // (The gathered ones only: a copy of the live list, which release_unit changes.)
+  // (The gathered ones only: a copy of the live list, which release_unit changes.) Released
+  // before the new units are gathered, so that the gathered bytes never hold both.
   const std::vector<size_t> live = units_->live_units();
   for (size_t v : live)
     if (!pinned_[v] && held_[v] == 0 && std::find(touched.begin(), touched.end(), v) == touched.end() &&
         !kept_for_reuse(v))
       release_unit(v);
+  for (size_t u : fresh) bring(u, fn.name());
   current_ = touched;
   if (on_trace_) prefetch();
-  peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());
   return hold(touched);
 }
 
@@ -207,7 +211,7 @@ std::vector<size_t> ParamCoordinator::hold(std::vector<size_t> touched) {
   return touched;
 }
 
-void ParamCoordinator::use(size_t u, const char* op) {
+void ParamCoordinator::bring(size_t u, const char* op) {
   if (inflight_[u]) {
     finish_prefetch(u);
   } else if (!units_->unit(u).gathered) {
@@ -220,6 +224,9 @@ void ParamCoordinator::use(size_t u, const char* op) {
            u);
     }
   }
+}
+
+void ParamCoordinator::follow(size_t u) {
   set_prefetched(u, false);
   record_.push_back(int32_t(u));
   micro_.push_back(int32_t(u));
@@ -229,8 +236,12 @@ void ParamCoordinator::use(size_t u, const char* op) {
     return;
   }
   on_trace_ = false;
+  // Said once: a model whose order changes every micro-step (streamed experts that no token
+  // reaches in some) would say it every time.
+  if (left_trace_++ > 0) return;
   log::info("[strata] ZeRO-3: use {} of this micro-step is unit '{}' where the recorded order has "
-            "{}; gathering on use from here, and recording the new order",
+            "{}; gathering on use from here, and recording the new order (said once; "
+            "trace_departures() counts them)",
             micro_.size(), units_->unit(u).name,
             pos_ < trace_.size() ? "'" + units_->unit(size_t(trace_[pos_])).name + "'"
                                  : std::string("nothing more"));
@@ -340,7 +351,6 @@ void ParamCoordinator::pin(const std::vector<size_t>& units) {
     }
     pinned_[u] = true;
   }
-  peak_bytes_ = std::max(peak_bytes_, units_->gathered_bytes());
 }
 
 void ParamCoordinator::unpin() {

@@ -97,11 +97,13 @@ class ParamCoordinator {
   // the last call, naming the first difference. Clears the record.
   void check_same_gathers();
 
-  // Bytes of gathered parameters: now, and the most since reset_peak().
+  // Bytes of gathered parameters: now, and the most at any moment since reset_peak().
   int64_t live_bytes() const { return units_->gathered_bytes(); }
-  int64_t live_bytes_peak() const { return peak_bytes_; }
-  void reset_peak() { peak_bytes_ = units_->gathered_bytes(); }
+  int64_t live_bytes_peak() const { return units_->gathered_bytes_peak(); }
+  void reset_peak() { units_->reset_gathered_peak(); }
   int64_t gathers() const { return gathers_; }  // since creation
+  // Micro-steps whose uses left the recorded trace (their gathers were not prefetched).
+  int64_t trace_departures() const { return left_trace_; }
   int64_t prefetches() const { return prefetches_; }  // of them, launched ahead of use
   const std::vector<int32_t>& trace() const { return trace_; }
   // Ops that went through the callback, and of them the ones that touched a unit.
@@ -121,7 +123,10 @@ class ParamCoordinator {
  private:
   void fail(const std::string& message, size_t unit);
   std::vector<size_t> hold(std::vector<size_t> touched);
-  void use(size_t u, const char* op);  // u comes into use: gather or wait, follow the trace
+  // u comes into use: follow() records it and follows the trace, bring() gathers it (or waits
+  // for its prefetch), after the units no longer in use are released.
+  void follow(size_t u);
+  void bring(size_t u, const char* op);
   bool kept_for_reuse(size_t u) const;  // O(log uses) through the trace's index
   void set_prefetched(size_t u, bool ahead);
   void index_trace();  // trace_uses_ and trace_prefix_ from trace_
@@ -150,7 +155,7 @@ class ParamCoordinator {
   std::vector<int64_t> trace_prefix_;            // elements of trace_[0, k)
   int64_t prefetches_ = 0;
   std::optional<std::string> error_;
-  int64_t peak_bytes_ = 0, gathers_ = 0;
+  int64_t gathers_ = 0, left_trace_ = 0;
   std::atomic<int64_t> ops_seen_{0}, ops_on_units_{0};
 };
 

@@ -55,7 +55,7 @@ void ParamUnits::offload_partition(const std::string& device, bool pin,
   const int64_t element = partition_.element_size();
   if (device == "cpu") {
     // The same layout in host memory; every trainable shard becomes a view of it again.
-    const bool to_pinned = pin && partition_.is_cuda();
+    const bool to_pinned = pin && device_.is_cuda();
     auto host = torch::empty({partition_.numel()},
                              partition_.options().device(torch::kCPU).pinned_memory(to_pinned));
     host.copy_(partition_);
@@ -79,7 +79,7 @@ void ParamUnits::offload_partition(const std::string& device, bool pin,
   for (auto& slot : slots_) {
     slot.buffer = offload::AlignedBuffer(size_t(largest * element));
     slot.pinned = HostRegistration(slot.buffer.data(), offload::round_up_io(slot.buffer.size()),
-                                   partition_.device());
+                                   device_);
   }
   write_shards(partition_);  // then the partition's bytes are freed
   offload_ = device;
@@ -178,7 +178,7 @@ ParamUnits::~ParamUnits() {
       // its error belongs to a gather nobody waits for any more
     }
   }
-  if (!slots_.empty() && partition_.is_cuda()) SideStream::synchronize(partition_.device());
+  if (!slots_.empty() && device_.is_cuda()) SideStream::synchronize(device_);
 }
 
 void ParamUnits::finish_reads_of(size_t u) {
@@ -195,7 +195,7 @@ size_t ParamUnits::take_slot() {
   auto& slot = slots_[s];
   if (slot.reader) finish_nvme_gather(*slot.reader);  // in the order the reads were issued
   if (slot.copying) {
-    SideStream::synchronize(partition_.device());
+    SideStream::synchronize(device_);
     slot.copying = false;
   }
   return s;

@@ -193,8 +193,10 @@ ParamUnits::ParamUnits(std::vector<UnitSpec> specs, comm::GroupPtr group, UnitOp
     ranges.emplace_back(u.flat_base, u.flat_base + u.numel);
   }
   shards_ = ShardMap::bucketed(ranges, parts_, options.alignment);
-  const auto opts = first.options();
-  partition_ = torch::empty({shards_.partition_numel()}, opts);
+  device_ = options.device.value_or(first.device());
+  const auto opts = first.options().device(device_);
+  partition_ = torch::empty({shards_.partition_numel()},
+                            opts.device(options.partition_device.value_or(device_)));
   for (size_t k = trainable_units.size(); k-- > 0;) {
     const size_t b = trainable_units.size() - 1 - k;
     auto& u = units_[trainable_units[k]];
@@ -299,6 +301,7 @@ void ParamUnits::set_gathered(size_t u, bool gathered) {
   auto& unit = units_[u];
   unit.gathered = gathered;
   gathered_bytes_ += gathered ? bytes_of(unit.full) : -bytes_of(unit.full);
+  gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
   if (unit.persistent) return;
   auto& slot = live_slot_[u];
   if (gathered && slot < 0) {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -57,6 +58,11 @@ struct UnitOptions {
   int64_t persistence_threshold = 100000;  // a parameter this small is never released
   int64_t model_persistence_threshold = INT64_MAX;  // total persistent elements, at most
   int64_t alignment = 64;
+  // Where the units live when gathered, if not where the parameters are: a model built in host
+  // memory moves to the device one unit at a time (never whole there). Where the partition (this
+  // rank's shards) is built, if not there too: in host memory for offload_param, so that the
+  // device never holds it. Unset: the parameters' device.
+  std::optional<torch::Device> device, partition_device;
 };
 
 class ParamUnits {
@@ -91,6 +97,10 @@ class ParamUnits {
   ParamUnits& operator=(const ParamUnits&) = delete;
 
   size_t size() const { return units_.size(); }
+  // Where the units are gathered (the model's device), and a tensor options of it in the model's
+  // dtype (the partition may live elsewhere: UnitOptions::partition_device, offload_param).
+  const torch::Device& device() const { return device_; }
+  torch::TensorOptions options() const { return partition_.options().device(device_); }
   const Unit& unit(size_t u) const { return units_[u]; }
   int64_t parts() const { return parts_; }
   // The unit whose storage this is, or -1.
@@ -108,6 +118,9 @@ class ParamUnits {
   void poison(size_t u);
   // Bytes of gathered (full) parameters that exist now, persistent ones included.
   int64_t gathered_bytes() const { return gathered_bytes_; }
+  // The most gathered_bytes() held at any moment since reset_gathered_peak() (or creation).
+  int64_t gathered_bytes_peak() const { return gathered_peak_; }
+  void reset_gathered_peak() { gathered_peak_ = gathered_bytes_; }
   // The units that are gathered now, persistent ones aside (in no particular order), and their
   // elements: kept up to date by gather, release and poison, so a caller never scans every unit.
   const std::vector<size_t>& live_units() const { return live_units_; }
@@ -181,6 +194,7 @@ class ParamUnits {
   void wait_for_host_reads();
 
   comm::GroupPtr group_;
+  torch::Device device_{torch::kCPU};
   int64_t parts_ = 1, rank_ = 0;
   std::vector<Unit> units_;
   std::unordered_map<const c10::StorageImpl*, size_t> unit_of_storage_;
@@ -190,7 +204,7 @@ class ParamUnits {
   std::vector<int64_t> flat_offsets_;
   std::vector<std::vector<size_t>> plan_;
   std::vector<bool> persistent_buckets_;
-  int64_t gathered_bytes_ = 0;
+  int64_t gathered_bytes_ = 0, gathered_peak_ = 0;
   std::vector<size_t> live_units_;
   std::vector<int64_t> live_slot_;  // per unit: its place in live_units_, or -1
   int64_t live_numel_ = 0;

@@ -99,7 +99,9 @@ PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
   if (units_->trainable_params().empty())
     throw Error("ZeRO-3: the model has no parameter that requires a gradient");
   shards_ = units_->shards();
-  set_device(units_->partition());
+  // The units' device and dtype (the partition may be in host memory already: offload_param).
+  const auto on_device = torch::empty({0}, units_->options());
+  set_device(on_device);
   init_master(units_->partition(), make_inner);
   // As stage 2, with one bucket per unit: its gradient is reduce-scattered once the unit's
   // backward is done, and only this rank's chunk is kept. The persistent unit's parameters are
@@ -117,7 +119,7 @@ PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
   r.max_live_numel = 2 * std::max(options_.reduce_bucket_numel, largest);
   r.flat_offsets = units_->flat_offsets();
   r.shards = shards_;
-  place_partition_gradients(r, units_->partition());
+  place_partition_gradients(r, on_device);
   reducer_ = GradientReducer::create(units_->trainable_params(), group_, r);
 }
 
@@ -146,7 +148,7 @@ void PartitionedOptimizer::init_master(const torch::Tensor& partition,
     release_bytes(master_);
   } else {
     // Offload: in host memory, where the CPU steps it (it never crosses to the device).
-    master_ = partition.to(options_.offload.enabled ? torch::Device(torch::kCPU) : partition.device(),
+    master_ = partition.to(options_.offload.enabled ? torch::Device(torch::kCPU) : device_,
                            torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
   }
   inner_ = make_inner({master_});

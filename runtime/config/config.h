@@ -194,6 +194,10 @@ struct MoeConfig {
   bool norm_topk_prob = true;          // sigmoid: the k chosen scores normalised to sum 1
   double route_scale = 1.0;            // sigmoid: combine weights scaled by this
   int64_t n_shared_experts = 0;        // always-on experts: one MLP of n x the expert FFN
+  // Streamed experts (moe/experts.h): ZeRO-3 gathers a layer's experts in units of this many
+  // (0: one unit of all a rank's experts), at most expert_window units of them at once.
+  int64_t expert_unit_size = 0;
+  int64_t expert_window = 2;
   // The block's keys the file gave (canonical names). A program that builds its layers from its
   // own model fills the others from the model (examples/gpt_moe.cpp); the engine checks that the
   // model's MoE layers follow every given key (runtime/engine_experts.cpp).

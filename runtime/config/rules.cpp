@@ -33,6 +33,13 @@ void moe(const Config& cfg, Ctx& ctx) {
     ctx.error("moe.ep_size", fmt::format("moe.ep_size = {} does not divide the world size {}: expert-parallel "
                                          "groups are ep_size consecutive ranks; choose an ep_size that "
                                          "divides {}", m.ep_size, cfg.world_size, cfg.world_size));
+  // Streaming is how ZeRO-3 gathers experts; below it every rank keeps its experts whole and the
+  // key would only split their computation.
+  if (m.expert_unit_size > 0 && cfg.zero_optimization.stage < 3)
+    ctx.error("moe.expert_unit_size",
+              fmt::format("moe.expert_unit_size = {} streams experts through the device at ZeRO stage 3, "
+                          "but zero_optimization.stage is {}: set the stage to 3 or drop the key",
+                          m.expert_unit_size, cfg.zero_optimization.stage));
 }
 
 void unresolved_autos(Ctx& ctx) {

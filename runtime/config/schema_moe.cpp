@@ -76,6 +76,14 @@ Block make_moe() {
       .min(0)
       .describe("Shared experts (DeepSeek-V3): one MLP of n x the expert FFN on every token, added to the "
                 "routed output");
+  b.add(&MoeConfig::expert_unit_size, "expert_unit_size")
+      .min(0)
+      .describe("ZeRO-3: stream each layer's experts in units of this many, gathered and released one unit at a "
+                "time; 0: one unit per layer");
+  b.add(&MoeConfig::expert_window, "expert_window")
+      .min(1)
+      .describe("With expert_unit_size: the expert units on the device at once, at most (the one computing and "
+                "those ahead)");
   Block block = b.build();
   block.finish = [](void* obj, Ctx& ctx, const std::string& path) {
     auto& m = *static_cast<MoeConfig*>(obj);
@@ -127,6 +135,12 @@ Block make_moe() {
       ctx.error(join(path, "topk_group"),
                 fmt::format("{}.top_k = {} exceeds the {} experts of topk_group = {} groups", path, m.top_k,
                             m.topk_group * (m.num_experts / m.n_group), m.topk_group));
+    // (A printed config spells every key: the default window asks for nothing.)
+    if (m.given.count("expert_window") && m.expert_window != MoeConfig{}.expert_window &&
+        m.expert_unit_size == 0)
+      ctx.error(join(path, "expert_window"),
+                fmt::format("{}.expert_window bounds streamed experts; set {}.expert_unit_size (experts per "
+                            "unit, e.g. 1) or drop the key", path, path));
     if (k && m.top_k <= 2 && m.drop_policy != "probs" && !sigmoid)
       ctx.warn(join(path, "drop_policy"),
                fmt::format("{}.drop_policy = \"{}\" applies to top-k gating with k >= 3; with top_k = {} "

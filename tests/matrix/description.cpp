@@ -105,6 +105,14 @@ Description generate(uint64_t seed, int max_world) {
   d.save_at = rng.chance(60) ? 1 + rng.below(d.steps - 1) : 0;
   d.phases.push_back(draw_phase(rng, d, max_world));
   if (d.save_at > 0) d.phases.push_back(draw_phase(rng, d, max_world));
+  // Streamed experts (issue 37), drawn from a stream of their own so that every other draw of a
+  // seed stays what it was before they existed.
+  Rng stream_rng{seed * 0x9e3779b97f4a7c15ull + 0x37};
+  for (auto& p : d.phases)
+    if (d.model == "tiny-moe" && p.stage == 3 && stream_rng.chance(50)) {
+      p.expert_unit = 1 + int(stream_rng.below(3));  // 1-3 of a rank's 1, 2 or 4 experts
+      p.expert_window = stream_rng.weighted<int>({{2, 0}, {1, 1}, {1, 2}, {1, 3}});
+    }
   // Small sizes cut through parameters (tiny's matrices are 4096-16384 elements); 131073 and 4099
   // are odd tile lengths. The CPU Adam cuts a tile of at least 2^16 elements per thread over its
   // threads in 64-element blocks: 131073 = 2^17 + 1 (2 threads) and 196609 = 3 x 2^16 + 1 (2 or
@@ -137,7 +145,8 @@ nlohmann::json to_json(const Description& d) {
     phases.push_back({{"world", p.world}, {"gas", p.gas}, {"stage", p.stage},
                       {"offload_optimizer", p.offload_optimizer}, {"offload_param", p.offload_param},
                       {"ep_size", p.ep_size}, {"threads", p.threads}, {"zero_init", p.zero_init},
-                      {"adam_grain", p.adam_grain}});
+                      {"adam_grain", p.adam_grain}, {"expert_unit", p.expert_unit},
+                      {"expert_window", p.expert_window}});
   return {{"seed", d.seed}, {"model", d.model}, {"dtype", d.dtype}, {"optimizer", d.optimizer},
           {"scheduler", d.scheduler}, {"clip", d.clip}, {"micro", d.micro},
           {"per_step", d.per_step}, {"steps", d.steps}, {"save_at", d.save_at},
@@ -175,6 +184,8 @@ Description from_json(const nlohmann::json& j) {
     p.threads = pj.value("threads", 0);
     p.adam_grain = pj.value("adam_grain", 0);
     p.zero_init = pj.value("zero_init", false);
+    p.expert_unit = pj.value("expert_unit", 0);
+    p.expert_window = pj.value("expert_window", 0);
     d.phases.push_back(p);
   }
   if (d.phases.empty()) d.phases.push_back(Phase{1, d.per_step});
@@ -206,6 +217,8 @@ std::string summary(const Description& d) {
     if (p.threads) s << " t" << p.threads;
     if (p.adam_grain) s << " g" << p.adam_grain;
     if (p.zero_init) s << " zinit";
+    if (p.expert_unit) s << " eu" << p.expert_unit;
+    if (p.expert_window) s << " ew" << p.expert_window;
   }
   if (d.model == "tiny-moe")
     s << " | k" << d.top_k << " cf" << d.capacity_factor << (d.drop_tokens ? " drop" : " dropless")
@@ -224,7 +237,7 @@ int64_t complexity(const Description& d) {
   for (const auto& p : d.phases) {
     c += 3 * p.world + p.gas + p.stage + (p.offload_optimizer != "none") * 2 +
          (p.offload_param != "none") * 2 + p.ep_size + (p.threads != 0) + p.zero_init +
-         (p.adam_grain != 0);
+         (p.adam_grain != 0) + (p.expert_unit != 0) + (p.expert_window != 0);
   }
   c += (d.persistence_threshold != 0) + (d.reduce_bucket_size != 0) +
        (d.allgather_bucket_size != 0) + (d.prefetch_bucket_size != 0) +
@@ -251,7 +264,7 @@ std::vector<Description> simplifications(const Description& d) {
   if (d.model != "tiny")
     with([](Description& s) {
       s.model = "tiny";
-      for (auto& p : s.phases) p.ep_size = 1;
+      for (auto& p : s.phases) p.ep_size = 1, p.expert_unit = 0, p.expert_window = 0;
     });
   if (d.dtype != "fp32") with([](Description& s) { s.dtype = "fp32"; });
   if (d.optimizer != "AdamW") with([](Description& s) { s.optimizer = "AdamW"; });
@@ -282,13 +295,15 @@ std::vector<Description> simplifications(const Description& d) {
     for (int st = 0; st < p.stage; ++st)
       on([st](Phase& q) {
         q.stage = st;
-        if (st < 3) q.offload_param = "none", q.zero_init = false;
+        if (st < 3) q.offload_param = "none", q.zero_init = false, q.expert_unit = 0, q.expert_window = 0;
         if (st == 0) q.offload_optimizer = "none";
       });
     if (p.ep_size > 1) on([](Phase& q) { q.ep_size = 1; });
     if (p.threads != 0) on([](Phase& q) { q.threads = 0; });
     if (p.adam_grain != 0) on([](Phase& q) { q.adam_grain = 0; });
     if (p.zero_init) on([](Phase& q) { q.zero_init = false; });
+    if (p.expert_unit) on([](Phase& q) { q.expert_unit = 0, q.expert_window = 0; });
+    if (p.expert_window) on([](Phase& q) { q.expert_window = 0; });
   }
   if (d.persistence_threshold) with([](Description& s) { s.persistence_threshold = 0; });
   if (d.reduce_bucket_size) with([](Description& s) { s.reduce_bucket_size = 0; });

@@ -25,6 +25,8 @@ struct Phase {
   int threads = 0;         // OMP_NUM_THREADS; 0: unset (the launcher shares the cores out)
   int adam_grain = 0;      // STRATA_CPU_ADAM_GRAIN (the CPU Adam's least elements per thread); 0: unset
   bool zero_init = false;  // --zero-init (stage 3 only; refused otherwise)
+  int expert_unit = 0;     // moe.expert_unit_size (tiny-moe at stage 3; 0: not streamed)
+  int expert_window = 0;   // moe.expert_window (0: left out)
 };
 
 struct Description {

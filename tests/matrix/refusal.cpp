@@ -33,6 +33,9 @@ std::optional<Refusal> refuse_phase(const Description& d, const Phase& p, int in
   // runtime/config/schema_zero.cpp finish_zero: offload at stage 0 (optimizer) or below stage 3
   // (parameters) is read as "none" with a warning: not a refusal. NVMe optimizer offload needs
   // stage 3.
+  // runtime/config/rules.cpp: streamed experts are stage 3's.
+  if (d.model == "tiny-moe" && p.expert_unit > 0 && p.stage < 3)
+    return refusal("moe.expert_unit_size", "streamed experts need stage 3");
   const std::string oo = p.stage == 0 ? "none" : p.offload_optimizer;
   if (oo == "nvme" && p.stage < 3)
     return refusal("offload_optimizer.device", "NVMe optimizer offload needs stage 3");

@@ -185,6 +185,8 @@ nlohmann::json config_for(const Description& d, const Phase& p, const std::strin
                 {"top_k", d.top_k},           {"capacity_factor", d.capacity_factor},
                 {"min_capacity", 4},          {"drop_tokens", d.drop_tokens},
                 {"noisy_gate_policy", d.noisy_gate_policy}, {"aux_loss_coef", 0.01}};
+  if (d.model == "tiny-moe" && p.expert_unit > 0) c["moe"]["expert_unit_size"] = p.expert_unit;
+  if (d.model == "tiny-moe" && p.expert_window > 0) c["moe"]["expert_window"] = p.expert_window;
   return c;
 }
 

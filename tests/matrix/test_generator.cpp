@@ -23,7 +23,7 @@ TEST(MatrixGenerator, DescriptionsArePureFunctionsOfTheSeedAndRoundTripThroughJs
 TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
   std::set<std::string> models, dtypes, optimizers;
   std::set<int> stages, worlds;
-  int resumes = 0, world_changes = 0, odd_windows = 0;
+  int resumes = 0, world_changes = 0, odd_windows = 0, streamed = 0;
   for (uint64_t s = 0; s < 2000; ++s) {
     const auto d = generate(s, s % 2 ? 4 : 2);
     ASSERT_FALSE(d.phases.empty());
@@ -34,6 +34,15 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
       EXPECT_LE(p.world, s % 2 ? 4 : 2);
       EXPECT_LE(p.gas, 3);
       stages.insert(p.stage), worlds.insert(p.world);
+      // Streamed experts: tiny-moe at stage 3 only, a window only with a unit size.
+      if (p.expert_unit > 0) {
+        ++streamed;
+        EXPECT_EQ(d.model, "tiny-moe") << summary(d);
+        EXPECT_EQ(p.stage, 3) << summary(d);
+      }
+      if (p.expert_window > 0) {
+        EXPECT_GT(p.expert_unit, 0) << summary(d);
+      }
     }
     models.insert(d.model), dtypes.insert(d.dtype), optimizers.insert(d.optimizer);
     if (d.phases.size() == 2) {
@@ -51,6 +60,7 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
   EXPECT_GT(resumes, 900);
   EXPECT_GT(world_changes, 300);
   EXPECT_GT(odd_windows, 50);
+  EXPECT_GT(streamed, 50);
 }
 
 TEST(MatrixRefusal, PredictsWhatTheEngineRefusesByName) {

@@ -180,4 +180,54 @@ TEST(MoeLayerGpu, GroupedKernelMatchesBatched) {
 #endif
 }
 
+// Streamed experts (expert_unit_size 2) on the device's grouped kernel, ep_size 1 (the packed
+// routes): the same outputs and gradients as the stacked layer to bf16 precision, and one host
+// sync per forward (the routed rows per expert), none in backward.
+TEST(MoeLayerGpu, StreamedExpertsMatchStackedWithOneSyncPerForward) {
+#if STRATA_TEST_HAS_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device dev(torch::kCUDA, 0);
+  Case cs{"k2_bf16", 2, false, NoisyGatePolicy::None, true, true, torch::kBFloat16};
+  auto o = options(cs);
+  o.expert_bias = false;
+  MoE stacked(o);
+  o.expert_unit_size = 2;
+  MoE streamed(o);
+  stacked->to(dev, torch::kBFloat16);
+  streamed->to(dev, torch::kBFloat16);
+  const auto bf16 = torch::TensorOptions().device(dev).dtype(torch::kBFloat16);
+  torch::manual_seed(1);
+  const auto x0 = torch::randn({kS, kD}, bf16);
+  const auto probe = torch::randn_like(x0);
+  std::vector<torch::Tensor> y, dx;
+  int64_t forward_syncs = -1, backward_syncs = -1;
+  for (MoE* m : {&stacked, &streamed}) {
+    (*m)->set_call_index(4);
+    auto x = x0.clone().requires_grad_(true);
+    torch::Tensor out;
+    const int64_t f = count_syncs([&] { out = (*m)->forward(x); });
+    const int64_t b = count_syncs(
+        [&] { (out.to(torch::kFloat) * probe.to(torch::kFloat)).sum().backward(); });
+    if (m == &streamed) forward_syncs = f, backward_syncs = b;
+    y.push_back(out.detach().to(torch::kFloat));
+    dx.push_back(x.grad().to(torch::kFloat));
+  }
+  EXPECT_EQ(forward_syncs, 1);
+  EXPECT_EQ(backward_syncs, 0);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& a = i == 0 ? y : dx;
+    const double scale = a[0].abs().max().item<double>();
+    EXPECT_LE((a[1] - a[0]).abs().max().item<double>(), 3e-2 * scale) << (i ? "d input" : "output");
+  }
+  for (const auto& u : streamed->experts->units()) {
+    if (!u.w1.grad().defined()) continue;
+    const auto want = stacked->experts->w1.grad().narrow(0, u.first, u.count).to(torch::kFloat);
+    const double scale = want.abs().max().item<double>();
+    EXPECT_LE((u.w1.grad().to(torch::kFloat) - want).abs().max().item<double>(), 3e-2 * scale) << u.name;
+  }
+#else
+  GTEST_SKIP() << "this build of Strata has no CUDA";
+#endif
+}
+
 }  // namespace

@@ -695,9 +695,11 @@ TEST(EngineGpu, MoEAtStageThreeGivesTheLossesOfStageTwo) {
     return c;
   };
   const std::string args = "--steps " + std::to_string(steps) + " --seed 3 --metrics-jsonl ";
-  auto losses = [&](int gpus, const json& config, const std::string& name) {
+  auto losses = [&](int gpus, const json& config, const std::string& name,
+                    const std::string& extra = "") {
     const std::string jsonl = dir.str() + "/" + name + ".jsonl";
-    const auto r = train_gpt(gpus, write_config(dir, name, config), args + jsonl, "tiny-moe");
+    const auto r =
+        train_gpt(gpus, write_config(dir, name, config), extra + " " + args + jsonl, "tiny-moe");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     const auto rows = r.exit_code == 0 ? column(read_jsonl(jsonl), "loss") : std::vector<double>{};
     EXPECT_EQ(rows.size(), size_t(steps)) << name;
@@ -716,6 +718,13 @@ TEST(EngineGpu, MoEAtStageThreeGivesTheLossesOfStageTwo) {
     for (size_t i = 0; i < three.size() && i < two.size(); ++i)
       EXPECT_LE(relative(three[i], two[i]), 1e-5) << name << ", step " << i + 1;
   }
+  // Streamed experts (one unit per expert), everything offloaded, the model built in host memory
+  // and moved to the GPU by the engine a unit at a time (--host-init: InitOptions::device).
+  auto streamed = offloaded;
+  streamed["moe"]["expert_unit_size"] = 1;
+  const auto from_host = losses(1, streamed, "s3_streamed_host_init", "--host-init");
+  for (size_t i = 0; i < from_host.size() && i < two.size(); ++i)
+    EXPECT_LE(relative(from_host[i], two[i]), 1e-5) << "streamed, host init, step " << i + 1;
   if (!missing_gpus(2).empty()) return;
   // One GPU accumulates 2 micro-batches of 8: the gate calls of 2 GPUs with 8 each.
   const auto b = losses(2, moe(2, 3), "ep2_s3");
