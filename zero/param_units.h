@@ -100,7 +100,9 @@ class ParamUnits {
   // Where the units are gathered (the model's device), and a tensor options of it in the model's
   // dtype (the partition may live elsewhere: UnitOptions::partition_device, offload_param).
   const torch::Device& device() const { return device_; }
-  torch::TensorOptions options() const { return partition_.options().device(device_); }
+  torch::TensorOptions options() const {
+    return partition_.options().device(device_).pinned_memory(false);
+  }
   const Unit& unit(size_t u) const { return units_[u]; }
   int64_t parts() const { return parts_; }
   // The unit whose storage this is, or -1.
