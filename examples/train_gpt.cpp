@@ -241,7 +241,8 @@ int run(const strata::examples::TrainArgs& args) {
       }
       if (const auto t = engine->nvme_traffic(); t.read_bytes + t.written_bytes > 0) {
         // NVMe offload, this rank, this step: bytes read and written, and the time the step
-        // waited for reads (what the reads ahead did not hide) and writes.
+        // waited for reads (what the reads ahead did not hide), and for writes or for all
+        // outstanding I/O at once (wait_all).
         row["nvme_read_bytes"] = t.read_bytes - nvme_before.read_bytes;
         row["nvme_written_bytes"] = t.written_bytes - nvme_before.written_bytes;
         row["nvme_read_wait_s"] = t.read_wait_s - nvme_before.read_wait_s;
