@@ -86,8 +86,7 @@ void Engine::validate(const InitOptions& options) {
                                                      : params.front().device());
   }
   if (config_.fp16.enabled && !options.allow_fp16_on_cpu) {
-    const auto& device = device_;
-    if (device.is_cpu())
+    if (device_.is_cpu())
       throw Error(fmt::format(
           "{}: fp16.enabled = true, but the model is on the CPU, where LibTorch has no fp16 "
           "kernels for matrix products or LayerNorm; use bf16 (\"bf16\": {{\"enabled\": true}}, "

@@ -42,9 +42,6 @@ struct ExpertLayout {
   json describe = json::array();  // per layer: its name, experts, each expert's parameters
 };
 
-// The name of an expert parameter relative to one expert: "w1" for the built-in stacked tensors
-// (streamed or not), "fc.weight" for a user expert registered as "experts.5.fc.weight".
-const std::string& per_expert_name(const moe::ExpertParameter& e) { return e.per_expert_name; }
 
 // This rank's expert elements in one local flat layout, and its partition of that layout:
 // stages 0-2 the experts' FlatParams; stage 3 the experts' units' trainable parameters laid out
@@ -94,7 +91,7 @@ ExpertLayout expert_layout(const std::vector<moe::ExpertParameter>& experts,
     if (fresh) order.push_back(e.layer_prefix);
     auto& l = it->second;
     l.experts = e.layer_experts;
-    const std::string name = per_expert_name(e);
+    const std::string& name = e.per_expert_name;  // "w1", a user expert's "fc.weight"
     const int64_t numel = e.param.numel() / e.num_experts;
     if (!l.offset.count(name)) {
       l.offset[name] = l.expert_numel;
@@ -127,7 +124,7 @@ ExpertLayout expert_layout(const std::vector<moe::ExpertParameter>& experts,
     for (int64_t j = 0; j < e.num_experts; ++j)
       out.segments.push_back({local.offsets[i] + j * per, per,
                               l.base + (e.first_expert + j) * l.expert_numel +
-                                  l.offset.at(per_expert_name(e))});
+                                  l.offset.at(e.per_expert_name)});
   }
   std::sort(out.segments.begin(), out.segments.end(),
             [](const auto& a, const auto& b) { return a.local < b.local; });
