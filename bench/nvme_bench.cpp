@@ -36,7 +36,7 @@ using Clock = std::chrono::steady_clock;
 using offload::AlignedBuffer;
 using offload::NvmeStore;
 
-struct Args {
+struct NvmeArgs {
   std::string dir, fio;
   double size_gib = 4;
   int64_t block_size = 1 << 20;
@@ -58,8 +58,8 @@ int64_t parse_bytes(const std::string& s) {
   return int64_t(v * double(mult));
 }
 
-Args parse(int argc, char** argv) {
-  Args a;
+NvmeArgs parse_nvme_args(int argc, char** argv) {
+  NvmeArgs a;
   for (int i = 2; i < argc; ++i) {
     const std::string f = argv[i];
     auto value = [&]() -> std::string {
@@ -107,14 +107,14 @@ bool drop_caches() {
   return bool(f);
 }
 
-double median(std::vector<double> v) {
+double nvme_median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // One fio job; returns bytes per second as fio measured them.
-double run_fio(const Args& a, const std::string& file, uint64_t size, bool write) {
+double run_fio(const NvmeArgs& a, const std::string& file, uint64_t size, bool write) {
   const std::string cmd =
       "'" + a.fio + "' --name=strata-bench --filename='" + file + "' --rw=" +
       (write ? "write" : "read") + " --bs=" + std::to_string(a.block_size) +
@@ -136,8 +136,8 @@ double run_fio(const Args& a, const std::string& file, uint64_t size, bool write
 }  // namespace
 
 int run_nvme(int argc, char** argv) {
-  const Args a = parse(argc, argv);
-  Args fa = a;
+  const NvmeArgs a = parse_nvme_args(argc, argv);
+  NvmeArgs fa = a;
   if (!a.store_only) {
     if (fa.fio.empty()) fa.fio = find_on_path("fio");
     if (fa.fio.empty() || access(fa.fio.c_str(), X_OK) != 0) {
@@ -219,7 +219,7 @@ int run_nvme(int argc, char** argv) {
   for (uint64_t at = 0; at < chunk; at += offload::kIoAlign)
     crc ^= crc32c(bufs[0].data() + at, offload::kIoAlign);
   const double crc_rate = double(chunk) / std::chrono::duration<double>(Clock::now() - t0).count();
-  const double msw = median(sw), msr = median(sr);
+  const double msw = nvme_median(sw), msr = nvme_median(sr);
   std::printf("crc32c per 4 KiB page: %.2f GB/s on one core (checksum %08x): at the store's read "
               "median it keeps %.0f%% of one worker core busy\n",
               crc_rate / 1e9, crc, 100.0 * msr / crc_rate);
@@ -232,7 +232,7 @@ int run_nvme(int argc, char** argv) {
     j["write_ratio_vs_fio"] = nullptr;
     j["read_ratio_vs_fio"] = nullptr;
   } else {
-    const double mfw = median(fw), mfr = median(fr);
+    const double mfw = nvme_median(fw), mfr = nvme_median(fr);
     std::printf("median: write store %.3f fio %.3f GB/s (ratio %.3f), read store %.3f fio %.3f "
                 "GB/s (ratio %.3f)\n", msw / 1e9, mfw / 1e9, msw / mfw, msr / 1e9, mfr / 1e9,
                 msr / mfr);

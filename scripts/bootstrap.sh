@@ -10,6 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each stage says how long it took (apt's download and install apart from the build).
+t_stage=$(date +%s)
+took() {
+  local now
+  now=$(date +%s)
+  awk -v s=$((now - t_stage)) -v what="$1" 'BEGIN { printf "bootstrap: %s took %.1f min\n", what, s / 60 }'
+  t_stage=$now
+}
+
 # libopenblas0-pthread: Debian's libtorch-dev links libblas.so.3 / liblapack.so.3, which without
 # it are the netlib reference code (fp32 matrix products ~10x slower on CPU); installing it
 # switches both alternatives to OpenBLAS.
@@ -28,6 +37,7 @@ if [[ "${STRATA_SKIP_APT:-0}" != 1 ]]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
       "${missing[@]}"
   fi
+  took "apt (update, download, install)"
 fi
 [[ "${STRATA_APT_ONLY:-0}" == 1 ]] && exit 0
 
@@ -37,6 +47,7 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
 # The tests are about half of the tree's compile time; the test command builds them.
 read -r -a targets <<<"${STRATA_TARGETS:-train_gpt strata-run strata-ckpt strata-config}"
 cmake --build "$build_dir" -j "${STRATA_JOBS:-$(nproc)}" --target "${targets[@]}"
+took "configure and build (${targets[*]})"
 
 # Which BLAS LibTorch's CPU library actually loads (the engine logs the same at start-up).
 torch_lib=$(sed -n 's/^TORCH_LIBRARY:[A-Z]*=//p' "$build_dir/CMakeCache.txt" | head -n1)

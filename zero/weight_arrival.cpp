@@ -36,7 +36,7 @@ namespace {
 // finish() cannot unregister (and a destructor free) an arrival a callback is using.
 std::mutex g_mutex;
 std::vector<WeightArrival*> g_in_flight;
-at::CallbackHandle g_callback = 0;
+at::CallbackHandle g_arrival_callback = 0;
 
 void wait_for_input(WeightArrival& a, const c10::IValue& input) {
   if (input.isTensor()) {
@@ -46,7 +46,7 @@ void wait_for_input(WeightArrival& a, const c10::IValue& input) {
   }
 }
 
-std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+std::unique_ptr<at::ObserverContext> on_arrival_op_start(const at::RecordFunction& fn) {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (auto* a : g_in_flight)
     for (const auto& input : fn.inputs()) wait_for_input(*a, input);
@@ -57,7 +57,7 @@ void watch(WeightArrival* a) {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_in_flight.push_back(a);
   if (g_in_flight.size() == 1)
-    g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_op_start)
+    g_arrival_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_arrival_op_start)
                                            .needsInputs(true)
                                            .scopes({at::RecordScope::FUNCTION}));
 }
@@ -68,8 +68,8 @@ void unwatch(WeightArrival* a) {
   if (it == g_in_flight.end()) return;
   g_in_flight.erase(it);
   if (g_in_flight.empty()) {
-    at::removeCallback(g_callback);
-    g_callback = 0;
+    at::removeCallback(g_arrival_callback);
+    g_arrival_callback = 0;
   }
 }
 

@@ -18,7 +18,7 @@
 namespace strata::checkpoint {
 namespace {
 
-constexpr const char* kFormat = "strata-checkpoint";
+constexpr const char* kManifestFormat = "strata-checkpoint";
 constexpr int kVersion = 1;
 constexpr const char* kManifestChecksum = "manifest_crc32c";
 
@@ -191,7 +191,7 @@ json Manifest::to_json() const {
                           {"crc32c", f.crc32c},
                           {"tensors", std::move(tensors)}});
   }
-  json j = {{"format", kFormat},
+  json j = {{"format", kManifestFormat},
             {"version", kVersion},
             {"tag", tag},
             {"world_size", world_size},
@@ -228,8 +228,8 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
       throw Error(fmt::format("{}: its checksum is 0x{:08x} but it says 0x{:08x}: the manifest is "
                               "damaged (a changed byte); the checkpoint cannot be trusted",
                               where, manifest_checksum(body), saved));
-    if (j.at("format") != kFormat)
-      throw Error(fmt::format("{}: format {} is not \"{}\"", where, j.at("format").dump(), kFormat));
+    if (j.at("format") != kManifestFormat)
+      throw Error(fmt::format("{}: format {} is not \"{}\"", where, j.at("format").dump(), kManifestFormat));
     if (j.at("version") != kVersion)
       throw Error(fmt::format("{}: version {} is not supported (this build reads {})", where,
                               j.at("version").dump(), kVersion));

@@ -47,28 +47,6 @@ uint64_t get_le(const char* p, int bytes) {
   return v;
 }
 
-// Refuses nesting deeper than kMaxJsonDepth: brackets outside strings, exact for valid JSON
-// (invalid JSON fails to parse anyway).
-void check_json_depth(const std::string& text, const std::string& where) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth)
-        throw Error(fmt::format("{} nests deeper than {} levels (at byte {})", where,
-                                kMaxJsonDepth, i));
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-}
-
 [[noreturn]] void corrupt(const std::string& path, const std::string& what) {
   throw Error(fmt::format("checkpoint file '{}' is corrupt or truncated: {}", path, what));
 }
@@ -324,11 +302,6 @@ std::vector<int64_t> json_ints(const json& value, const std::string& where) {
   std::vector<int64_t> out;
   for (const auto& v : value) out.push_back(json_int(v, where));
   return out;
-}
-
-json parse_json_bounded(const std::string& text, const std::string& where) {
-  check_json_depth(text, where);
-  return json::parse(text);
 }
 
 void check_specs(const std::string& path, const std::vector<TensorSpec>& actual,

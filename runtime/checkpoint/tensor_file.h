@@ -31,6 +31,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "runtime/checkpoint/bounded_json.h"
 #include <torch/torch.h>
 
 namespace strata::checkpoint {
@@ -68,12 +70,6 @@ int64_t json_int(const json& value, const std::string& where);
 uint64_t json_uint(const json& value, const std::string& where);
 std::vector<int64_t> json_ints(const json& value, const std::string& where);
 
-// JSON read from a checkpoint file (manifest, footer, safetensors header) may nest this deep.
-// nlohmann copies and prints recursively, so a hostile "[[[[..." would overflow the stack.
-constexpr int kMaxJsonDepth = 128;
-// json::parse (its parse_error as is) after refusing deeper nesting with a strata::Error
-// naming `where`.
-json parse_json_bounded(const std::string& text, const std::string& where);
 
 // Checks `actual` (what `path` holds) against `expected`: the same names, and for each the same
 // shape and dtype. Throws strata::Error naming the file and the first tensor that differs.

@@ -74,20 +74,36 @@ std::string normalised(const std::string& s) {
   return n;
 }
 
-// Optimal string alignment distance (Levenshtein plus adjacent transpositions).
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+// Optimal string alignment distance (Levenshtein plus adjacent transpositions), or limit + 1
+// once it must exceed limit: every unknown key is measured against every known spelling of its
+// block, so the rows are flat and the candidates too far apart in length are not aligned at all.
+size_t edit_distance_within(const std::string& a, const std::string& b, size_t limit) {
+  const size_t n = a.size(), m = b.size();
+  if ((n > m ? n - m : m - n) > limit) return limit + 1;
+  std::vector<size_t> rows(3 * (m + 1));
+  size_t* before = rows.data();  // row i - 2
+  size_t* prev = before + (m + 1);  // row i - 1
+  size_t* cur = prev + (m + 1);  // row i
+  for (size_t j = 0; j <= m; ++j) prev[j] = j;
+  for (size_t i = 1; i <= n; ++i) {
+    cur[0] = i;
+    size_t row_min = i;
+    for (size_t j = 1; j <= m; ++j) {
+      size_t d = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      if (prev[j] + 1 < d) d = prev[j] + 1;
+      if (cur[j - 1] + 1 < d) d = cur[j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && before[j - 2] + 1 < d)
+        d = before[j - 2] + 1;
+      cur[j] = d;
+      if (d < row_min) row_min = d;
     }
+    if (row_min > limit) return limit + 1;  // a row's minimum never falls again
+    size_t* spare = before;
+    before = prev;
+    prev = cur;
+    cur = spare;
   }
-  return d[a.size()][b.size()];
+  return prev[m] <= limit ? prev[m] : limit + 1;
 }
 
 }  // namespace
@@ -99,7 +115,7 @@ std::string closest(const std::string& key, const std::vector<std::string>& cand
   std::string best;
   size_t best_d = limit + 1;
   for (const std::string& c : candidates) {
-    const size_t d = edit_distance(k, normalised(c));
+    const size_t d = edit_distance_within(k, normalised(c), limit);
     if (d < best_d) {
       best_d = d;
       best = c;

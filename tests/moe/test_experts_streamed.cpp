@@ -38,14 +38,14 @@ torch::Tensor rows_of(const torch::Tensor& stacked, const ExpertsImpl::Unit& u) 
   return stacked.narrow(0, u.first, u.count);
 }
 
-struct Case {
+struct StreamedCase {
   ExpertKernel kernel;
   bool drop_tokens;
   bool bias;
   int64_t unit;
 };
 
-class StreamedVsStacked : public ::testing::TestWithParam<Case> {};
+class StreamedVsStacked : public ::testing::TestWithParam<StreamedCase> {};
 
 TEST_P(StreamedVsStacked, SameOutputsAndGradients) {
   const auto cs = GetParam();
@@ -93,11 +93,11 @@ TEST_P(StreamedVsStacked, SameOutputsAndGradients) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, StreamedVsStacked,
-    ::testing::Values(Case{ExpertKernel::Batched, true, true, 1},
-                      Case{ExpertKernel::Batched, false, false, 3},
-                      Case{ExpertKernel::Grouped, true, true, 1},   // packed routes, drops
-                      Case{ExpertKernel::Grouped, false, true, 3},  // dropless, 3 + 3 + 2
-                      Case{ExpertKernel::Grouped, false, false, 2}),
+    ::testing::Values(StreamedCase{ExpertKernel::Batched, true, true, 1},
+                      StreamedCase{ExpertKernel::Batched, false, false, 3},
+                      StreamedCase{ExpertKernel::Grouped, true, true, 1},   // packed routes, drops
+                      StreamedCase{ExpertKernel::Grouped, false, true, 3},  // dropless, 3 + 3 + 2
+                      StreamedCase{ExpertKernel::Grouped, false, false, 2}),
     [](const auto& info) {
       const auto& c = info.param;
       return std::string(c.kernel == ExpertKernel::Grouped ? "grouped" : "batched") +

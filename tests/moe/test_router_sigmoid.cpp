@@ -19,7 +19,7 @@ using strata::moe::GateOutput;
 using strata::moe::ScoreFunc;
 
 // Logits whose sigmoid is the table s: log(s / (1 - s)).
-torch::Tensor logits_of(const std::vector<std::vector<double>>& s) {
+torch::Tensor sigmoid_logits_of(const std::vector<std::vector<double>>& s) {
   std::vector<double> flat;
   for (const auto& row : s) flat.insert(flat.end(), row.begin(), row.end());
   const auto t = torch::tensor(flat, torch::kDouble).view({int64_t(s.size()), int64_t(s[0].size())});
@@ -34,12 +34,12 @@ GateOptions sigmoid_options(int64_t k) {
   return o;
 }
 
-struct Route {
+struct SigmoidRoute {
   int64_t token, expert, slot;
   double weight;
 };
 
-void expect_routes(const GateOutput& g, const std::vector<Route>& want) {
+void expect_sigmoid_routes(const GateOutput& g, const std::vector<SigmoidRoute>& want) {
   ASSERT_EQ(g.token.size(0), int64_t(want.size()));
   for (size_t i = 0; i < want.size(); ++i) {
     SCOPED_TRACE("route " + std::to_string(i));
@@ -54,10 +54,10 @@ const std::vector<std::vector<double>> kTwoTokens = {{0.9, 0.8, 0.3, 0.2}, {0.1,
 
 // Without a bias: top-2 of s; weights s / (sum of the two chosen).
 TEST(SigmoidRouter, ChoosesTheTopScoresAndNormalisesTheirWeights) {
-  const auto g = gate(logits_of(kTwoTokens), sigmoid_options(2));
+  const auto g = gate(sigmoid_logits_of(kTwoTokens), sigmoid_options(2));
   // Choice-major: token 0 -> 0 (0.9), token 1 -> 2 (0.7); then token 0 -> 1 (0.8), token 1 -> 1.
   // Slots in token order within an expert: expert 1 has token 0 (slot 0), token 1 (slot 1).
-  expect_routes(g, {{0, 0, 0, 0.9 / 1.7}, {1, 2, 0, 0.7 / 1.3}, {0, 1, 0, 0.8 / 1.7},
+  expect_sigmoid_routes(g, {{0, 0, 0, 0.9 / 1.7}, {1, 2, 0, 0.7 / 1.3}, {0, 1, 0, 0.8 / 1.7},
                     {1, 1, 1, 0.6 / 1.3}});
   EXPECT_EQ(g.capacity, 2);  // dropless: the largest load (expert 1)
   EXPECT_EQ(g.dropped, 0);
@@ -68,16 +68,16 @@ TEST(SigmoidRouter, ChoosesTheTopScoresAndNormalisesTheirWeights) {
 TEST(SigmoidRouter, TheBiasChoosesAndNeverWeighs) {
   auto o = sigmoid_options(2);
   o.expert_bias = torch::tensor({0.0, -0.6, 0.55, 0.0}, torch::kFloat);
-  const auto g = gate(logits_of(kTwoTokens), o);
+  const auto g = gate(sigmoid_logits_of(kTwoTokens), o);
   // token 0: s + b = [0.9, 0.2, 0.85, 0.2] -> 0, 2; token 1: [0.1, 0.0, 1.25, 0.5] -> 2, 3.
-  expect_routes(g, {{0, 0, 0, 0.9 / 1.2}, {1, 2, 1, 0.7 / 1.2}, {0, 2, 0, 0.3 / 1.2},
+  expect_sigmoid_routes(g, {{0, 0, 0, 0.9 / 1.2}, {1, 2, 1, 0.7 / 1.2}, {0, 2, 0, 0.3 / 1.2},
                     {1, 3, 0, 0.5 / 1.2}});
   EXPECT_TRUE(torch::equal(g.exp_counts, torch::tensor({1, 0, 2, 1}, torch::kLong)));
 
   // norm_topk_prob off and route_scale 2.5: the chosen scores times 2.5.
   o.norm_topk_prob = false;
   o.route_scale = 2.5;
-  expect_routes(gate(logits_of(kTwoTokens), o),
+  expect_sigmoid_routes(gate(sigmoid_logits_of(kTwoTokens), o),
                 {{0, 0, 0, 2.25}, {1, 2, 1, 1.75}, {0, 2, 0, 0.75}, {1, 3, 0, 1.25}});
 }
 
@@ -91,17 +91,17 @@ TEST(SigmoidRouter, RoutesWithinTheBestGroups) {
   o.topk_group = 1;
   // Token 0: groups 1.0, 1.5, 1.25 -> group 1 -> experts 2 (0.8), 3 (0.7), not expert 0 (0.9).
   // With a bias of -0.5 on group 1: 1.0, 0.5, 1.25 -> group 2 -> 5 (0.65), 4 (0.6).
-  auto g = gate(logits_of(s), o);
-  expect_routes(g, {{0, 2, 0, 0.8 / 1.5}, {1, 2, 1, 0.8 / 1.5}, {0, 3, 0, 0.7 / 1.5},
+  auto g = gate(sigmoid_logits_of(s), o);
+  expect_sigmoid_routes(g, {{0, 2, 0, 0.8 / 1.5}, {1, 2, 1, 0.8 / 1.5}, {0, 3, 0, 0.7 / 1.5},
                     {1, 3, 1, 0.7 / 1.5}});
   o.expert_bias = torch::tensor({0.0, 0.0, -0.5, -0.5, 0.0, 0.0}, torch::kFloat);
-  g = gate(logits_of(s), o);
-  expect_routes(g, {{0, 5, 0, 0.65 / 1.25}, {1, 5, 1, 0.65 / 1.25}, {0, 4, 0, 0.6 / 1.25},
+  g = gate(sigmoid_logits_of(s), o);
+  expect_sigmoid_routes(g, {{0, 5, 0, 0.65 / 1.25}, {1, 5, 1, 0.65 / 1.25}, {0, 4, 0, 0.6 / 1.25},
                     {1, 4, 1, 0.6 / 1.25}});
   // Two groups allowed: groups 0 (1.0) and 2 (1.25) -> experts 0 (0.9) and 5 (0.65).
   o.topk_group = 2;
-  g = gate(logits_of(s), o);
-  expect_routes(g, {{0, 0, 0, 0.9 / 1.55}, {1, 0, 1, 0.9 / 1.55}, {0, 5, 0, 0.65 / 1.55},
+  g = gate(sigmoid_logits_of(s), o);
+  expect_sigmoid_routes(g, {{0, 0, 0, 0.9 / 1.55}, {1, 0, 1, 0.9 / 1.55}, {0, 5, 0, 0.65 / 1.55},
                     {1, 5, 1, 0.65 / 1.55}});
 }
 
@@ -112,7 +112,7 @@ TEST(SigmoidRouter, RoutesWithinTheBestGroups) {
 TEST(SigmoidRouter, SequenceWiseBalanceLoss) {
   auto o = sigmoid_options(1);
   o.sequence_length = 2;
-  const auto logits = logits_of({{0.8, 0.2}, {0.6, 0.6}, {0.3, 0.9}, {0.5, 0.5}}).requires_grad_();
+  const auto logits = sigmoid_logits_of({{0.8, 0.2}, {0.6, 0.6}, {0.3, 0.9}, {0.5, 0.5}}).requires_grad_();
   const auto g = gate(logits, o);
   EXPECT_NEAR(g.l_aux.item<double>(), 1.15, 1e-6);
   g.l_aux.backward();
@@ -128,13 +128,13 @@ TEST(SigmoidRouter, SequenceWiseBalanceLoss) {
 TEST(SigmoidRouter, BadOptionsAreNamed) {
   auto o = sigmoid_options(2);
   o.n_group = 3;  // 4 experts do not split into 3 groups
-  EXPECT_THROW(gate(logits_of(kTwoTokens), o), strata::Error);
+  EXPECT_THROW(gate(sigmoid_logits_of(kTwoTokens), o), strata::Error);
   o = sigmoid_options(2);
   o.expert_bias = torch::zeros({3});
-  EXPECT_THROW(gate(logits_of(kTwoTokens), o), strata::Error);
+  EXPECT_THROW(gate(sigmoid_logits_of(kTwoTokens), o), strata::Error);
   o = sigmoid_options(2);
   o.sequence_length = 3;  // does not divide 2 tokens
-  EXPECT_THROW(gate(logits_of(kTwoTokens), o), strata::Error);
+  EXPECT_THROW(gate(sigmoid_logits_of(kTwoTokens), o), strata::Error);
 }
 
 strata::moe::MoEOptions layer_options(int64_t shared) {

@@ -22,6 +22,7 @@
 
 namespace ckpt = strata::checkpoint;
 using strata::test::for_each_cut_and_flip;
+using strata::test::nested;
 using strata::test::FuzzTally;
 using strata::test::read_small_checkpoint;
 using strata::test::save_small_checkpoint;
@@ -37,8 +38,6 @@ std::string resealed(json j) {
   j["manifest_crc32c"] = strata::crc32c(j.dump());
   return j.dump(1) + "\n";
 }
-
-std::string nested(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
 
 }  // namespace
 

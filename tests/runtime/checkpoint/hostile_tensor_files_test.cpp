@@ -22,6 +22,7 @@ using strata::test::error_of;
 using strata::test::for_each_cut_and_flip;
 using strata::test::FuzzTally;
 using strata::test::le_bytes;
+using strata::test::nested;
 using strata::test::ScratchDir;
 using strata::test::TensorFileParts;
 using strata::test::write_bytes;
@@ -57,8 +58,6 @@ struct TensorReaders {
     load_expected.run(label, path, bytes, saved, [&] { ckpt::load_tensor_file(path, specs); });
   }
 };
-
-std::string nested(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
 
 }  // namespace
 

@@ -15,15 +15,9 @@
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/util/crc32c.h"
+#include "tests/runtime/checkpoint/test_util.h"
 
 namespace strata::test {
-
-// A new file each time: ext4 flushes a file truncated and rewritten in place when it is
-// closed (auto_da_alloc), which made thousands of cases wait on the disk.
-inline void write_bytes(const std::string& path, const std::string& bytes) {
-  ::unlink(path.c_str());
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 // The damaged copies of `good` every hostile-file test tries: each truncation (every length
 // shorter than the file), then each single flipped bit; run(label, bytes, byte index or -1).

@@ -21,20 +21,11 @@ namespace ckpt = strata::checkpoint;
 namespace fs = std::filesystem;
 using strata::test::ScratchDir;
 using strata::test::error_of;
+using strata::test::entries;
 using strata::test::same_bits;
+using strata::test::slurp;
 
 namespace {
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-std::vector<std::string> entries(const fs::path& dir) {
-  auto names = ckpt::list_folder(dir.string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 ckpt::NamedTensors model_state(float value, int64_t hidden = 8) {
   return {{"embed.weight", torch::full({16, hidden}, value)},

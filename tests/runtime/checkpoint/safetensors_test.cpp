@@ -19,6 +19,7 @@ namespace fs = std::filesystem;
 using strata::test::ScratchDir;
 using strata::test::error_of;
 using strata::test::same_bits;
+using strata::test::write_bytes;
 
 namespace {
 
@@ -35,9 +36,6 @@ std::string raw(std::initializer_list<T> values) {
   return s;
 }
 
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 }  // namespace
 

@@ -17,12 +17,9 @@ namespace fs = std::filesystem;
 using strata::test::ScratchDir;
 using strata::test::error_of;
 using strata::test::same_bits;
+using strata::test::write_bytes;
 
 namespace {
-
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 ckpt::NamedTensors every_dtype() {
   torch::manual_seed(1);

@@ -59,7 +59,7 @@ int64_t world_for(const json& doc) {
   return 1;
 }
 
-struct Outcome {
+struct DsConfigOutcome {
   std::string name;
   json doc;
   LoadOptions options;
@@ -67,8 +67,8 @@ struct Outcome {
   std::vector<std::string> problems;
 };
 
-Outcome try_load(const fs::path& path) {
-  Outcome o;
+DsConfigOutcome try_load(const fs::path& path) {
+  DsConfigOutcome o;
   o.name = path.filename().string();
   const std::string text = slurp(path.string());
   o.doc = json::parse(text, nullptr, false);
@@ -108,7 +108,7 @@ TEST(DsConfigs, EachLoadsOrIsRejectedNamingAKeyAndAFix) {
   size_t loaded = 0;
   std::string report;
   for (const fs::path& f : files) {
-    const Outcome o = try_load(f);
+    const DsConfigOutcome o = try_load(f);
     if (o.loaded) {
       ++loaded;
       continue;
@@ -199,7 +199,7 @@ TEST(DsConfigs, MisspelledKeysAreRejectedWithTheClosestKey) {
   std::mt19937 rng(5);
   size_t tried = 0, exact = 0;
   for (const fs::path& f : files) {
-    const Outcome o = try_load(f);
+    const DsConfigOutcome o = try_load(f);
     if (!o.loaded) continue;
     std::vector<Site> all;
     sites(o.doc, schema::root_block(), {}, all);
@@ -244,7 +244,7 @@ TEST(DsConfigs, WrongTypesAreRejectedNamingTheKey) {
   std::mt19937 rng(6);
   size_t tried = 0;
   for (const fs::path& f : files) {
-    const Outcome o = try_load(f);
+    const DsConfigOutcome o = try_load(f);
     if (!o.loaded) continue;
     std::vector<Site> all;
     sites(o.doc, schema::root_block(), {}, all);

@@ -645,7 +645,7 @@ TEST(SchedulerState, ResumeIterationLeavesOptimizerAlone) {
 
 // ---- registry ---------------------------------------------------------------------------------
 
-strata::SchedulerConfig config(const std::string& type, json params) {
+strata::SchedulerConfig scheduler_config(const std::string& type, json params) {
   strata::SchedulerConfig c;
   c.present = true;
   c.type = type;
@@ -660,10 +660,10 @@ TEST(SchedulerRegistry, BuiltinsAreRegisteredAndCaseInsensitive) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
 
   auto opt = make_adam();
-  auto s = strata::make_scheduler(config("warmupdecaylr", warmup_params("log", 30)), *opt);
+  auto s = strata::make_scheduler(scheduler_config("warmupdecaylr", warmup_params("log", 30)), *opt);
   ASSERT_NE(dynamic_cast<strata::WarmupDecayLR*>(s.get()), nullptr);
   EXPECT_DOUBLE_EQ(lr_of(*opt), 0.01);
-  auto c = strata::make_scheduler(config("WarmupCosineLR", cosine_params("linear")), *opt);
+  auto c = strata::make_scheduler(scheduler_config("WarmupCosineLR", cosine_params("linear")), *opt);
   EXPECT_NE(dynamic_cast<strata::WarmupCosineLR*>(c.get()), nullptr);
 }
 
@@ -687,7 +687,7 @@ TEST(SchedulerRegistry, RegisteredSchedulerIsMadeByName) {
     return std::make_unique<HalvingLR>(o, p.at("base").get<double>());
   });
   auto opt = make_adam();
-  auto s = strata::make_scheduler(config("TESTHALVINGLR", {{"base", 0.8}}), *opt);
+  auto s = strata::make_scheduler(scheduler_config("TESTHALVINGLR", {{"base", 0.8}}), *opt);
   ASSERT_NE(dynamic_cast<HalvingLR*>(s.get()), nullptr);
   EXPECT_DOUBLE_EQ(lr_of(*opt), 0.8);
   s->step();
@@ -704,7 +704,7 @@ TEST(SchedulerRegistry, RegisteredSchedulerIsMadeByName) {
 TEST(SchedulerRegistry, UnknownTypeListsRegisteredNames) {
   auto opt = make_adam();
   try {
-    strata::make_scheduler(config("CosineLR", cosine_params("log")), *opt);
+    strata::make_scheduler(scheduler_config("CosineLR", cosine_params("log")), *opt);
     FAIL() << "no error for an unknown scheduler";
   } catch (const strata::Error& e) {
     const std::string what = e.what();
@@ -720,7 +720,7 @@ TEST(SchedulerRegistry, MissingParamNamesItsPath) {
   json p = warmup_params("log");
   p.erase("warmup_num_steps");
   try {
-    strata::make_scheduler(config("WarmupLR", p), *opt);
+    strata::make_scheduler(scheduler_config("WarmupLR", p), *opt);
     FAIL() << "no error for a missing param";
   } catch (const strata::Error& e) {
     EXPECT_NE(std::string(e.what()).find("scheduler.params.warmup_num_steps"), std::string::npos)
