@@ -31,9 +31,9 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <torch/torch.h>
 
 #include "runtime/checkpoint/bounded_json.h"
-#include <torch/torch.h>
 
 namespace strata::checkpoint {
 
@@ -69,7 +69,6 @@ uint64_t tensor_bytes(const std::vector<int64_t>& shape, torch::ScalarType dtype
 int64_t json_int(const json& value, const std::string& where);
 uint64_t json_uint(const json& value, const std::string& where);
 std::vector<int64_t> json_ints(const json& value, const std::string& where);
-
 
 // Checks `actual` (what `path` holds) against `expected`: the same names, and for each the same
 // shape and dtype. Throws strata::Error naming the file and the first tensor that differs.
