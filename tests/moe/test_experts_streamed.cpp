@@ -45,6 +45,16 @@ struct StreamedCase {
   int64_t unit;
 };
 
+std::string case_name(const StreamedCase& c) {
+  return std::string(c.kernel == ExpertKernel::Grouped ? "grouped" : "batched") +
+         (c.drop_tokens ? "_drop" : "_dropless") + (c.bias ? "_bias" : "_nobias") + "_unit" +
+         std::to_string(c.unit);
+}
+
+// The case as its CTest name shows it (without this, gtest prints the struct's bytes, padding
+// among them).
+void PrintTo(const StreamedCase& c, std::ostream* os) { *os << case_name(c); }
+
 class StreamedVsStacked : public ::testing::TestWithParam<StreamedCase> {};
 
 TEST_P(StreamedVsStacked, SameOutputsAndGradients) {
@@ -98,12 +108,7 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamedCase{ExpertKernel::Grouped, true, true, 1},   // packed routes, drops
                       StreamedCase{ExpertKernel::Grouped, false, true, 3},  // dropless, 3 + 3 + 2
                       StreamedCase{ExpertKernel::Grouped, false, false, 2}),
-    [](const auto& info) {
-      const auto& c = info.param;
-      return std::string(c.kernel == ExpertKernel::Grouped ? "grouped" : "batched") +
-             (c.drop_tokens ? "_drop" : "_dropless") + (c.bias ? "_bias" : "_nobias") + "_unit" +
-             std::to_string(c.unit);
-    });
+    [](const auto& info) { return case_name(info.param); });
 
 // Op inputs' storages seen while a callback is installed.
 std::mutex g_mutex;

@@ -37,6 +37,10 @@ struct Case {
   bool expert_bias = true;
 };
 
+// The case as its CTest name shows it (without this, gtest prints the struct's bytes, a pointer
+// among them, and the name changes from build to build).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class LayerVsReference : public ::testing::TestWithParam<Case> {};
 
 void check_against_reference(const Case& cs, ExpertKernel kernel) {

@@ -41,6 +41,12 @@ struct RunSetup {
   const char* optimizer;
 };
 
+// The case as its CTest name shows it (without this, gtest prints the struct's bytes, a pointer
+// among them, and the name changes from build to build).
+void PrintTo(const RunSetup& s, std::ostream* os) {
+  *os << "stage" << s.stage << (s.bf16 ? "_bf16_" : "_fp32_") << s.optimizer;
+}
+
 json config_for(const RunSetup& s) {
   json c = {{"train_micro_batch_size_per_gpu", 8},
             {"gradient_accumulation_steps", 2},
