@@ -13,9 +13,9 @@
 #   tsan-build  build-tsan/: ThreadSanitizer over the code of Strata's own threads: comm (Gloo's
 #               worker, liveness, the store), the launcher (its pumps, strata-run) and the NVMe
 #               store with the optimizer swapper (io_uring workers, pipelined tiles): their test
-#               binaries and strata-run ("tsan" in STRATA_TEST_STAGES; about 7.5 minutes cold on
-#               2 cores, which would take the test command past the 35 minutes it is held to
-#               there, hence not a default stage)
+#               binaries and strata-run ("tsan" in STRATA_TEST_STAGES; about 3 minutes cold on
+#               2 cores, which would leave the test command no margin under the 35 minutes it is
+#               held to there, hence not a default stage)
 #   tsan-suite  their CTest suites (label tsan; scripts/sanitizers/tsan.supp says what is
 #               suppressed and why)
 #   build       build/ in Release, as scripts/bootstrap.sh configures it, every target
