@@ -286,6 +286,9 @@ int run(const Args& args) {
   for (int64_t i = 0; i < args.steps; ++i) losses.push_back((loss = step()).detach());
   synchronize(device);
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count() / args.steps;
+  // The timed steps' traffic (the profile's and the memory phases' steps come after).
+  const int64_t h2d1 = h2d_bytes();
+  const auto nvme = engine->nvme_traffic();
 
   // The peer's arithmetic: 6 x active parameters x tokens + causal attention counted half.
   const double tok = double(batch * seq * engine->gradient_accumulation_steps());
@@ -331,7 +334,36 @@ int run(const Args& args) {
         double(dropped) / double(moe_layers.size() * batch * seq * cfg.top_k);
     r["ep_size"] = moe_layers.front()->options().ep_size;
   }
-  if (const int64_t h2d = h2d_bytes() - h2d0; h2d > 0) {
+#if STRATA_BENCH_CUDA
+  if (device.is_cuda() && engine->gradient_accumulation_steps() == 1) {
+    // Where the peak lies: one more step, the caching allocator's peak in each phase and what
+    // stays allocated at its end, beside the engine's own count of model states.
+    const int index = device.index() < 0 ? 0 : device.index();
+    auto allocated_now = [&] {
+      return c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[0].current /
+             double(1 << 30);
+    };
+    nlohmann::json phases;
+    auto phase = [&](const char* name, auto&& body) {
+      synchronize(device);
+      reset_peak_memory(device);
+      body();
+      synchronize(device);
+      phases[name] = {{"peak_GiB", peak_memory_gib(device)}, {"end_GiB", allocated_now()}};
+    };
+    torch::Tensor phase_loss;
+    phase("forward", [&] { phase_loss = engine->forward(tokens, targets); });
+    phase("backward", [&] { engine->backward(phase_loss); phase_loss = torch::Tensor(); });
+    phase("step", [&] { engine->step(); });
+    const auto states = engine->model_state_bytes();
+    phases["model_states_GiB"] = {{"params", states.params / double(1 << 30)},
+                                  {"grads", states.grads / double(1 << 30)},
+                                  {"master", states.master / double(1 << 30)},
+                                  {"optimizer", states.optimizer / double(1 << 30)}};
+    r["memory_phases"] = phases;
+  }
+#endif
+  if (const int64_t h2d = h2d1 - h2d0; h2d > 0) {
     // Against the parameters' own bytes: every unit comes over twice a step (forward, backward).
     int64_t param_bytes = 0;
     for (const auto* u : {engine->stage3_units(), engine->stage3_expert_units()})
@@ -341,7 +373,7 @@ int run(const Args& args) {
                           {"param_GB", double(param_bytes) / 1e9},
                           {"h2d_GB_s", per_step / dt / 1e9}};
   }
-  if (const auto nvme = engine->nvme_traffic(); nvme.read_bytes + nvme.written_bytes > 0) {
+  if (nvme.read_bytes + nvme.written_bytes > 0) {
     // NVMe offload: this rank's disk traffic per step, and the time the step waited for it.
     const double n = double(args.steps);
     const double read = double(nvme.read_bytes - nvme0.read_bytes) / n;

@@ -305,7 +305,10 @@ std::vector<zero::ParamCoordinator::Scope> Engine::begin_forward() {
 }
 
 void Engine::end_forward() {
-  for (auto* c : coordinators()) c->rethrow_if_failed();
+  for (auto* c : coordinators()) {
+    c->end_forward();
+    c->rethrow_if_failed();
+  }
 }
 
 int64_t Engine::live_param_bytes_peak() const {

@@ -294,7 +294,9 @@ void ParamCoordinator::release_unit(size_t u) {
 void ParamCoordinator::prefetch() {
   if (options_.prefetch_numel <= 0) return;
   int64_t ahead = ahead_numel_, live = units_->live_numel();
-  for (size_t k = pos_; k < trace_.size(); ++k) {
+  // Not across the turn: backward's first units would sit through the loss, the step's peak.
+  const size_t end = phase_ == Phase::kForward ? std::min(trace_turn_, trace_.size()) : trace_.size();
+  for (size_t k = pos_; k < end; ++k) {
     const size_t v = size_t(trace_[k]);
     const auto& unit = units_->unit(v);
     if (unit.gathered) continue;
@@ -317,12 +319,26 @@ void ParamCoordinator::prefetch() {
   }
 }
 
+void ParamCoordinator::end_forward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  micro_turn_ = micro_.size();
+  // A copy of the live list, which release_unit changes.
+  const std::vector<size_t> live = units_->live_units();
+  for (size_t v : live)
+    if (!pinned_[v] && held_[v] == 0 && !kept_for_reuse(v)) release_unit(v);
+  // Backward's first use is a use of its own, kept or not, so that every micro-step records the
+  // same uses.
+  current_.clear();
+}
+
 void ParamCoordinator::end_micro_step() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!on_trace_ || pos_ != trace_.size()) {
     trace_ = micro_;
+    trace_turn_ = micro_turn_;
     index_trace();
   }
+  micro_turn_ = SIZE_MAX;
   micro_.clear();
   pos_ = 0;
   on_trace_ = !trace_.empty() && options_.prefetch_numel + options_.max_reuse_distance > 0;

@@ -18,7 +18,10 @@
 // previous unit-touching op did not) is recorded over a micro-step; the next micro-steps follow
 // that trace and launch the gathers of the next units ahead (stage3_prefetch_bucket_size
 // elements in flight, or one unit larger than that, bounded by stage3_max_live_parameters), and
-// keep a unit whose next use comes within stage3_max_reuse_distance elements. A micro-step that
+// keep a unit whose next use comes within stage3_max_reuse_distance elements. The forward's end
+// is a turn (end_forward()): the units not kept for reuse are released there and the forward's
+// prefetch stops short of it, so nothing gathered for backward waits through the loss; with
+// stage3_max_reuse_distance 0 every parameter travels once each way per micro-step. A micro-step that
 // leaves the trace (a branch taken the same way on every rank) falls back to gather-on-use, says
 // so once, and is recorded as the new trace.
 //
@@ -88,6 +91,12 @@ class ParamCoordinator {
   void unpin();
   // Releases every gathered unit that is not pinned or persistent.
   void release_all();
+  // After the engine's forward: the turn to backward. Every unit not kept for reuse within
+  // stage3_max_reuse_distance is released (the model's last units too, as DeepSpeed releases a
+  // module's parameters after its forward), and the forward's prefetch never reaches past this
+  // point of the trace, so the loss and its backward run with no unit gathered for backward
+  // yet; backward gathers its first units on use and prefetches from there.
+  void end_forward();
   // After each micro-step's backward: the trace is followed again from its start (or replaced
   // by this micro-step's uses when they left it).
   void end_micro_step();
@@ -145,6 +154,8 @@ class ParamCoordinator {
   std::vector<int32_t> record_;  // uses since the last check_same_gathers()
   std::vector<int32_t> micro_;   // uses in this micro-step
   std::vector<int32_t> trace_;   // the uses of the micro-step that recorded it
+  size_t micro_turn_ = SIZE_MAX;  // uses of this micro-step before its (last) forward ended
+  size_t trace_turn_ = SIZE_MAX;  // the same for trace_: the forward's prefetch stops there
   size_t pos_ = 0;               // the next use the trace expects
   bool on_trace_ = false;
   std::vector<size_t> current_;  // the units of the last op that touched any

@@ -17,6 +17,10 @@ inline void view_into(torch::Tensor& p, const torch::Tensor& flat, int64_t offse
   const std::vector<int64_t> sizes = p.sizes().vec();
   std::vector<int64_t> strides(sizes.size(), 1);
   for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
+  // A host-built parameter whose unit lives on the GPU (InitOptions::device): LibTorch 2.x's
+  // set_ refuses a storage of another device, so the tensor moves first, as Module::to moves it
+  // (set_data keeps the TensorImpl).
+  if (p.device() != flat.device()) p.set_data(torch::empty({0}, flat.options()));
   p.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
 }
 

@@ -203,6 +203,50 @@ void memory_follows_the_formula(int r, int w) {
 
 TEST(Stage3Worker, MemoryFollowsTheFormula) { memory_follows_the_formula(rank(), world()); }
 
+// The forward's end is a turn: with stage3_max_reuse_distance 0 no unit stays gathered through
+// the loss (not the tied head the forward used last, not one prefetched for backward), so every
+// use gathers once each way. With the default distance (DeepSpeed's 1e9 elements, which keeps
+// every unit of this model between its uses) the head the backward starts with stays.
+TEST(Stage3Worker, TheForwardsEndReleasesEveryUnitNotKeptForReuse) {
+  for (const bool keep : {false, true}) {
+    torch::manual_seed(5);
+    Net net(4);
+    const int64_t block = (kDim * 2 * kDim + 2 * kDim) + (2 * kDim * kDim + kDim);
+    auto config = stage3_config(4 * world(), 1);
+    config["zero_optimization"]["stage3_prefetch_bucket_size"] = 2 * block;
+    if (!keep) config["zero_optimization"]["stage3_max_reuse_distance"] = 0;
+    auto engine = strata::initialize(net, config);
+    const auto* units = engine->stage3_units();
+    auto* coordinator = engine->stage3_coordinator();
+    const auto x = torch::randint(0, kVocab, {4, 6}), y = torch::randint(0, kVocab, {4, 6});
+    for (int step = 0; step < 3; ++step) {
+      const int64_t gathers_before = coordinator->gathers();
+      auto loss = engine->forward(x, y);
+      const auto& live = units->live_units();  // persistent ones aside
+      bool head_live = false;
+      for (size_t u : live) head_live = head_live || units->unit(u).names.front() == "emb.weight";
+      if (!keep) {
+        EXPECT_TRUE(live.empty()) << "step " << step << ": " << live.size() << " units gathered";
+      } else if (step > 0) {  // on the trace: the unit backward uses first stays
+        EXPECT_TRUE(head_live) << "step " << step;
+      }
+      engine->backward(loss);
+      engine->step();
+      // Forward: emb, blocks 0-3, the head (emb's unit again); backward: the head, blocks 3-0
+      // (the embedding's backward reads no weight).
+      const int64_t gathers = coordinator->gathers() - gathers_before;
+      if (step > 0) {
+        if (keep)
+          EXPECT_EQ(gathers, 5) << "step " << step;  // each unit once
+        else
+          EXPECT_EQ(gathers, 6 + 5) << "step " << step;
+      }
+    }
+    EXPECT_EQ(coordinator->trace_departures(), 0) << "keep " << keep;
+    EXPECT_GT(coordinator->prefetches(), 0) << "keep " << keep;
+  }
+}
+
 // ---- mistakes ------------------------------------------------------------------------------------
 
 // Reading a weight between steps would need a gather the other ranks never join: NaN, and the
@@ -645,7 +689,7 @@ TEST_P(Stage3Ranks, EveryWorkerCasePassesOnEveryRank) {
   std::string output;
   EXPECT_EQ(strata::test_support::launch_workers(kWorker, GetParam(), "Stage3Worker.*", &output), 0)
       << output;
-  EXPECT_NE(output.find("[  PASSED  ] 9 tests"), std::string::npos) << output;
+  EXPECT_NE(output.find("[  PASSED  ] 10 tests"), std::string::npos) << output;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Stage3Ranks, testing::Values(2, 4));
