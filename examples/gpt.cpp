@@ -141,6 +141,22 @@ torch::Tensor BlockImpl::forward(torch::Tensor x) {
   return x + dropout(ffn_.forward<torch::Tensor>(norm2_(x)));
 }
 
+// A plain MLP block keeps its last product out of the recomputation: backward needs its input
+// (recomputed) and its weight, never its output. With dropout after it (while training) or an MoE
+// feed-forward the block is checkpointed as it is.
+torch::Tensor BlockImpl::forward_checkpointed(torch::Tensor x) {
+  auto mlp = std::dynamic_pointer_cast<MLPImpl>(ffn_.ptr());
+  if (!mlp || (dropout_ > 0 && is_training()))
+    return ckpt::checkpoint(std::dynamic_pointer_cast<BlockImpl>(shared_from_this()), x);
+  return ckpt::checkpoint_residual_into_linear(
+      name(),
+      [this, mlp](const torch::Tensor& in) {
+        auto h = in + dropout(attn_(norm1_(in)));
+        return std::make_pair(F::gelu(mlp->fc(norm2_(h))), h);
+      },
+      parameters(), x, mlp->proj);
+}
+
 // Selective activation checkpointing: the same computation, with the outputs of the linear
 // layers kept and what lies between them (norms, the attention core and its dropout, GELU)
 // recomputed in backward. An MoE feed-forward runs as it is.
@@ -177,6 +193,7 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
                           torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
   const auto policy = ckpt::CheckpointPolicy::parse(config.checkpointing);
   if (policy.kind == ckpt::CheckpointPolicy::Kind::kEvery) checkpoint_every_ = policy.every;
+  chunked_loss_ = policy.kind != ckpt::CheckpointPolicy::Kind::kNone;
   if (config.tied) {
     // GPT-2's initialisation: with N(0, 1) embeddings the tied head's logits would start huge.
     torch::NoGradGuard no_grad;
@@ -194,24 +211,46 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
   }
 }
 
-torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) {
+torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens) {
   auto x = embed_(tokens);
   if (config_.zoo) x = x * frozen_scale_;
-  if (checkpoint_every_ > 0) {
-    ckpt::CheckpointPolicy policy;
-    policy.kind = ckpt::CheckpointPolicy::Kind::kEvery;
-    policy.every = checkpoint_every_;
-    x = ckpt::checkpoint_blocks<Block>(blocks_, x, policy);
-  } else {
-    for (auto& block : *blocks_) x = block->as<Block>()->forward(x);
+  for (size_t i = 0; i < blocks_->size(); ++i) {
+    auto* block = blocks_[i]->as<Block>();
+    const bool checkpointed = checkpoint_every_ > 0 && (int64_t(i) + 1) % checkpoint_every_ == 0;
+    x = checkpointed ? block->forward_checkpointed(x) : block->forward(x);
   }
   if (config_.zoo) x = blocks_[0]->as<Block>()->forward(x);  // block 0 used twice
-  return config_.tied ? F::linear(norm_(x), embed_->weight) : head_(norm_(x));
+  return norm_(x);
 }
 
+torch::Tensor GPTImpl::head(const torch::Tensor& h) {
+  return config_.tied ? F::linear(h, embed_->weight) : head_(h);
+}
+
+torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) { return head(hidden(tokens)); }
+
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
-  auto out = logits(tokens).to(torch::kFloat);
-  auto loss = F::cross_entropy(out.view({-1, config_.vocab}), targets.reshape({-1}));
+  torch::Tensor loss;
+  if (chunked_loss_ && torch::GradMode::is_enabled()) {
+    const auto h = hidden(tokens);
+    const auto rows = h.reshape({-1, config_.d_model});
+    const auto t = targets.reshape({-1});
+    const std::vector<torch::Tensor> head_params{config_.tied ? embed_->weight : head_->weight};
+    const auto chunk_loss = [this](const torch::Tensor& hc, const torch::Tensor& tc) {
+      return F::cross_entropy(head(hc).to(torch::kFloat), tc,
+                              F::CrossEntropyFuncOptions().reduction(torch::kSum));
+    };
+    for (int64_t s = 0; s < rows.size(0); s += kLossChunk) {
+      const int64_t n = std::min(kLossChunk, rows.size(0) - s);
+      auto part = ckpt::checkpoint_named("loss", chunk_loss, head_params, rows.narrow(0, s, n),
+                                         t.narrow(0, s, n));
+      loss = loss.defined() ? loss + part : part;
+    }
+    loss = loss / double(rows.size(0));
+  } else {
+    auto out = logits(tokens).to(torch::kFloat);
+    loss = F::cross_entropy(out.view({-1, config_.vocab}), targets.reshape({-1}));
+  }
   if (config_.zoo) loss = loss + 1e-2 * odd_.to(torch::kFloat).square().mean();
   if (aux_loss_) {
     const auto aux = aux_loss_();

@@ -94,6 +94,8 @@ class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const GPTConfig& config, torch::nn::AnyModule ffn, const std::string& ffn_name);
   torch::Tensor forward(torch::Tensor x);
+  // The block checkpointed whole (the "every" policies): only x is kept for backward.
+  torch::Tensor forward_checkpointed(torch::Tensor x);
 
  private:
   torch::Tensor dropout(const torch::Tensor& x);
@@ -113,15 +115,22 @@ class GPTImpl : public torch::nn::Module {
   explicit GPTImpl(const GPTConfig& config, FeedForward ffn = {});
   // Logits [batch, seq, vocab] for tokens [batch, seq].
   torch::Tensor logits(const torch::Tensor& tokens);
-  // Mean next-token cross-entropy (computed in fp32) of tokens against targets.
+  // Mean next-token cross-entropy (computed in fp32) of tokens against targets. With activation
+  // checkpointing (any policy) the head and the loss run in checkpointed chunks of kLossChunk
+  // tokens, so that the fp32 logits and their gradient never exist whole (at 8 x 2048 tokens and
+  // a 32k vocabulary they are 2 GiB each, the largest activations of a checkpointed step).
   torch::Tensor forward(const torch::Tensor& tokens, const torch::Tensor& targets);
+  static constexpr int64_t kLossChunk = 2048;
   const GPTConfig& config() const { return config_; }
 
  private:
   GPTConfig config_;
   torch::nn::Embedding embed_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};
+  torch::Tensor hidden(const torch::Tensor& tokens);  // the last norm's output
+  torch::Tensor head(const torch::Tensor& h);
   int64_t checkpoint_every_ = 0;  // > 0: blocks checkpointed by that policy (gpt.cpp)
+  bool chunked_loss_ = false;     // any checkpointing policy
   torch::nn::LayerNorm norm_{nullptr};
   torch::nn::Linear head_{nullptr};  // untied
   // zoo only (else undefined / null)

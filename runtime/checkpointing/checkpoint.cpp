@@ -114,8 +114,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       outs = c.fn(inputs);
     }
     if (c.options.tail_weight.defined()) {
-      for (auto& o : outs)
-        o = torch::nn::functional::linear(o, c.options.tail_weight, c.options.tail_bias);
+      for (size_t k = 0; k < outs.size() && k < c.options.tail_outputs; ++k)
+        outs[k] = torch::nn::functional::linear(outs[k], c.options.tail_weight, c.options.tail_bias);
     }
     synchronize_if(c);
     const double forward_ms = ms_since(start);
@@ -189,7 +189,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       const auto& w = c.options.tail_weight;
       for (size_t k = 0; k < outs.size(); ++k) {
         if (!grads[k].defined() || !outs[k].requires_grad()) continue;
-        if (k < c.n_outputs && w.defined()) {
+        if (k < c.n_outputs && k < c.options.tail_outputs && w.defined()) {
           // The linear layer's backward by hand: the recomputed h and the weight in the
           // forward's autocast dtype, products as LibTorch's mm backward forms them.
           const auto h = cast_for_linear(outs[k]);
@@ -260,8 +260,8 @@ std::vector<torch::Tensor> checkpoint_tensors(const CheckpointFn& fn,
     // its remember() and side outputs go to the outer region).
     auto outs = fn(inputs);
     if (options.tail_weight.defined())
-      for (auto& o : outs)
-        o = torch::nn::functional::linear(o, options.tail_weight, options.tail_bias);
+      for (size_t k = 0; k < outs.size() && k < options.tail_outputs; ++k)
+        outs[k] = torch::nn::functional::linear(outs[k], options.tail_weight, options.tail_bias);
     return outs;
   }
   auto call = std::make_shared<Call>();

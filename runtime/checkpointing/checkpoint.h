@@ -82,6 +82,7 @@ struct CheckpointOptions {
   // linear(., tail_weight, tail_bias), whose product is computed once, in forward; backward
   // recomputes `fn` only and runs the linear layer's backward by hand.
   torch::Tensor tail_weight, tail_bias;
+  size_t tail_outputs = SIZE_MAX;  // how many of fn's leading outputs go through it
 };
 
 // Runs fn(inputs) checkpointed, `params` being the tensors the function reads besides its
@@ -266,6 +267,29 @@ torch::Tensor checkpoint_into_linear(Fn fn, const std::vector<torch::Tensor>& fn
     return std::vector<torch::Tensor>{fn(t.at(0))};
   };
   return checkpoint_tensors(core, {x}, fn_params, options).at(0);
+}
+
+// A residual block that ends in a linear layer, checkpointed whole: fn(x) returns {g, r} and the
+// block's result is r + linear(g). Only x is kept; backward recomputes fn but not the linear
+// layer's product, whose output backward never needs (its backward is computed by hand from the
+// recomputed g). PyTorch's non-reentrant checkpoint gets the same saving by stopping its
+// recomputation once every saved tensor is back; here the block says where its last product is.
+// `fn_params`: every parameter fn reads (the linear layer's are added).
+template <class Fn>
+torch::Tensor checkpoint_residual_into_linear(std::string name, Fn fn,
+                                              const std::vector<torch::Tensor>& fn_params,
+                                              const torch::Tensor& x, torch::nn::Linear& linear) {
+  CheckpointOptions options;
+  options.name = std::move(name);
+  options.tail_weight = linear->weight;
+  options.tail_bias = linear->bias;
+  options.tail_outputs = 1;
+  CheckpointFn core = [fn](const std::vector<torch::Tensor>& t) {
+    auto [g, r] = fn(t.at(0));
+    return std::vector<torch::Tensor>{g, r};
+  };
+  const auto outs = checkpoint_tensors(core, {x}, fn_params, options);
+  return outs.at(1) + outs.at(0);
 }
 
 }  // namespace strata::checkpointing

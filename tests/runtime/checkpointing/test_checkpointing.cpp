@@ -2,9 +2,11 @@
 // function run without checkpointing is the reference, gradients to 1e-6.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <tuple>
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "moe/layer.h"
@@ -97,6 +99,53 @@ TEST(Checkpoint, GradientsEqualThePlainRunUnderBackwardAndGrad) {
     expect_same(ref, got, use_grad ? "autograd::grad" : "backward");
     EXPECT_TRUE(torch::equal(after_ref, after_got)) << "the generator moved on differently";
   }
+}
+
+// checkpoint_residual_into_linear: the block r + proj(g) checkpointed whole, with dropout inside
+// fn, gives the plain run's gradients (backward and autograd::grad, under autocast-free fp32),
+// and its backward runs one linear product fewer than a plain checkpoint of the block: the
+// last product is never recomputed.
+TEST(Checkpoint, AResidualBlockIntoALinearLayerSkipsItsLastProductInBackward) {
+  torch::manual_seed(11);
+  Block block;
+  const auto x0 = torch::randn({4, 5, 16});
+  auto fn = [&](const torch::Tensor& x) {
+    auto g = F::dropout(F::gelu(block->fc(block->norm(x))), F::DropoutFuncOptions().p(0.3).training(true));
+    return std::make_pair(g, x);
+  };
+  // Linear layers' products while backward runs, nothing else running meanwhile: aten::linear on
+  // these shapes runs aten::matmul (LibTorch 1.13) or aten::addmm (2.x); the backward's own
+  // products are aten::mm.
+  static std::atomic<int64_t> linears{0};
+  auto handle = at::addGlobalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& f) -> std::unique_ptr<at::ObserverContext> {
+        const std::string name = f.name();
+        if (name == "aten::matmul" || name == "aten::addmm") ++linears;
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  std::vector<torch::Tensor> ref, got;
+  int64_t plain_checkpoint_linears = 0, tail_linears = 0;
+  for (int variant = 0; variant < 3; ++variant) {  // plain, checkpoint(block), into the linear
+    auto x = x0.clone().requires_grad_(true);
+    torch::manual_seed(42);
+    auto y = variant == 0   ? block->forward(x)
+             : variant == 1 ? ckpt::checkpoint(block, x)
+                            : ckpt::checkpoint_residual_into_linear("block", fn, block->parameters(), x,
+                                                                    block->proj);
+    auto loss = (y * y).sum();
+    linears = 0;
+    loss.backward();
+    if (variant == 1) plain_checkpoint_linears = linears;
+    if (variant == 2) tail_linears = linears;
+    auto grads = param_grads(*block);
+    grads.push_back(x.grad());
+    if (variant == 0) ref = grads;
+    if (variant == 2) got = grads;
+  }
+  at::removeCallback(handle);
+  expect_same(ref, got, "into the linear layer");
+  EXPECT_EQ(plain_checkpoint_linears, 2);  // fc and proj recomputed
+  EXPECT_EQ(tail_linears, 1);              // fc only
 }
 
 // A first block fed by a frozen embedding: no input requires grad, the parameters still get theirs.
