@@ -63,6 +63,14 @@ torch::Tensor cast_for_linear(const torch::Tensor& t) {
   return t.scalar_type() == dtype || t.scalar_type() == at::kDouble ? t : t.to(dtype);
 }
 
+// A tensor of t's shape, dtype and device over one element (zero strides) on t's place in the
+// graph: what autograd::grad reads of an output (its edge, its metadata) without t's bytes.
+torch::Tensor stand_in(const torch::Tensor& t) {
+  auto s = torch::empty_strided(t.sizes(), std::vector<int64_t>(size_t(t.dim()), 0), t.options());
+  torch::autograd::impl::set_gradient_edge(s, torch::autograd::impl::gradient_edge(t));
+  return s;
+}
+
 // Throws when the recomputed graph reaches a leaf that requires grad and is neither an input nor
 // a parameter of the checkpoint: its gradient would be lost.
 void check_leaves(const std::vector<torch::Tensor>& outputs,
@@ -214,6 +222,12 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       }
     }
     check_leaves(grad_sources, targets, c.options.name);
+    // The recomputed outputs themselves (a block's output, the input of a tail's product) are
+    // no part of the graph's own backward (a node that needs its result saved it): stand-ins
+    // keep their places in the graph, and their bytes go before that backward runs.
+    for (auto& source : grad_sources)
+      if (source.grad_fn()) source = stand_in(source);
+    outs.clear();
     std::vector<torch::Tensor> target_grads;
     if (!grad_sources.empty() && !targets.empty())
       target_grads = torch::autograd::grad(grad_sources, targets, out_grads,
