@@ -193,13 +193,8 @@ std::vector<size_t> ParamCoordinator::on_op(const at::RecordFunction& fn) {
       fresh.push_back(u);
     }
   // The units this op does not read, and no op still running holds: their use is over for now.
-  // (The gathered ones only: a copy of the live list, which release_unit changes.) Released
-  // before the new units are gathered, so that the gathered bytes never hold both.
-  const std::vector<size_t> live = units_->live_units();
-  for (size_t v : live)
-    if (!pinned_[v] && held_[v] == 0 && std::find(touched.begin(), touched.end(), v) == touched.end() &&
-        !kept_for_reuse(v))
-      release_unit(v);
+  // Released before the new units are gathered, so that the gathered bytes never hold both.
+  release_idle(touched);
   for (size_t u : fresh) bring(u, fn.name());
   current_ = touched;
   if (on_trace_) prefetch();
@@ -285,6 +280,15 @@ void ParamCoordinator::finish_prefetch(size_t u) {
   }
 }
 
+void ParamCoordinator::release_idle(const std::vector<size_t>& in_use) {
+  // A copy of the live list, which release_unit changes.
+  const std::vector<size_t> live = units_->live_units();
+  for (size_t v : live)
+    if (!pinned_[v] && held_[v] == 0 && std::find(in_use.begin(), in_use.end(), v) == in_use.end() &&
+        !kept_for_reuse(v))
+      release_unit(v);
+}
+
 void ParamCoordinator::release_unit(size_t u) {
   finish_prefetch(u);  // its bytes may still be being written
   set_prefetched(u, false);
@@ -322,10 +326,7 @@ void ParamCoordinator::prefetch() {
 void ParamCoordinator::end_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
   micro_turn_ = micro_.size();
-  // A copy of the live list, which release_unit changes.
-  const std::vector<size_t> live = units_->live_units();
-  for (size_t v : live)
-    if (!pinned_[v] && held_[v] == 0 && !kept_for_reuse(v)) release_unit(v);
+  release_idle({});
   // Backward's first use is a use of its own, kept or not, so that every micro-step records the
   // same uses.
   current_.clear();

@@ -141,6 +141,9 @@ class ParamCoordinator {
   void index_trace();  // trace_uses_ and trace_prefix_ from trace_
   void finish_prefetch(size_t u);
   void release_unit(size_t u);
+  // Releases the gathered units that are not pinned, held by a running op, in `in_use` or kept
+  // for reuse.
+  void release_idle(const std::vector<size_t>& in_use);
   void prefetch();
 
   std::shared_ptr<ParamUnits> units_;

@@ -63,6 +63,14 @@ torch::Tensor cast_for_linear(const torch::Tensor& t) {
   return t.scalar_type() == dtype || t.scalar_type() == at::kDouble ? t : t.to(dtype);
 }
 
+// The tail linear layer (checkpoint_into_linear, checkpoint_residual_into_linear) on the leading
+// outputs it takes: computed once, in the forward.
+void apply_tail(std::vector<torch::Tensor>& outs, const CheckpointOptions& options) {
+  if (!options.tail_weight.defined()) return;
+  for (size_t k = 0; k < outs.size() && k < options.tail_outputs; ++k)
+    outs[k] = torch::nn::functional::linear(outs[k], options.tail_weight, options.tail_bias);
+}
+
 // A tensor of t's shape, dtype and device over one element (zero strides) on t's place in the
 // graph: what autograd::grad reads of an output (its edge, its metadata) without t's bytes.
 torch::Tensor stand_in(const torch::Tensor& t) {
@@ -121,10 +129,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       recompute::RegionScope scope(region);
       outs = c.fn(inputs);
     }
-    if (c.options.tail_weight.defined()) {
-      for (size_t k = 0; k < outs.size() && k < c.options.tail_outputs; ++k)
-        outs[k] = torch::nn::functional::linear(outs[k], c.options.tail_weight, c.options.tail_bias);
-    }
+    apply_tail(outs, c.options);
     synchronize_if(c);
     const double forward_ms = ms_since(start);
     c.tape = std::move(region.tape);
@@ -273,9 +278,7 @@ std::vector<torch::Tensor> checkpoint_tensors(const CheckpointFn& fn,
     // No graph to save anything for: the function as it is (in an outer checkpoint's forward,
     // its remember() and side outputs go to the outer region).
     auto outs = fn(inputs);
-    if (options.tail_weight.defined())
-      for (size_t k = 0; k < outs.size() && k < options.tail_outputs; ++k)
-        outs[k] = torch::nn::functional::linear(outs[k], options.tail_weight, options.tail_bias);
+    apply_tail(outs, options);
     return outs;
   }
   auto call = std::make_shared<Call>();
