@@ -9,6 +9,14 @@
 // Strata's process group (NCCL on GPUs), at nccl_bw.py's sizes and its bus-bandwidth formula, so
 // the two print side by side. Run it under strata-run on every rank.
 //   strata-run --num_gpus 2 -- strata-bench a2a [--sizes-mib 16,64,256,1024] [--iters 20]
+// strata-bench moe-ops: one MoE layer's forward + backward (by default moe-ds's: 64 experts of
+// FFN 512, top-6, sigmoid + bias, 2 shared experts, dropless, 8 x 2048 tokens of width 1024),
+// counted op by op (bench/op_census.h): the kernels and bytes of everything that is not a matrix
+// product, beside the products'. On the CPU the grouped kernel's loop stands in for _grouped_mm,
+// so the dispatch around it is the GPU's.
+//   strata-bench moe-ops [--experts 64] [--k 6] [--hidden 1024] [--ffn 512] [--shared 2]
+//                        [--tokens 16384] [--seq 2048] [--reps 1] [--top 30] [--device cpu|cuda]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -24,6 +33,7 @@
 #endif
 
 #include "bench/bench_device.h"
+#include "bench/op_census.h"
 #include "comm/process_group.h"
 #include "moe/gate.h"
 #include "moe/layer.h"
@@ -122,6 +132,73 @@ int run_moe_dispatch(int argc, char** argv) {
     std::printf("%s\n", r.dump().c_str());
     x.mutable_grad() = torch::Tensor();
   }
+  return 0;
+}
+
+int run_moe_ops(int argc, char** argv) {
+  const int64_t E = flag_value(argc, argv, "--experts", 64);
+  const int64_t k = flag_value(argc, argv, "--k", 6);
+  const int64_t d = flag_value(argc, argv, "--hidden", 1024);
+  const int64_t f = flag_value(argc, argv, "--ffn", 512);
+  const int64_t shared = flag_value(argc, argv, "--shared", 2);
+  const int64_t S = flag_value(argc, argv, "--tokens", 16384);
+  const int64_t T = flag_value(argc, argv, "--seq", 2048);
+  const int64_t reps = flag_value(argc, argv, "--reps", 1);
+  const int64_t top = flag_value(argc, argv, "--top", 30);
+  const auto device = bench_device(flag_text(argc, argv, "--device", ""));
+  const auto dtype = device.is_cuda() ? torch::kBFloat16 : torch::kFloat;
+  if (S % T != 0) throw Error(fmt::format("moe-ops: --tokens {} is not a multiple of --seq {}", S, T));
+  moe::MoEOptions o(d, f, E);
+  o.k = k;
+  o.score_func = moe::ScoreFunc::Sigmoid;
+  o.bias_update_speed = 1e-3;
+  o.n_shared_experts = shared;
+  o.drop_tokens = false;
+  o.aux_loss_coef = 0.0;
+  o.expert_bias = false;
+  moe::MoE layer(o);
+  layer->to(device, dtype);
+  layer->experts->set_kernel(moe::ExpertKernel::Grouped);  // the GPU's path, on any device
+  const auto x = torch::randn({S / T, T, d}, torch::TensorOptions().device(device).dtype(dtype))
+                     .requires_grad_(true);
+  auto step = [&] {
+    // Gradients start unset, as after the engine's step: backward writes them, adds nothing.
+    for (auto& p : layer->parameters()) p.mutable_grad() = torch::Tensor();
+    x.mutable_grad() = torch::Tensor();
+    auto y = layer->forward(x);
+    (y.to(torch::kFloat).square().mean() + layer->loss()).backward();
+  };
+  step();  // warm-up: first-call allocations and lazy initialisation are not counted
+  synchronize(device);
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < reps; ++i) step();
+  synchronize(device);
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / reps;
+  OpCensus census;
+  step();
+  synchronize(device);
+  census.stop();
+  const auto mem = census.memory_total(), prod = census.products_total();
+  nlohmann::json r = {{"name", "moe layer ops (forward + backward)"}, {"device", device.str()},
+                      {"experts", E}, {"k", k}, {"hidden", d}, {"ffn", f}, {"shared", shared},
+                      {"tokens", S}, {"ms", ms},
+                      {"memory_ops_calls", mem.calls}, {"memory_ops_MB", mem.bytes / 1e6},
+                      {"host_syncs", census.memory_ops().count("aten::_local_scalar_dense")
+                                         ? census.memory_ops().at("aten::_local_scalar_dense").calls
+                                         : 0},
+                      {"product_calls", prod.calls}, {"product_MB", prod.bytes / 1e6}};
+  std::printf("%s\n", r.dump().c_str());
+  std::vector<std::pair<std::string, OpCount>> rows(census.memory_ops().begin(),
+                                                    census.memory_ops().end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
+  std::printf("memory ops by bytes (MB, calls):\n");
+  for (int64_t i = 0; i < top && i < int64_t(rows.size()); ++i)
+    std::printf("  %10.1f %5lld  %s\n", rows[i].second.bytes / 1e6,
+                static_cast<long long>(rows[i].second.calls), rows[i].first.c_str());
+  std::printf("products (MB, calls):\n");
+  for (const auto& [name, c] : census.products())
+    std::printf("  %10.1f %5lld  %s\n", c.bytes / 1e6, static_cast<long long>(c.calls), name.c_str());
   return 0;
 }
 

@@ -15,6 +15,7 @@
 //                                                                   (bench/nvme_bench.cpp)
 //   strata-bench moe-dispatch [--experts 64] [--tokens 16384] ...   (bench/moe_bench.cpp)
 //   strata-bench a2a [--sizes-mib 16,64,256,1024] (under strata-run) (bench/moe_bench.cpp)
+//   strata-bench moe-ops [--experts 64] [--k 6] ...  (bench/moe_bench.cpp, bench/op_census.h)
 //   strata-bench --version
 // MoE models (moe-8x, tiny-moe) get Strata's MoE layer (examples/gpt_moe.h) from the config's
 // moe block; their line adds the fraction of routes dropped over capacity.
@@ -46,6 +47,7 @@ namespace strata::bench {
 int run_nvme(int argc, char** argv);  // bench/nvme_bench.cpp: the io_uring store against fio
 int run_moe_dispatch(int argc, char** argv);  // bench/moe_bench.cpp: MoE dispatch memory
 int run_a2a(int argc, char** argv);           // bench/moe_bench.cpp: all_to_all bandwidth
+int run_moe_ops(int argc, char** argv);       // bench/moe_bench.cpp: one MoE layer's op census
 }  // namespace strata::bench
 
 namespace {
@@ -456,6 +458,7 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::string(argv[1]) == "moe-dispatch")
       return strata::bench::run_moe_dispatch(argc, argv);
     if (argc >= 2 && std::string(argv[1]) == "a2a") return strata::bench::run_a2a(argc, argv);
+    if (argc >= 2 && std::string(argv[1]) == "moe-ops") return strata::bench::run_moe_ops(argc, argv);
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata-bench: error: %s\n", e.what());

@@ -1,6 +1,7 @@
 #include "moe/experts.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,6 +35,58 @@ uint64_t expert_key(const ExpertsOptions& o, int64_t global) {
               static_cast<uint64_t>(global)});
 }
 
+// The grouped product as a loop over the groups, with the bounds read on the host (a sync on
+// CUDA): what _grouped_mm computes, for LibTorch without it and for the CPU. Its backward is the
+// same loop (autograd through narrow and cat would build a zero-filled [N, *] gradient per group
+// and add them all up: O(groups x N) instead of O(N)). Named scopes, so that profiles count each
+// loop as the one product it stands for.
+struct GroupedMmLoop : torch::autograd::Function<GroupedMmLoop> {
+  // out[i] = a[i] @ b[g] for the rows i of group g, [ends[g-1], ends[g]); rows past the last
+  // group are zero.
+  static std::vector<int64_t> host_ends(const torch::Tensor& offs) {
+    const auto e = offs.to(torch::kCPU, torch::kLong).contiguous();
+    return {e.data_ptr<int64_t>(), e.data_ptr<int64_t>() + e.numel()};
+  }
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a,
+                               const torch::Tensor& b, const torch::Tensor& offs) {
+    RECORD_FUNCTION("strata::grouped_mm", std::vector<c10::IValue>({a, b}));
+    const auto ends = host_ends(offs);
+    auto out = torch::zeros({a.size(0), b.size(2)}, a.options());
+    int64_t start = 0;
+    for (int64_t g = 0; g < b.size(0); ++g) {
+      if (ends[g] > start) {
+        auto part = out.narrow(0, start, ends[g] - start);
+        at::mm_out(part, a.narrow(0, start, ends[g] - start), b[g]);
+      }
+      start = ends[g];
+    }
+    ctx->save_for_backward({a, b, offs});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_FUNCTION("strata::grouped_mm_backward", std::vector<c10::IValue>({grads[0]}));
+    const auto saved = ctx->get_saved_variables();
+    const auto &a = saved[0], &b = saved[1];
+    const auto ends = host_ends(saved[2]);
+    const auto g_out = grads[0].contiguous();
+    auto grad_a = torch::zeros_like(a), grad_b = torch::zeros_like(b);
+    int64_t start = 0;
+    for (int64_t g = 0; g < b.size(0); ++g) {
+      const int64_t n = ends[g] - start;
+      if (n > 0) {
+        const auto gp = g_out.narrow(0, start, n);
+        auto ga = grad_a.narrow(0, start, n);
+        at::mm_out(ga, gp, b[g].t());
+        auto gb = grad_b[g];
+        at::mm_out(gb, a.narrow(0, start, n).t(), gp);
+      }
+      start = ends[g];
+    }
+    return {grad_a, grad_b, torch::Tensor()};
+  }
+};
+
 // out[i] = a[i] @ b[g] for the rows i of group g, [offs[g-1], offs[g]); rows from offs[G-1] on
 // are left undefined (the caller masks them).
 torch::Tensor grouped_mm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& offs,
@@ -41,18 +94,7 @@ torch::Tensor grouped_mm(const torch::Tensor& a, const torch::Tensor& b, const t
 #if STRATA_MOE_HAS_GROUPED_MM
   if (native) return at::_grouped_mm(a, b, offs);
 #endif
-  // The same computation group by group, with the bounds read on the host (a sync on CUDA): what
-  // the grouped path computes, for LibTorch without _grouped_mm and for the CPU tests.
-  const auto ends = offs.to(torch::kCPU, torch::kLong);
-  std::vector<torch::Tensor> pieces;
-  int64_t start = 0;
-  for (int64_t g = 0; g < b.size(0); ++g) {
-    const int64_t end = ends[g].item<int64_t>();
-    pieces.push_back(a.narrow(0, start, end - start).mm(b[g]));
-    start = end;
-  }
-  pieces.push_back(torch::zeros({a.size(0) - start, b.size(2)}, a.options()));
-  return torch::cat(pieces);
+  return GroupedMmLoop::apply(a, b, offs);
 }
 
 // Zero columns after the bias's column of ones: d + kBiasPad keeps bf16 rows 16-byte aligned.
