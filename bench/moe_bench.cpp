@@ -188,17 +188,7 @@ int run_moe_ops(int argc, char** argv) {
                                          : 0},
                       {"product_calls", prod.calls}, {"product_MB", prod.bytes / 1e6}};
   std::printf("%s\n", r.dump().c_str());
-  std::vector<std::pair<std::string, OpCount>> rows(census.memory_ops().begin(),
-                                                    census.memory_ops().end());
-  std::sort(rows.begin(), rows.end(),
-            [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
-  std::printf("memory ops by bytes (MB, calls):\n");
-  for (int64_t i = 0; i < top && i < int64_t(rows.size()); ++i)
-    std::printf("  %10.1f %5lld  %s\n", rows[i].second.bytes / 1e6,
-                static_cast<long long>(rows[i].second.calls), rows[i].first.c_str());
-  std::printf("products (MB, calls):\n");
-  for (const auto& [name, c] : census.products())
-    std::printf("  %10.1f %5lld  %s\n", c.bytes / 1e6, static_cast<long long>(c.calls), name.c_str());
+  census.print(static_cast<int>(top), 1);
   return 0;
 }
 

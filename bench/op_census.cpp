@@ -1,5 +1,7 @@
 #include "bench/op_census.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -131,7 +133,10 @@ struct OpCensus::State {
   at::CallbackHandle handle = 0;
 };
 
-OpCensus::OpCensus() : state_(std::make_unique<State>()) {
+OpCensus::OpCensus() : state_(std::make_unique<State>()) { resume(); }
+
+void OpCensus::resume() {
+  if (state_->handle) return;
   g_shared = &state_->shared;
   state_->handle = at::addGlobalCallback(
       at::RecordFunctionCallback(&on_start, &on_end)
@@ -151,6 +156,24 @@ void OpCensus::stop() {
 
 const std::map<std::string, OpCount>& OpCensus::memory_ops() const { return state_->shared.memory; }
 const std::map<std::string, OpCount>& OpCensus::products() const { return state_->shared.products; }
+void OpCensus::print(int top, int steps) const {
+  const auto m = memory_total(), p = products_total();
+  std::printf("op census per step: %.1f memory-moving ops, %.1f MB; %.1f products, %.1f MB\n",
+              double(m.calls) / steps, m.bytes / 1e6 / steps, double(p.calls) / steps,
+              p.bytes / 1e6 / steps);
+  std::vector<std::pair<std::string, OpCount>> rows(memory_ops().begin(), memory_ops().end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
+  std::printf("memory-moving ops by bytes (MB per step, calls per step):\n");
+  for (int i = 0; i < top && i < static_cast<int>(rows.size()); ++i)
+    std::printf("  %10.1f %7.1f  %s\n", rows[i].second.bytes / 1e6 / steps,
+                double(rows[i].second.calls) / steps, rows[i].first.c_str());
+  std::printf("products (MB per step, calls per step):\n");
+  for (const auto& [name, c] : products())
+    std::printf("  %10.1f %7.1f  %s\n", c.bytes / 1e6 / steps, double(c.calls) / steps,
+                name.c_str());
+}
+
 OpCount OpCensus::memory_total() const { return total(state_->shared.memory); }
 OpCount OpCensus::products_total() const { return total(state_->shared.products); }
 

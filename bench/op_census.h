@@ -23,14 +23,17 @@ struct OpCount {
 
 class OpCensus {
  public:
-  OpCensus();  // starts counting on this thread
+  OpCensus();  // starts counting
   ~OpCensus();
   void stop();
+  void resume();  // counts again, adding to what it has
   // Leaves that move memory, by name; products (mm, bmm, grouped, attention) by name apart.
   const std::map<std::string, OpCount>& memory_ops() const;
   const std::map<std::string, OpCount>& products() const;
   OpCount memory_total() const;
   OpCount products_total() const;
+  // The `top` memory-moving ops by bytes, then the products, per step (MB and calls).
+  void print(int top, int steps) const;
 
  private:
   struct State;

@@ -9,6 +9,8 @@
 // cost per dispatched op (the op callback, gathers and releases).
 //   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3] [--seq T]
 //                    [--device cuda|cpu] [--profile STEPS]   (bench/op_profile.h)
+//                    [--census STEPS]   (bench/op_census.h: ops, bytes, on any device)
+//                    [--moe-kernel grouped|batched]   (the GPU's grouped path on a CPU, e.g.)
 //   strata-bench adam [--numel N] [--steps N] [--device cuda|cpu]   (bench/adam_bench.h)
 //   strata-bench cpu-adam [--numel N] [--runs R]                    (bench/cpu_adam_bench.cpp)
 //   strata-bench nvme --dir PATH [--size-gib 4] [--block-size 1M] [--queue-depth 32] [--pairs 7]
@@ -35,6 +37,7 @@
 
 #include "bench/adam_bench.h"
 #include "bench/bench_device.h"
+#include "bench/op_census.h"
 #include "bench/op_profile.h"
 #include "examples/gpt.h"
 #include "examples/gpt_moe.h"
@@ -59,6 +62,8 @@ struct Args {
   std::string config, model = "dense-350M", device;
   int64_t steps = 20, warmup = 3;
   int64_t profile = 0;  // > 0: after timing, that many steps under the op profile
+  int64_t census = 0;   // > 0: after timing, that many steps counted op by op (any device)
+  std::string moe_kernel;  // --moe-kernel grouped|batched: the experts' kernel, not the device's
   std::string checkpointing;  // --activation-checkpointing: GPTConfig::checkpointing
   int64_t seq = 0;            // --seq: the model's sequence length instead of its own
   bool host_init = false;     // --host-init 1: the model built in host memory (InitOptions::device)
@@ -68,7 +73,7 @@ Args parse(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) != "gpt")
     throw strata::Error("usage: strata-bench gpt --config FILE [--model NAME] [--steps N] "
                         "[--warmup N] [--device cuda|cpu] [--activation-checkpointing every|every:K|selective] "
-                        "[--seq T] [--host-init 1]\n       strata-bench adam [--numel N] "
+                        "[--seq T] [--host-init 1] [--profile STEPS] [--census STEPS] [--moe-kernel grouped|batched]\n       strata-bench adam [--numel N] "
                         "[--steps N] [--device cuda|cpu]");
   Args a;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -79,6 +84,8 @@ Args parse(int argc, char** argv) {
     else if (flag == "--warmup") a.warmup = std::stoll(value);
     else if (flag == "--device") a.device = value;
     else if (flag == "--profile") a.profile = std::stoll(value);
+    else if (flag == "--census") a.census = std::stoll(value);
+    else if (flag == "--moe-kernel") a.moe_kernel = value;
     else if (flag == "--activation-checkpointing") a.checkpointing = value;
     else if (flag == "--seq") a.seq = std::stoll(value);
     else if (flag == "--host-init") a.host_init = value == "1";
@@ -254,6 +261,13 @@ int run(const Args& args) {
   auto engine =
       std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));
   const auto moe_layers = strata::moe::moe_layers(*model);
+  if (!args.moe_kernel.empty()) {
+    if (args.moe_kernel != "grouped" && args.moe_kernel != "batched")
+      throw strata::Error("strata-bench: --moe-kernel is grouped or batched, not " + args.moe_kernel);
+    for (auto* layer : moe_layers)
+      layer->experts->set_kernel(args.moe_kernel == "grouped" ? strata::moe::ExpertKernel::Grouped
+                                                              : strata::moe::ExpertKernel::Batched);
+  }
   const int64_t batch = engine->train_micro_batch_size_per_gpu(), seq = cfg.seq_len;
   const auto tokens = torch::randint(0, cfg.vocab, {batch, seq},
                                      torch::TensorOptions().dtype(torch::kLong).device(device));
@@ -328,6 +342,30 @@ int run(const Args& args) {
     profile.print(40, static_cast<int>(args.profile));
   } else if (args.profile > 0) {
     for (int64_t i = 0; i < args.profile; ++i) step();
+  }
+  if (args.census > 0) {
+    // Phase by phase (forward, backward, the engine's step), each over the census steps.
+    const bool counts = engine->data_parallel_rank() == 0;
+    const char* names[] = {"forward", "backward", "step"};
+    for (int phase = 0; phase < 3; ++phase) {
+      strata::bench::OpCensus census;
+      census.stop();  // counting only inside its phase
+      for (int64_t i = 0; i < args.census; ++i)
+        for (int64_t m = 0; m < engine->gradient_accumulation_steps(); ++m)
+          for (int p = 0; p < 3; ++p) {
+            synchronize(device);
+            if (p == phase && counts) census.resume();
+            if (p == 0) loss = engine->forward(tokens, targets);
+            if (p == 1) engine->backward(loss);
+            if (p == 2) engine->step();
+            synchronize(device);
+            census.stop();
+          }
+      if (counts) {
+        std::printf("=== census of the %s\n", names[phase]);
+        census.print(30, static_cast<int>(args.census));
+      }
+    }
   }
   if (!moe_layers.empty()) {
     int64_t dropped = 0;

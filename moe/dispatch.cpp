@@ -56,7 +56,94 @@ struct GatherUniqueRows : torch::autograd::Function<GatherUniqueRows> {
   }
 };
 
+// out[b] = sum over j < bag of weight[b * bag + j] * table[index[b * bag + j]] (weight undefined:
+// 1), by embedding_bag's forward kernel. LibTorch 1.13's CPU kernel takes float and double only:
+// other dtypes go through float there.
+torch::Tensor bag_sums(const torch::Tensor& table, const torch::Tensor& index, int64_t bag,
+                       const torch::Tensor& weight) {
+  const bool widen = table.is_cpu() && table.scalar_type() != torch::kFloat &&
+                     table.scalar_type() != torch::kDouble;
+  const auto t = widen ? table.to(torch::kFloat) : table.contiguous();
+  c10::optional<torch::Tensor> w;
+  if (weight.defined()) w = weight.to(t.scalar_type()).contiguous();
+  const auto offsets = torch::arange(0, index.size(0), bag, index.options());
+  auto out = std::get<0>(at::_embedding_bag_forward_only(t, index, offsets, /*scale_grad_by_freq=*/false,
+                                                         /*mode=sum*/ 0, /*sparse=*/false, w,
+                                                         /*include_last_offset=*/false,
+                                                         /*padding_idx=*/-1));
+  return widen ? out.to(table.scalar_type()) : out;
+}
+
+// Gather of the packed rows: rows[i] = x[token_of_row[i]]; backward sums each token's k rows.
+struct GatherRoutes : torch::autograd::Function<GatherRoutes> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& token_of_row, const torch::Tensor& by_token,
+                               int64_t k) {
+    ctx->save_for_backward({by_token});
+    ctx->saved_data["k"] = k;
+    return x.index_select(0, token_of_row);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto by_token = ctx->get_saved_variables()[0];
+    const int64_t k = ctx->saved_data["k"].toInt();
+    return {bag_sums(grads[0], by_token, k, torch::Tensor()), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+// y[t] = sum_c w[t * k + c] * rows[by_token[t * k + c]]. Backward: the rows' gradient is the
+// token's, weighted (a gather with bags of 1); the weights' are dot products of the token's
+// gradient with its routes' rows (one batched product).
+struct CombineRoutes : torch::autograd::Function<CombineRoutes> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& rows,
+                               const torch::Tensor& weight_by_token, const torch::Tensor& by_token,
+                               const torch::Tensor& token_of_row, const torch::Tensor& entry_of_row,
+                               int64_t k) {
+    const auto w = weight_by_token.to(rows.scalar_type());
+    ctx->save_for_backward({rows, w, by_token, token_of_row, entry_of_row});
+    ctx->saved_data["k"] = k;
+    return bag_sums(rows, by_token, k, w);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &rows = saved[0], &w = saved[1], &by_token = saved[2], &token_of_row = saved[3],
+               &entry_of_row = saved[4];
+    const int64_t k = ctx->saved_data["k"].toInt();
+    const auto g = grads[0].contiguous();
+    const int64_t S = g.size(0), d = g.size(1);
+    torch::Tensor grad_rows, grad_w;
+    if (ctx->needs_input_grad(0))
+      grad_rows = bag_sums(g, token_of_row, 1, w.index_select(0, entry_of_row));
+    if (ctx->needs_input_grad(1))
+      grad_w = torch::bmm(rows.index_select(0, by_token).view({S, k, d}), g.view({S, d, 1}))
+                   .view({S * k});
+    return {grad_rows, grad_w, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+RoutePermutation::RoutePermutation(const torch::Tensor& row, int64_t k) : k_(k) {
+  const int64_t R = row.size(0);
+  if (row.dim() != 1 || k < 1 || R % k != 0)
+    throw Error(fmt::format("moe::RoutePermutation: rows {} for k = {}; need k * S routes",
+                            c10::str(row.sizes()), k));
+  const int64_t S = R / k;
+  by_token_ = row.to(torch::kLong).view({k, S}).t().reshape({R});
+  const auto entries = torch::arange(R, by_token_.options());
+  entry_of_row_ = torch::empty_like(by_token_).scatter_(0, by_token_, entries);
+  token_of_row_ = entry_of_row_.div(k, "floor");
+}
+
+torch::Tensor RoutePermutation::gather(const torch::Tensor& x) const {
+  return GatherRoutes::apply(x, token_of_row_, by_token_, k_);
+}
+
+torch::Tensor RoutePermutation::combine(const torch::Tensor& rows, const torch::Tensor& weight) const {
+  const int64_t S = by_token_.size(0) / k_;
+  const auto by_token_weight = weight.view({k_, S}).t().reshape({S * k_});
+  return CombineRoutes::apply(rows, by_token_weight, by_token_, token_of_row_, entry_of_row_, k_);
+}
 
 torch::Tensor gather_unique_rows(const torch::Tensor& src, const torch::Tensor& index) {
   if (src.dim() != 2 || index.dim() != 1)

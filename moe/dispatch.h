@@ -47,6 +47,30 @@ torch::Tensor combine_tokens(const torch::Tensor& expert_out, int64_t k,
 // a row, as dropped routes and padding rows would).
 torch::Tensor gather_unique_rows(const torch::Tensor& src, const torch::Tensor& index);
 
+// Dropless routes on one rank: every route kept and the experts' packed rows a permutation of
+// the routes (route r = choice * S + token sits at row row[r]; every row of [0, k * S) is one
+// route's). The packed rows are gathered from the tokens, and the tokens' outputs gathered back,
+// weighted; in both directions, forward and backward, each pass is one gather, and the sums over
+// a token's k routes are embedding_bag's (a fixed order, fp32 accumulation on CUDA): no
+// zero-filled buffer, no scatter, no atomics, nothing saved but indices, weights and the rows
+// the combine reads (whose gradient needs them).
+class RoutePermutation {
+ public:
+  RoutePermutation(const torch::Tensor& row, int64_t k);
+  // x [S, w] -> the packed rows [k * S, w]; differentiable w.r.t. x.
+  torch::Tensor gather(const torch::Tensor& x) const;
+  // rows [k * S, d] (the experts' outputs, packed), weight [k * S] in route order (cast to the
+  // rows' dtype) -> [S, d]: each token's sum of weight * its routes' rows. Differentiable w.r.t.
+  // rows and weight.
+  torch::Tensor combine(const torch::Tensor& rows, const torch::Tensor& weight) const;
+
+ private:
+  int64_t k_;
+  torch::Tensor by_token_;      // [S * k]: token t's routes' rows at t * k + choice
+  torch::Tensor token_of_row_;  // [k * S]
+  torch::Tensor entry_of_row_;  // [k * S]: the row's index in by_token_
+};
+
 // Equal-split all_to_all_single along dim 0 over `group` (dim 0 divisible by its size),
 // differentiable. Every member must call it, in the same order, forward and backward.
 torch::Tensor all_to_all(const torch::Tensor& x, const comm::GroupPtr& group);

@@ -312,11 +312,20 @@ PackedRoutes ExpertsImpl::forward_routes(const torch::Tensor& x, int64_t k,
   // kept ones always fit); a dropped route's row is the scratch row N, cut off.
   const auto counts = kept_counts.to(torch::kLong);
   const auto base = counts.cumsum(0) - counts;
-  const auto position = (base.index_select(0, expert) + slot).masked_fill(kept.logical_not(), N);
-  const auto packed = torch::zeros({N + 1, packed_width()}, x.options())
-                          .index_copy(0, position, route_inputs(with_bias_column(x), k))
-                          .narrow(0, 0, N);
-  if (!streamed()) return {run_packed(packed, counts, units_.front()), position};
+  auto position = base.index_select(0, expert) + slot;
+  std::shared_ptr<RoutePermutation> permutation;
+  torch::Tensor packed;
+  if (!kept.defined()) {
+    // Dropless: the rows are a permutation of the routes, gathered from the tokens.
+    permutation = std::make_shared<RoutePermutation>(position, k);
+    packed = permutation->gather(with_bias_column(x));
+  } else {
+    position = position.masked_fill(kept.logical_not(), N);
+    packed = torch::zeros({N + 1, packed_width()}, x.options())
+                 .index_copy(0, position, route_inputs(with_bias_column(x), k))
+                 .narrow(0, 0, N);
+  }
+  if (!streamed()) return {run_packed(packed, counts, units_.front()), position, permutation};
   // Streamed: each unit's experts' rows are contiguous, [ends[first - 1], ends[first + count - 1]),
   // known on the host from the one read the skipping needs anyway.
   const auto host_counts = counts.to(torch::kCPU);  // the one device-to-host copy per layer
@@ -334,7 +343,7 @@ PackedRoutes ExpertsImpl::forward_routes(const torch::Tensor& x, int64_t k,
   }
   // Rows past the kept routes belong to no expert and are never read.
   out.push_back(torch::zeros({N - row, d}, x.options()));
-  return {torch::cat(out), position};
+  return {torch::cat(out), position, permutation};
 }
 
 int64_t ExpertsImpl::packed_width() const {

@@ -43,12 +43,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "comm/process_group.h"
+#include "moe/dispatch.h"
 
 namespace strata::moe {
 
@@ -58,6 +60,9 @@ enum class ExpertKernel { Auto, Batched, Grouped };
 struct PackedRoutes {
   torch::Tensor rows;      // [R, d]
   torch::Tensor position;  // [R]: each route's row, R for a dropped route
+  // Every route kept (kept undefined): the routes' rows as a permutation, whose combine() takes
+  // the place of combine_tokens.
+  std::shared_ptr<RoutePermutation> permutation;
 };
 
 // One module per global expert index; its forward maps [T, d] to [T, d].
@@ -95,6 +100,7 @@ class ExpertsImpl : public torch::nn::Module {
   // slot, kept [R = k * S] (the gate's routes, in its order r = choice * S + token; a kept
   // route's slot is below its expert's kept_counts); kept_counts [E]. Returns the packed
   // outputs [R, d] and each route's row in them (R for a dropped route), for combine_tokens.
+  // kept undefined: every route is kept (dropless), and the result carries the permutation.
   PackedRoutes forward_routes(const torch::Tensor& x, int64_t k,
                               const torch::Tensor& expert, const torch::Tensor& slot,
                               const torch::Tensor& kept, const torch::Tensor& kept_counts);

@@ -233,17 +233,14 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   const auto exp_counts = count_per_expert(ranked_expert, E + 1).narrow(0, 0, E);
 
   // l_aux from the choices before drops; DeepSpeed's ce counts 1st choices for k <= 2.
-  const auto ce_counts =
-      k == 2 ? count_per_expert(expert.narrow(0, 0, S), E) : exp_counts;
-  const auto me = gates.mean(0);
-  const auto ce = ce_counts.to(gates.scalar_type()) / static_cast<double>(S);
   torch::Tensor l_aux;
   if (sigmoid) {
     l_aux = sequence_balance_loss(gates, idx, o);
-  } else if (k == 1) {
-    l_aux = (me * ce).sum() * E;
   } else {
-    l_aux = (me * ce).mean() * E * E;
+    const auto ce_counts = k == 2 ? count_per_expert(expert.narrow(0, 0, S), E) : exp_counts;
+    const auto me = gates.mean(0);
+    const auto ce = ce_counts.to(gates.scalar_type()) / static_cast<double>(S);
+    l_aux = k == 1 ? (me * ce).sum() * E : (me * ce).mean() * E * E;
     if (k > 2) l_aux = l_aux / k;
   }
 
@@ -314,9 +311,12 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   out.token = token;
   out.expert = expert;
   out.kept = kept;
-  const auto kept_expert = expert.masked_fill(kept.logical_not(), E);  // dropped: virtual E
-  out.kept_counts = count_per_expert(kept_expert, E + 1).narrow(0, 0, E);
-  out.dropped = (used.defined() ? used.sum() : torch::full({}, R, i64)) - kept.sum();
+  // Uncapped, every route chosen is kept: the counts are exp_counts and nothing is dropped.
+  const auto kept_expert =
+      o.uncapped ? ranked_expert : expert.masked_fill(kept.logical_not(), E);  // dropped: E
+  out.kept_counts = o.uncapped ? exp_counts : count_per_expert(kept_expert, E + 1).narrow(0, 0, E);
+  out.dropped = o.uncapped ? torch::zeros({}, i64)
+                           : (used.defined() ? used.sum() : torch::full({}, R, i64)) - kept.sum();
 
   // Slots are DeepSpeed's locations: cumsum over tokens of the kept mask (k = 1, Probs), which is
   // the pre-drop position for the positional policies (kept routes are a prefix there).

@@ -404,8 +404,11 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
   if (packed_routes) {
     // All experts here and the grouped kernel: the routes go straight into its packed rows (no
     // capacity-padded buffer, which exists for the equal-split exchange).
-    const auto out = experts->forward_routes(x, o.k, g.expert, g.slot, g.kept, g.kept_counts);
-    const auto y = combine_tokens(out.rows, o.k, out.position, g.weight, g.kept);
+    // Dropless (uncapped): every route is kept, and the rows are a permutation of the routes.
+    const auto out = experts->forward_routes(x, o.k, g.expert, g.slot,
+                                             go.uncapped ? torch::Tensor() : g.kept, g.kept_counts);
+    const auto y = out.permutation ? out.permutation->combine(out.rows, g.weight)
+                                   : combine_tokens(out.rows, o.k, out.position, g.weight, g.kept);
     record(g, C, {});
     return add_shared(x, mix_residual(x, y)).view(input.sizes());
   }

@@ -86,6 +86,7 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
     throw Error("GradientReducer: staged_when_complete needs one entry per bucket of the plan");
   where_.resize(params_.size());
   arrived_.assign(params_.size(), false);
+  fresh_.assign(params_.size(), true);
   for (size_t b = 0; b < plan.size(); ++b) {
     auto& bucket = buckets_.emplace_back();
     const auto& first = params_.at(plan[b].front());
@@ -157,9 +158,14 @@ void GradientReducer::stage(size_t k) {
     // One process: nothing to reduce, so the gradient goes straight into its place in the
     // partition's accumulator (the bucket's layout is the accumulator's), without a bucket.
     const auto& grad = params_[k].grad();
+    auto place = bucket.accumulator.narrow(0, bucket.slots[i], params_[k].numel());
+    const bool fresh = fresh_[k];
+    fresh_[k] = false;
     if (grad.defined()) {
-      auto place = bucket.accumulator.narrow(0, bucket.slots[i], params_[k].numel());
-      place.add_(grad.is_sparse() ? grad.to_dense().reshape({-1}) : grad.reshape({-1}));
+      const auto g = grad.is_sparse() ? grad.to_dense().reshape({-1}) : grad.reshape({-1});
+      fresh ? place.copy_(g) : place.add_(g);
+    } else if (fresh) {
+      place.zero_();
     }
     params_[k].mutable_grad() = torch::Tensor();
     ++bucket.ready;
@@ -272,7 +278,8 @@ void GradientReducer::deliver(Bucket& bucket) {
     else
       copy_to_host_async(bucket.accumulator, out);
   } else if (options_.mode == Mode::kPartition) {
-    bucket.accumulator.add_(out);
+    bucket.fresh ? bucket.accumulator.copy_(out) : bucket.accumulator.add_(out);
+    bucket.fresh = false;
   } else {
     for (size_t i = 0; i < bucket.params.size(); ++i) {
       auto& p = params_[bucket.params[i]];
@@ -286,6 +293,27 @@ void GradientReducer::deliver(Bucket& bucket) {
   bucket.work.reset();
   bucket.flat = torch::Tensor();  // stream-safe: the collective's stream use was recorded
   live_numel_ -= bucket.numel;
+}
+
+void GradientReducer::begin_window() {
+  std::fill(fresh_.begin(), fresh_.end(), true);
+  for (auto& bucket : buckets_) bucket.fresh = true;
+}
+
+void GradientReducer::settle_window() {
+  if (options_.mode != Mode::kPartition || options_.copy_to_partition) return;
+  for (auto& bucket : buckets_) {
+    if (accumulates_in_place_) {
+      for (size_t i = 0; i < bucket.params.size(); ++i)
+        if (fresh_[bucket.params[i]]) {
+          bucket.accumulator.narrow(0, bucket.slots[i], params_[bucket.params[i]].numel()).zero_();
+          fresh_[bucket.params[i]] = false;
+        }
+    } else if (bucket.fresh) {
+      bucket.accumulator.zero_();
+      bucket.fresh = false;
+    }
+  }
 }
 
 void GradientReducer::finish() {

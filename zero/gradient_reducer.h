@@ -84,6 +84,14 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void begin_backward(bool boundary);
   // Called after each backward (every micro-step); a no-op when that backward reduced nothing.
   void finish();
+  // kPartition with partition_grad: a new accumulation window. Each place's first contribution
+  // in it overwrites the place instead of being added to it, so the accumulator needs no zeroing
+  // pass between steps (a full pass over the partition's gradient, each step).
+  void begin_window();
+  // Zeroes the places no contribution has reached since begin_window() (a step taken without a
+  // backward reads zeros, not the last window's gradients). After finish(), every place has had
+  // one, so this costs nothing then.
+  void settle_window();
   size_t bucket_count() const { return buckets_.size(); }
   // Elements of bucket buffers held now, and the most held at once since creation.
   int64_t live_bucket_numel() const { return live_numel_; }
@@ -108,6 +116,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     size_t ready = 0;    // parameters staged into the buffer
     size_t arrived = 0;  // parameters whose gradient arrived (staged, or waiting if late)
     bool staged_when_complete = false;  // Options::staged_when_complete
+    bool fresh = true;  // kPartition: the accumulator's place holds no contribution of this window
     comm::WorkPtr work;
   };
   static constexpr size_t kInFlight = 2;  // launched buckets not yet delivered, at most
@@ -127,6 +136,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   Options options_;
   std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, index in bucket)
   std::vector<bool> arrived_;
+  std::vector<bool> fresh_;  // accumulates_in_place_: the param's place holds nothing of this window
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
   // Positions in launch_order_: the next bucket to launch, the next launched one to deliver.

@@ -300,7 +300,11 @@ void PartitionedOptimizer::zero_gradients() {
     own_local_gradients();
   }
   if (grad_accum_.defined()) grad_accum_.zero_();
-  if (grad_partition_.defined()) grad_partition_.zero_();
+  if (grad_partition_.defined()) {
+    // The reducer overwrites each place with the next window's first contribution.
+    if (reducer_) reducer_->begin_window();
+    else grad_partition_.zero_();
+  }
   if (host_accum_.defined()) host_accum_.zero_();
   if (device_sum_squares_.defined()) device_sum_squares_.zero_();
   master_.mutable_grad() = torch::Tensor();  // the fp32 gradient lives only during a step
@@ -314,6 +318,7 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
   const auto t0 = std::chrono::steady_clock::now();
   // Offload: the gradient the CPU steps with, in host memory (or its swap file: then only its
   // dtype is here, and the step reads it a tile at a time).
+  if (grad_partition_.defined() && reducer_) reducer_->settle_window();
   auto gradient = partition_gradient();
   if (grad_swap_) {
     grad_swap_->flush();
