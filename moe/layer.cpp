@@ -67,6 +67,29 @@ void check(const MoEOptions& o) {
   }
 }
 
+// The router's logits in float32, in @ weight^T, from inputs of any dtype (DeepSpeed's TopKGate
+// casts both). Backward casts them again rather than keep float32 copies: what it saves is `in`
+// itself, which the layer's input already holds at the model's width (the float32 copy of a
+// 16-bit input would be 2 S d bytes per layer, kept until backward).
+struct RouterLogits : torch::autograd::Function<RouterLogits> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& in,
+                               const torch::Tensor& weight) {
+    ctx->save_for_backward({in, weight});
+    return torch::mm(in.to(torch::kFloat), weight.to(torch::kFloat).t());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &in = saved[0], &weight = saved[1];
+    const auto g = grads[0].to(torch::kFloat);
+    torch::Tensor grad_in, grad_weight;
+    if (ctx->needs_input_grad(0)) grad_in = g.mm(weight.to(torch::kFloat)).to(in.scalar_type());
+    if (ctx->needs_input_grad(1))
+      grad_weight = g.t().mm(in.to(torch::kFloat)).to(weight.scalar_type());
+    return {grad_in, grad_weight};
+  }
+};
+
 // Linear's own init bounds (kaiming_uniform, a = sqrt(5): U(+-1/sqrt(fan_in))), weight then bias,
 // from a named generator.
 void init_linear(torch::nn::Linear& l, at::Generator& gen) {
@@ -382,14 +405,14 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
   GateRoutes g;
   {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    auto gate_in = x.to(torch::kFloat);
+    auto gate_in = x;
     // DeepSpeed's TopKGate jitters the gate's input for every k while training.
     if (o.noisy_gate_policy == NoisyGatePolicy::Jitter && is_training()) {
-      auto gen = noise_generator(layer_key(o, KeyTag::Jitter, c), gate_in.device());
-      const auto u = torch::rand({S, d}, gen, gate_in.options());
-      gate_in = gate_in * (u * (2 * kJitterEps) + (1 - kJitterEps));
+      auto gen = noise_generator(layer_key(o, KeyTag::Jitter, c), x.device());
+      const auto u = torch::rand({S, d}, gen, x.options().dtype(torch::kFloat));
+      gate_in = x.to(torch::kFloat) * (u * (2 * kJitterEps) + (1 - kJitterEps));
     }
-    const auto logits = torch::nn::functional::linear(gate_in, gate->weight.to(torch::kFloat));
+    const auto logits = RouterLogits::apply(gate_in, gate->weight);
     // Fixed size (all S*k routes, a kept mask): no host sync with drop_tokens (moe/gate.h).
     g = gate_routes(logits, go);
   }

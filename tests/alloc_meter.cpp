@@ -149,6 +149,8 @@ void AllocMeter::reset_peak() {
 
 int64_t AllocMeter::peak_since_reset() { return g_peak.load() - g_base.load(); }
 
+int64_t AllocMeter::live() { return g_live.load(); }
+
 int64_t peak_rss_bytes() {
   struct rusage usage {};
   ::getrusage(RUSAGE_SELF, &usage);

@@ -16,6 +16,8 @@ struct AllocMeter {
   static void reset_peak();
   // The most bytes held at once since reset_peak(), beyond what was held then.
   static int64_t peak_since_reset();
+  // The bytes held now (from a base of its own: compare two readings).
+  static int64_t live();
 };
 
 // The process's peak resident set (getrusage ru_maxrss), in bytes.
