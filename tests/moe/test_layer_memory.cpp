@@ -1,6 +1,8 @@
 // What a dropless MoE layer keeps from forward for backward, measured at malloc
 // (tests/alloc_meter.h), against the tensors backward reads. bf16, as on a GPU: a float32 copy
 // of the layer's input (the router's, 2 S d bytes) would show here.
+#include <cstdio>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -43,6 +45,9 @@ TEST(MoELayerMemory, DroplessForwardKeepsWhatBackwardReadsAndNoFloatCopyOfItsInp
   // loss's backward (a few), int64 route indices (a few per route), float32 weights.
   const int64_t activations = 2 * (R * d + 2 * R * f + R * d + 2 * S * f + S * d);
   const int64_t routing = 4 * (8 * S * E) + 8 * (8 * R) + 4 * (4 * R);
+  std::printf("dropless layer keeps %lld bytes for backward (activations %lld + routing %lld)\n",
+              static_cast<long long>(held), static_cast<long long>(activations),
+              static_cast<long long>(routing));
   EXPECT_LE(held, activations + routing) << "held " << held << " bytes; activations "
                                          << activations << ", routing allowance " << routing;
   // (A float32 copy of the input, kept for the router's backward, is 4 S d bytes more: the
