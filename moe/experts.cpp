@@ -70,16 +70,22 @@ struct GroupedMmLoop : torch::autograd::Function<GroupedMmLoop> {
     const auto &a = saved[0], &b = saved[1];
     const auto ends = host_ends(saved[2]);
     const auto g_out = grads[0].contiguous();
-    auto grad_a = torch::zeros_like(a), grad_b = torch::zeros_like(b);
+    const bool want_a = ctx->needs_input_grad(0), want_b = ctx->needs_input_grad(1);
+    auto grad_a = want_a ? torch::zeros_like(a) : torch::Tensor();
+    auto grad_b = want_b ? torch::zeros_like(b) : torch::Tensor();
     int64_t start = 0;
     for (int64_t g = 0; g < b.size(0); ++g) {
       const int64_t n = ends[g] - start;
       if (n > 0) {
         const auto gp = g_out.narrow(0, start, n);
-        auto ga = grad_a.narrow(0, start, n);
-        at::mm_out(ga, gp, b[g].t());
-        auto gb = grad_b[g];
-        at::mm_out(gb, a.narrow(0, start, n).t(), gp);
+        if (want_a) {
+          auto ga = grad_a.narrow(0, start, n);
+          at::mm_out(ga, gp, b[g].t());
+        }
+        if (want_b) {
+          auto gb = grad_b[g];
+          at::mm_out(gb, a.narrow(0, start, n).t(), gp);
+        }
       }
       start = ends[g];
     }
