@@ -1,4 +1,5 @@
 #include "examples/gpt.h"
+#include "examples/linear_cross_entropy.h"
 
 #include <torch/version.h>
 
@@ -193,7 +194,6 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
                           torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
   const auto policy = ckpt::CheckpointPolicy::parse(config.checkpointing);
   if (policy.kind == ckpt::CheckpointPolicy::Kind::kEvery) checkpoint_every_ = policy.every;
-  chunked_loss_ = policy.kind != ckpt::CheckpointPolicy::Kind::kNone;
   if (config.tied) {
     // GPT-2's initialisation: with N(0, 1) embeddings the tied head's logits would start huge.
     torch::NoGradGuard no_grad;
@@ -230,27 +230,10 @@ torch::Tensor GPTImpl::head(const torch::Tensor& h) {
 torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) { return head(hidden(tokens)); }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
-  torch::Tensor loss;
-  if (chunked_loss_ && torch::GradMode::is_enabled()) {
-    const auto h = hidden(tokens);
-    const auto rows = h.reshape({-1, config_.d_model});
-    const auto t = targets.reshape({-1});
-    const std::vector<torch::Tensor> head_params{config_.tied ? embed_->weight : head_->weight};
-    const auto chunk_loss = [this](const torch::Tensor& hc, const torch::Tensor& tc) {
-      return F::cross_entropy(head(hc).to(torch::kFloat), tc,
-                              F::CrossEntropyFuncOptions().reduction(torch::kSum));
-    };
-    for (int64_t s = 0; s < rows.size(0); s += kLossChunk) {
-      const int64_t n = std::min(kLossChunk, rows.size(0) - s);
-      auto part = ckpt::checkpoint_named("loss", chunk_loss, head_params, rows.narrow(0, s, n),
-                                         t.narrow(0, s, n));
-      loss = loss.defined() ? loss + part : part;
-    }
-    loss = loss / double(rows.size(0));
-  } else {
-    auto out = logits(tokens).to(torch::kFloat);
-    loss = F::cross_entropy(out.view({-1, config_.vocab}), targets.reshape({-1}));
-  }
+  const auto rows = hidden(tokens).reshape({-1, config_.d_model});
+  const auto& w = config_.tied ? embed_->weight : head_->weight;
+  auto loss = linear_cross_entropy_sum(rows, w, targets.reshape({-1}), kLossChunk) /
+              double(rows.size(0));
   if (config_.zoo) loss = loss + 1e-2 * odd_.to(torch::kFloat).square().mean();
   if (aux_loss_) {
     const auto aux = aux_loss_();

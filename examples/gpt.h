@@ -115,10 +115,10 @@ class GPTImpl : public torch::nn::Module {
   explicit GPTImpl(const GPTConfig& config, FeedForward ffn = {});
   // Logits [batch, seq, vocab] for tokens [batch, seq].
   torch::Tensor logits(const torch::Tensor& tokens);
-  // Mean next-token cross-entropy (computed in fp32) of tokens against targets. With activation
-  // checkpointing (any policy) the head and the loss run in checkpointed chunks of kLossChunk
-  // tokens, so that the fp32 logits and their gradient never exist whole (at 8 x 2048 tokens and
-  // a 32k vocabulary they are 2 GiB each, the largest activations of a checkpointed step).
+  // Mean next-token cross-entropy (computed in fp32) of tokens against targets. The head and the
+  // loss run fused in chunks of kLossChunk tokens (examples/linear_cross_entropy.h), so that the
+  // logits and their gradient never exist whole (at 8 x 2048 tokens and a 32k vocabulary, 1 GiB
+  // in bf16 and 2 GiB each in fp32: the largest activations of a step).
   torch::Tensor forward(const torch::Tensor& tokens, const torch::Tensor& targets);
   static constexpr int64_t kLossChunk = 2048;
   const GPTConfig& config() const { return config_; }
@@ -130,7 +130,6 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor hidden(const torch::Tensor& tokens);  // the last norm's output
   torch::Tensor head(const torch::Tensor& h);
   int64_t checkpoint_every_ = 0;  // > 0: blocks checkpointed by that policy (gpt.cpp)
-  bool chunked_loss_ = false;     // any checkpointing policy
   torch::nn::LayerNorm norm_{nullptr};
   torch::nn::Linear head_{nullptr};  // untied
   // zoo only (else undefined / null)

@@ -1,0 +1,69 @@
+#include "examples/linear_cross_entropy.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace strata::examples {
+namespace {
+
+namespace F = torch::nn::functional;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h,
+                               const torch::Tensor& weight, const torch::Tensor& targets,
+                               int64_t chunk_rows) {
+    const int64_t rows = h.size(0);
+    const bool want_h = h.requires_grad(), want_w = weight.requires_grad();
+    torch::Tensor grad_h = want_h ? torch::empty_like(h) : torch::Tensor();
+    torch::Tensor grad_w =
+        want_w ? torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat)) : torch::Tensor();
+    auto loss = torch::zeros({}, h.options().dtype(torch::kFloat));
+    for (int64_t s = 0; s < rows; s += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - s);
+      const auto hc = h.narrow(0, s, n);
+      const auto tc = targets.narrow(0, s, n).unsqueeze(1);
+      const auto logits = F::linear(hc, weight);
+      auto z = logits.to(torch::kFloat);
+      const auto lse = z.logsumexp(1, /*keepdim=*/true);
+      loss += (lse - z.gather(1, tc)).sum();
+      if (!want_h && !want_w) continue;
+      // d loss / d logits = softmax - one_hot(target), in place over the float32 logits.
+      z.sub_(lse).exp_().scatter_add_(1, tc, torch::full({n, 1}, -1.0, z.options()));
+      const auto g = z.to(logits.scalar_type());
+      if (want_h) grad_h.narrow(0, s, n).copy_(g.mm(weight.to(g.scalar_type())));
+      if (want_w) grad_w.add_(g.t().mm(hc.to(g.scalar_type())));
+    }
+    ctx->save_for_backward({grad_h, grad_w});
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& upstream = grads[0];
+    torch::Tensor gh, gw;
+    if (saved[0].defined()) gh = saved[0] * upstream.to(saved[0].scalar_type());
+    if (saved[1].defined())
+      gw = (saved[1] * upstream)
+               .to(static_cast<torch::ScalarType>(ctx->saved_data["weight_dtype"].toInt()));
+    return {gh, gw, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor linear_cross_entropy_sum(const torch::Tensor& h, const torch::Tensor& weight,
+                                       const torch::Tensor& targets, int64_t chunk_rows) {
+  if (h.dim() != 2 || weight.dim() != 2 || h.size(1) != weight.size(1) || targets.dim() != 1 ||
+      targets.size(0) != h.size(0) || chunk_rows < 1)
+    throw std::invalid_argument(fmt::format(
+        "linear_cross_entropy_sum: h {}, weight {}, targets {}, chunk {}: need h [rows, d], "
+        "weight [vocab, d], targets [rows], chunk >= 1", c10::str(h.sizes()),
+        c10::str(weight.sizes()), c10::str(targets.sizes()), chunk_rows));
+  return LinearCrossEntropy::apply(h, weight, targets, chunk_rows);
+}
+
+}  // namespace strata::examples
