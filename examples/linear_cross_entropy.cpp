@@ -63,6 +63,10 @@ torch::Tensor linear_cross_entropy_sum(const torch::Tensor& h, const torch::Tens
         "linear_cross_entropy_sum: h {}, weight {}, targets {}, chunk {}: need h [rows, d], "
         "weight [vocab, d], targets [rows], chunk >= 1", c10::str(h.sizes()),
         c10::str(weight.sizes()), c10::str(targets.sizes()), chunk_rows));
+  // Without grad mode (evaluation) the loss alone: inside the function grad mode is always off,
+  // so it tells from its inputs whether gradients are wanted.
+  if (!torch::GradMode::is_enabled())
+    return LinearCrossEntropy::apply(h.detach(), weight.detach(), targets, chunk_rows);
   return LinearCrossEntropy::apply(h, weight, targets, chunk_rows);
 }
 

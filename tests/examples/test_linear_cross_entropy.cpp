@@ -68,6 +68,18 @@ TEST(LinearCrossEntropy, HoldsAChunkOfLogitsNotAllOfThem) {
   EXPECT_LT(bound, logits / 4);
 }
 
+TEST(LinearCrossEntropy, WithoutGradModeComputesTheLossAlone) {
+  const auto h = torch::randn({8, 4}), w = torch::randn({5, 4}).requires_grad_(true);
+  const auto t = torch::randint(0, 5, {8}, torch::kLong);
+  torch::NoGradGuard no_grad;
+  const auto l = linear_cross_entropy_sum(h, w, t, 3);
+  EXPECT_FALSE(l.requires_grad());
+  EXPECT_NEAR(l.item<double>(),
+              F::cross_entropy(F::linear(h, w), t, F::CrossEntropyFuncOptions().reduction(torch::kSum))
+                  .item<double>(),
+              1e-4);
+}
+
 TEST(LinearCrossEntropy, RefusesMismatchedShapes) {
   EXPECT_THROW(linear_cross_entropy_sum(torch::zeros({4, 3}), torch::zeros({5, 2}),
                                         torch::zeros({4}, torch::kLong), 2),
