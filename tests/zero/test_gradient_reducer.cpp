@@ -73,4 +73,52 @@ TEST(GradientReducer, PartitionModeAccumulatesAutogradsGradientsWithFewBucketsAl
   }
 }
 
+// A new window (begin_window, as the optimizer's step ends) is overwritten by its first
+// contribution instead of being zeroed first: the stale window never leaks into the next, a
+// parameter without a gradient reads zeros, and a step taken without a backward (settle_window)
+// reads zeros everywhere. In place (float32) and through delivered buckets (float64).
+TEST(GradientReducer, AWindowOverwritesTheLastWithoutAZeroingPass) {
+  torch::manual_seed(1);
+  auto used = torch::nn::Linear(torch::nn::LinearOptions(8, 8).bias(false));
+  auto unused = torch::nn::Linear(torch::nn::LinearOptions(8, 8).bias(false));
+  std::vector<torch::Tensor> params = {used->weight, unused->weight};
+  const auto x = torch::randn({3, 8});
+  FlatParams flat(params, 1);
+  const auto plan = GradientReducer::plan(flat.params(), 64);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& bucket : plan) ranges.push_back(flat.range_of(bucket));
+  const auto shards = ShardMap::bucketed(ranges, 1);
+  for (const auto comm_dtype : {torch::kFloat, torch::kDouble}) {
+    SCOPED_TRACE(c10::toString(comm_dtype));
+    GradientReducer::Options o;
+    o.mode = GradientReducer::Mode::kPartition;
+    o.plan = plan;
+    o.comm_dtype = comm_dtype;
+    for (size_t k = 0; k < flat.params().size(); ++k) o.flat_offsets.push_back(flat.offset(k));
+    o.shards = shards;
+    o.partition_grad = torch::zeros({shards.partition_numel()});
+    auto reducer = GradientReducer::create(flat.params(), nullptr, o);
+    auto backward = [&](double scale) {
+      reducer->begin_backward(true);
+      (used->forward(x).pow(2).sum() * scale).backward();
+      reducer->finish();
+    };
+    auto place = [&](size_t k) {
+      auto got = torch::zeros({flat.padded_numel()});
+      shards.scatter(o.partition_grad, 0, got);
+      return flat.view(got, k).clone();
+    };
+    backward(1.0);
+    const auto once = place(0);
+    o.partition_grad.fill_(7.0);  // what a stale window could hold, padding apart
+    reducer->begin_window();
+    backward(3.0);
+    EXPECT_TRUE(torch::allclose(place(0), 3 * once, 1e-6, 1e-6));
+    EXPECT_TRUE(torch::equal(place(1), torch::zeros({8, 8}))) << "no gradient reads zero";
+    reducer->begin_window();
+    reducer->settle_window();  // a step without a backward
+    EXPECT_TRUE(torch::equal(place(0), torch::zeros({8, 8})));
+  }
+}
+
 }  // namespace
