@@ -223,16 +223,17 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens) {
   return norm_(x);
 }
 
-torch::Tensor GPTImpl::head(const torch::Tensor& h) {
-  return config_.tied ? F::linear(h, embed_->weight) : head_(h);
+const torch::Tensor& GPTImpl::head_weight() const {
+  return config_.tied ? embed_->weight : head_->weight;
 }
+
+torch::Tensor GPTImpl::head(const torch::Tensor& h) { return F::linear(h, head_weight()); }
 
 torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) { return head(hidden(tokens)); }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
   const auto rows = hidden(tokens).reshape({-1, config_.d_model});
-  const auto& w = config_.tied ? embed_->weight : head_->weight;
-  auto loss = linear_cross_entropy_sum(rows, w, targets.reshape({-1}), kLossChunk) /
+  auto loss = linear_cross_entropy_sum(rows, head_weight(), targets.reshape({-1}), kLossChunk) /
               double(rows.size(0));
   if (config_.zoo) loss = loss + 1e-2 * odd_.to(torch::kFloat).square().mean();
   if (aux_loss_) {

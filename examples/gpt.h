@@ -129,6 +129,7 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks_{nullptr};
   torch::Tensor hidden(const torch::Tensor& tokens);  // the last norm's output
   torch::Tensor head(const torch::Tensor& h);
+  const torch::Tensor& head_weight() const;  // the tied embedding or the head's own
   int64_t checkpoint_every_ = 0;  // > 0: blocks checkpointed by that policy (gpt.cpp)
   torch::nn::LayerNorm norm_{nullptr};
   torch::nn::Linear head_{nullptr};  // untied

@@ -14,6 +14,30 @@ using strata::zero::FlatParams;
 using strata::zero::GradientReducer;
 using strata::zero::ShardMap;
 
+// One process's partition-mode reducer over `flat` with `plan`'s buckets: the options it was made
+// with (their partition_grad is its accumulator, their shards its layout) and the reducer.
+struct PartitionReducer {
+  GradientReducer::Options options;
+  std::shared_ptr<GradientReducer> reducer;
+};
+
+PartitionReducer partition_reducer(const FlatParams& flat,
+                                   const std::vector<std::vector<size_t>>& plan,
+                                   torch::ScalarType comm_dtype) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& bucket : plan) ranges.push_back(flat.range_of(bucket));
+  PartitionReducer r;
+  auto& o = r.options;
+  o.mode = GradientReducer::Mode::kPartition;
+  o.plan = plan;
+  o.comm_dtype = comm_dtype;
+  for (size_t k = 0; k < flat.params().size(); ++k) o.flat_offsets.push_back(flat.offset(k));
+  o.shards = ShardMap::bucketed(ranges, 1);
+  o.partition_grad = torch::zeros({o.shards.partition_numel()});
+  r.reducer = GradientReducer::create(flat.params(), nullptr, o);
+  return r;
+}
+
 TEST(GradientReducer, PartitionModeAccumulatesAutogradsGradientsWithFewBucketsAlive) {
   torch::manual_seed(0);
   torch::nn::Sequential net;
@@ -33,22 +57,15 @@ TEST(GradientReducer, PartitionModeAccumulatesAutogradsGradientsWithFewBucketsAl
   FlatParams flat(net->parameters(), 1);
   const auto plan = GradientReducer::plan(flat.params(), width * width);  // one layer per bucket
   ASSERT_EQ(plan.size(), size_t(layers));
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  for (const auto& bucket : plan) ranges.push_back(flat.range_of(bucket));
-  const auto shards = ShardMap::bucketed(ranges, 1);
   // In one process a gradient goes straight into the accumulator (no bucket at all), unless the
   // communication dtype would round it (then through buckets, as with a group: float64 here,
   // exact, to watch the buckets' lifetime).
   for (const auto comm_dtype : {torch::kFloat, torch::kDouble}) {
     SCOPED_TRACE(c10::toString(comm_dtype));
-    GradientReducer::Options o;
-    o.mode = GradientReducer::Mode::kPartition;
-    o.plan = plan;
-    o.comm_dtype = comm_dtype;
-    for (size_t k = 0; k < flat.params().size(); ++k) o.flat_offsets.push_back(flat.offset(k));
-    o.shards = shards;
-    o.partition_grad = torch::zeros({shards.partition_numel()});
-    auto reducer = GradientReducer::create(flat.params(), nullptr, o);
+    auto made = partition_reducer(flat, plan, comm_dtype);
+    const auto& o = made.options;
+    const auto& reducer = made.reducer;
+    const auto& shards = o.shards;
 
     for (int micro = 0; micro < 2; ++micro) {  // two micro-steps accumulate
       reducer->begin_backward(micro == 1);
@@ -85,19 +102,12 @@ TEST(GradientReducer, AWindowOverwritesTheLastWithoutAZeroingPass) {
   const auto x = torch::randn({3, 8});
   FlatParams flat(params, 1);
   const auto plan = GradientReducer::plan(flat.params(), 64);
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  for (const auto& bucket : plan) ranges.push_back(flat.range_of(bucket));
-  const auto shards = ShardMap::bucketed(ranges, 1);
   for (const auto comm_dtype : {torch::kFloat, torch::kDouble}) {
     SCOPED_TRACE(c10::toString(comm_dtype));
-    GradientReducer::Options o;
-    o.mode = GradientReducer::Mode::kPartition;
-    o.plan = plan;
-    o.comm_dtype = comm_dtype;
-    for (size_t k = 0; k < flat.params().size(); ++k) o.flat_offsets.push_back(flat.offset(k));
-    o.shards = shards;
-    o.partition_grad = torch::zeros({shards.partition_numel()});
-    auto reducer = GradientReducer::create(flat.params(), nullptr, o);
+    auto made = partition_reducer(flat, plan, comm_dtype);
+    const auto& o = made.options;
+    const auto& reducer = made.reducer;
+    const auto& shards = o.shards;
     auto backward = [&](double scale) {
       reducer->begin_backward(true);
       (used->forward(x).pow(2).sum() * scale).backward();
