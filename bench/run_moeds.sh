@@ -2,10 +2,10 @@
 # moe-ds (DeepSeek-V3-style: 64 routed experts of FFN 512, top-6, sigmoid + bias, 2 shared,
 # dropless) and moe-8x on one GPU, Strata beside the PyTorch peer, ROUNDS rounds taking turns
 # (issue 33's bounds: moe-ds >= 1.15x `peer_torch_gpt.py --deepseek` at <= its memory; moe-8x
-# >= 1.04x `--grouped`). Then one more moe-ds run with the op profile, the memory phases and the
+# >= 1.04x `--grouped`; the peer runs those two rows alone, through its `run`). Then one more
+# moe-ds run with the op profile, the memory phases and the
 # census of one MoE layer on the GPU (strata-bench moe-ops), to say where a step goes.
-#   bench/run_moeds.sh PEER_SCRIPT [BUILD_DIR] [ROUNDS]     (BUILD_DIR default build, ROUNDS 2:
-#   each round is about 4 minutes, the peer running its dense and eager MoE rows too)
+#   bench/run_moeds.sh PEER_SCRIPT [BUILD_DIR] [ROUNDS]     (BUILD_DIR default build, ROUNDS 2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 peer="$1"
@@ -15,7 +15,15 @@ out=$(mktemp -d)
 for ((r = 1; r <= rounds; ++r)); do
   "$bin/strata-bench" gpt --model moe-ds --config configs/bench_moeds_bf16_zero2.json \
     | tee -a "$out/strata_ds.jsonl"
-  python3 "$peer" --grouped --deepseek | tee -a "$out/peer.jsonl"
+  python3 - "$peer" <<'PY' | tee -a "$out/peer.jsonl"
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[1])))
+import peer_torch_gpt as p
+p.run("moe-ds grouped_mm", dict(V=32000, d=1024, L=12, h=16, f=512,
+      moe=dict(E=64, k=6, n_shared=2, deepseek=True)), 8, 2048)
+p.run("moe-8x grouped_mm", dict(V=32000, d=1024, L=12, h=16, f=4096,
+      moe=dict(E=8, k=2, cf=1.25, grouped=True)), 8, 2048)
+PY
   "$bin/strata-bench" gpt --model moe-8x --config configs/bench_moe8x_bf16_zero2.json \
     | tee -a "$out/strata_8x.jsonl"
 done
