@@ -3,6 +3,7 @@
 
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -99,12 +100,40 @@ AttentionImpl::AttentionImpl(int64_t d_model, int64_t heads, double dropout)
                         torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)));
 }
 
+namespace {
+
+// projected [b, t, 3 * h * d] -> q, k, v [b, h, t, d]: views, no copy. Backward writes the three
+// gradients straight into one [b, t, 3, h, d] gradient of `projected`: a view's gradient by
+// autograd would be stacked into [3, b, h, t, d] (unbind's backward), then copied again into
+// projected's layout (the permute's view backward): two strided copies of 3 * b * t * h * d
+// elements where one does.
+struct SplitHeads : torch::autograd::Function<SplitHeads> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const torch::Tensor& projected, int64_t heads) {
+    const auto b = projected.size(0), t = projected.size(1), c = projected.size(2) / 3;
+    ctx->saved_data["shape"] = std::vector<int64_t>{b, t, 3, heads, c / heads};
+    return projected.view({b, t, 3, heads, c / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto shape = ctx->saved_data["shape"].toIntVector();
+    const auto defined = std::find_if(grads.begin(), grads.end(),
+                                      [](const torch::Tensor& g) { return g.defined(); });
+    if (defined == grads.end()) return {torch::Tensor(), torch::Tensor()};
+    const bool all = std::all_of(grads.begin(), grads.end(),
+                                 [](const torch::Tensor& g) { return g.defined(); });
+    auto out = all ? torch::empty(shape, defined->options()) : torch::zeros(shape, defined->options());
+    for (int64_t i = 0; i < 3; ++i)
+      if (grads[i].defined()) out.select(2, i).copy_(grads[i].transpose(1, 2));
+    return {out.view({shape[0], shape[1], -1}), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
 torch::Tensor AttentionImpl::core(const torch::Tensor& projected) {
   const auto b = projected.size(0), t = projected.size(1), c = projected.size(2) / 3;
-  // [b, t, 3, h, d] -> [3, b, h, t, d]
-  // unbind, as the peer's `q, k, v = ...`: one gradient for the three (indexing each would
-  // give three full-size zero-filled gradients).
-  const auto qkv = projected.view({b, t, 3, heads_, c / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
+  const auto qkv = SplitHeads::apply(projected, heads_);
   auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0);
   return y.transpose(1, 2).reshape({b, t, c});
 }

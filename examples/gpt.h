@@ -56,6 +56,11 @@ struct GPTConfig {
   static GPTConfig by_name(const std::string& name);
 };
 
+// Causal self-attention over q, k, v [batch, heads, seq, head_dim] (LibTorch 2.x's fused kernel,
+// the textbook formula on 1.13); `dropout` on the attention probabilities.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, double dropout);
+
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(int64_t d_model, int64_t heads, double dropout = 0.0);

@@ -27,14 +27,28 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       const auto hc = h.narrow(0, s, n);
       const auto tc = targets.narrow(0, s, n).unsqueeze(1);
       const auto logits = F::linear(hc, weight);
-      auto z = logits.to(torch::kFloat);
-      const auto lse = z.logsumexp(1, /*keepdim=*/true);
-      loss += (lse - z.gather(1, tc)).sum();
+      // One fused pass for the log-probabilities (in float: the logits are 16-bit under autocast).
+      auto log_p = torch::log_softmax(logits.to(torch::kFloat), 1);
+      const auto target_log_p = log_p.gather(1, tc);
+      loss -= target_log_p.sum();
       if (!want_h && !want_w) continue;
-      // d loss / d logits = softmax - one_hot(target), in place over the float32 logits.
-      z.sub_(lse).exp_().scatter_add_(1, tc, torch::full({n, 1}, -1.0, z.options()));
-      const auto g = z.to(logits.scalar_type());
-      if (want_h) grad_h.narrow(0, s, n).copy_(g.mm(weight.to(g.scalar_type())));
+      // d loss / d logits = softmax - one_hot(target): exp of the log-probabilities, written in
+      // the logits' dtype (float in, one rounding); the targets' entries computed in float.
+      torch::Tensor g = log_p;
+      if (logits.scalar_type() == torch::kFloat) {
+        g.exp_();
+      } else {
+        g = torch::empty_like(logits);
+        torch::exp_out(g, log_p);
+      }
+      log_p = torch::Tensor();
+      g.scatter_(1, tc, target_log_p.exp().sub_(1.0).to(g.scalar_type()));
+      if (want_h) {
+        const auto w = weight.to(g.scalar_type());
+        auto out = grad_h.narrow(0, s, n);
+        if (out.scalar_type() == g.scalar_type()) torch::mm_out(out, g, w);  // no temporary
+        else out.copy_(g.mm(w));
+      }
       if (want_w) grad_w.add_(g.t().mm(hc.to(g.scalar_type())));
     }
     ctx->save_for_backward({grad_h, grad_w});

@@ -51,7 +51,7 @@ torch::Tensor gather_unique_rows(const torch::Tensor& src, const torch::Tensor& 
 // the routes (route r = choice * S + token sits at row row[r]; every row of [0, k * S) is one
 // route's). The packed rows are gathered from the tokens, and the tokens' outputs gathered back,
 // weighted; in both directions, forward and backward, each pass is one gather, and the sums over
-// a token's k routes are embedding_bag's (a fixed order, fp32 accumulation on CUDA): no
+// a token's k routes are bag sums (detail::, below: a fixed order, float accumulation): no
 // zero-filled buffer, no scatter, no atomics, nothing saved but indices, weights and the rows
 // the combine reads (whose gradient needs them).
 class RoutePermutation {
@@ -70,6 +70,17 @@ class RoutePermutation {
   torch::Tensor token_of_row_;  // [k * S]
   torch::Tensor entry_of_row_;  // [k * S]: the row's index in by_token_
 };
+
+namespace detail {
+// out[b] = sum over j < bag of weight[b * bag + j] * table[index[b * bag + j]] (weight undefined:
+// 1), accumulated in float, rounded once; index.size(0) a multiple of bag. Two kernels of one
+// result: embedding_bag's forward (a CPU's) and a gather followed by a batched product (a GPU's);
+// RoutePermutation picks by device, the tests hold them to each other.
+torch::Tensor bag_sums_embedding_bag(const torch::Tensor& table, const torch::Tensor& index,
+                                     int64_t bag, const torch::Tensor& weight);
+torch::Tensor bag_sums_gathered(const torch::Tensor& table, const torch::Tensor& index,
+                                int64_t bag, const torch::Tensor& weight);
+}  // namespace detail
 
 // Equal-split all_to_all_single along dim 0 over `group` (dim 0 divisible by its size),
 // differentiable. Every member must call it, in the same order, forward and backward.

@@ -65,6 +65,30 @@ TEST(RoutePermutation, Bf16MatchesFloat) {
   EXPECT_TRUE(torch::allclose(got.to(torch::kFloat), want, 2e-2, 2e-2));
 }
 
+// The two kernels of the bag sums (a CPU's embedding_bag, a GPU's gather and batched product)
+// give one result: the GPU's runs here on the CPU, so its arithmetic is checked where CI runs.
+TEST(BagSums, TheGatheredKernelGivesEmbeddingBagsSums) {
+  namespace detail = strata::moe::detail;
+  torch::manual_seed(5);
+  const int64_t rows = 11, d = 9, bags = 6;
+  for (const auto dtype : {torch::kDouble, torch::kFloat, torch::kBFloat16}) {
+    const auto table = torch::randn({rows, d}).to(dtype);
+    const double tol = dtype == torch::kBFloat16 ? 1e-2 : dtype == torch::kFloat ? 1e-6 : 1e-12;
+    for (const int64_t bag : {1, 3}) {
+      const auto index = torch::randint(rows, {bags * bag}, torch::kLong);
+      for (const bool weighted : {false, true}) {
+        const auto weight = weighted ? torch::rand({bags * bag}).to(dtype) : torch::Tensor();
+        const auto want = detail::bag_sums_embedding_bag(table, index, bag, weight);
+        const auto got = detail::bag_sums_gathered(table, index, bag, weight);
+        ASSERT_EQ(got.sizes(), want.sizes());
+        EXPECT_EQ(got.scalar_type(), dtype);
+        EXPECT_TRUE(torch::allclose(got.to(torch::kDouble), want.to(torch::kDouble), tol, tol))
+            << c10::toString(dtype) << " bag " << bag << " weighted " << weighted;
+      }
+    }
+  }
+}
+
 TEST(RoutePermutation, RefusesRowsThatAreNotKRoutesPerToken) {
   EXPECT_THROW(RoutePermutation(torch::arange(7, torch::kLong), 3), strata::Error);
 }
