@@ -12,6 +12,7 @@
 #include <iostream>
 #include <string>
 
+#include "moe/dispatch.h"
 #include "moe/layer.h"
 #include "runtime/compat.h"
 #include "tests/cuda_sync_counter.h"
@@ -132,7 +133,11 @@ TEST(MoeLayerGpu, GroupedKernelMatchesBatched) {
 #if STRATA_TEST_HAS_CUDA
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device dev(torch::kCUDA, 0);
-  Case cs{"k2_bf16", 2, true, NoisyGatePolicy::None, true, true, torch::kBFloat16};
+  // With capacity, and dropless (the grouped kernel's routes then a permutation: the gathers and
+  // bag sums of moe/dispatch.h, on the GPU).
+  for (const bool drop : {true, false}) {
+  Case cs{drop ? "k2_bf16" : "k2_bf16_dropless", 2, drop, NoisyGatePolicy::None, true, true,
+          torch::kBFloat16};
   for (const bool bias : {true, false}) {  // DeepSpeed's experts and moe-8x's (no biases)
   auto o = options(cs);
   o.expert_bias = bias;
@@ -171,8 +176,9 @@ TEST(MoeLayerGpu, GroupedKernelMatchesBatched) {
   for (size_t i = 0; i < batched.size(); ++i) {
     const double scale = batched[i].abs().max().item<double>();
     const double diff = (grouped[i] - batched[i]).abs().max().item<double>();
-    EXPECT_GT(scale, 0) << names[i] << ", bias " << bias;
-    EXPECT_LE(diff, 3e-2 * scale) << names[i] << ", bias " << bias;
+    EXPECT_GT(scale, 0) << names[i] << ", bias " << bias << ", " << cs.name;
+    EXPECT_LE(diff, 3e-2 * scale) << names[i] << ", bias " << bias << ", " << cs.name;
+  }
   }
   }
 #else
@@ -183,6 +189,33 @@ TEST(MoeLayerGpu, GroupedKernelMatchesBatched) {
 // Streamed experts (expert_unit_size 2) on the device's grouped kernel, ep_size 1 (the packed
 // routes): the same outputs and gradients as the stacked layer to bf16 precision, and one host
 // sync per forward (the routed rows per expert), none in backward.
+// The bag sums' two kernels (moe/dispatch.h) on the GPU: embedding_bag's and the gather with a
+// batched product that RoutePermutation takes there.
+TEST(MoeLayerGpu, BagSumKernelsAgree) {
+#if STRATA_TEST_HAS_CUDA
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(2);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto table = torch::randn({300, 96}).to(dev, dtype);
+    for (const int64_t bag : {1, 6}) {
+      const auto index = torch::randint(300, {128 * bag}, torch::kLong).to(dev);
+      for (const bool weighted : {false, true}) {
+        const auto weight = weighted ? torch::rand({128 * bag}).to(dev, dtype) : torch::Tensor();
+        const auto want = detail::bag_sums_embedding_bag(table, index, bag, weight).to(torch::kDouble);
+        const auto got = detail::bag_sums_gathered(table, index, bag, weight).to(torch::kDouble);
+        const double tol = dtype == torch::kBFloat16 ? 1e-2 : 1e-5;
+        EXPECT_TRUE(torch::allclose(got, want, tol, tol))
+            << c10::toString(dtype) << " bag " << bag << " weighted " << weighted
+            << ": max diff " << (got - want).abs().max().item<double>();
+      }
+    }
+  }
+#else
+  GTEST_SKIP() << "this build of Strata has no CUDA";
+#endif
+}
+
 TEST(MoeLayerGpu, StreamedExpertsMatchStackedWithOneSyncPerForward) {
 #if STRATA_TEST_HAS_CUDA
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
