@@ -142,7 +142,7 @@ torch::Tensor bag_sums_gathered(const torch::Tensor& table, const torch::Tensor&
   const auto grouped = rows.view({bags, bag, d});
   if (!weight.defined()) return grouped.sum(1);
   // [bags, 1, bag] x [bags, bag, d]: the products summed in float by the GEMM.
-  return torch::bmm(weight.to(rows.scalar_type()).view({bags, 1, bag}), grouped).view({bags, d});
+  return torch::bmm(weight.to(rows.scalar_type()).reshape({bags, 1, bag}), grouped).view({bags, d});
 }
 
 }  // namespace detail
