@@ -22,6 +22,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     torch::Tensor grad_w =
         want_w ? torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat)) : torch::Tensor();
     auto loss = torch::zeros({}, h.options().dtype(torch::kFloat));
+    torch::Tensor w_g;  // the weight in the gradient's dtype, cast once (not once per chunk)
     for (int64_t s = 0; s < rows; s += chunk_rows) {
       const int64_t n = std::min(chunk_rows, rows - s);
       const auto hc = h.narrow(0, s, n);
@@ -44,10 +45,10 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       log_p = torch::Tensor();
       g.scatter_(1, tc, target_log_p.exp().sub_(1.0).to(g.scalar_type()));
       if (want_h) {
-        const auto w = weight.to(g.scalar_type());
+        if (!w_g.defined()) w_g = weight.to(g.scalar_type());
         auto out = grad_h.narrow(0, s, n);
-        if (out.scalar_type() == g.scalar_type()) torch::mm_out(out, g, w);  // no temporary
-        else out.copy_(g.mm(w));
+        if (out.scalar_type() == g.scalar_type()) torch::mm_out(out, g, w_g);  // no temporary
+        else out.copy_(g.mm(w_g));
       }
       if (want_w) grad_w.add_(g.t().mm(hc.to(g.scalar_type())));
     }
