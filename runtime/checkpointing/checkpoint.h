@@ -255,12 +255,14 @@ torch::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, torch::Te
 // Selective recomputation: linear(fn(x)) keeping only x; fn (a norm, an activation, the
 // attention core with its dropout) runs again in backward, the linear layer's product does not
 // (its backward is computed by hand from the recomputed fn(x), under the forward's autocast).
-// `fn_params`: the parameters fn reads (the norm's), beside the linear layer's.
+// `fn_params`: the parameters fn reads (the norm's), beside the linear layer's. `name`: in errors
+// and in the profile.
 template <class Fn>
 torch::Tensor checkpoint_into_linear(Fn fn, const std::vector<torch::Tensor>& fn_params,
-                                     const torch::Tensor& x, torch::nn::Linear& linear) {
+                                     const torch::Tensor& x, torch::nn::Linear& linear,
+                                     std::string name = "selective") {
   CheckpointOptions options;
-  options.name = "selective";
+  options.name = std::move(name);
   options.tail_weight = linear->weight;
   options.tail_bias = linear->bias;
   CheckpointFn core = [fn](const std::vector<torch::Tensor>& t) {

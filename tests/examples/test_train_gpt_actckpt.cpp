@@ -104,6 +104,12 @@ TEST_F(TrainGptActivationCheckpointing, ZeroStagesOnOneAndTwoRanksGiveTheLossesA
                        "stage " + std::to_string(stage) + ", " + std::to_string(ranks) + " rank(s)");
 }
 
+// Without dropout a block is checkpointed as its two residual branches: ZeRO-3 gathers the
+// branches' units again in their recomputation, in the recorded order.
+TEST_F(TrainGptActivationCheckpointing, BlocksAsTwoBranchesAtStageThreeOnTwoRanks) {
+  compare_policies(2, config(3, 2), "tiny", "tiny without dropout, stage 3, 2 ranks");
+}
+
 TEST_F(TrainGptActivationCheckpointing, MoEWithNoiseAtEpSizeOneAndTwo) {
   for (int ep : {1, 2}) {
     auto c = config(1, 2);

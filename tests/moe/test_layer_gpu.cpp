@@ -202,8 +202,8 @@ TEST(MoeLayerGpu, BagSumKernelsAgree) {
       const auto index = torch::randint(300, {128 * bag}, torch::kLong).to(dev);
       for (const bool weighted : {false, true}) {
         const auto weight = weighted ? torch::rand({128 * bag}).to(dev, dtype) : torch::Tensor();
-        const auto want = detail::bag_sums_embedding_bag(table, index, bag, weight).to(torch::kDouble);
-        const auto got = detail::bag_sums_gathered(table, index, bag, weight).to(torch::kDouble);
+        const auto want = strata::moe::detail::bag_sums_embedding_bag(table, index, bag, weight).to(torch::kDouble);
+        const auto got = strata::moe::detail::bag_sums_gathered(table, index, bag, weight).to(torch::kDouble);
         const double tol = dtype == torch::kBFloat16 ? 1e-2 : 1e-5;
         EXPECT_TRUE(torch::allclose(got, want, tol, tol))
             << c10::toString(dtype) << " bag " << bag << " weighted " << weighted
