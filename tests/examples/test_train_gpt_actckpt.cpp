@@ -105,9 +105,23 @@ TEST_F(TrainGptActivationCheckpointing, ZeroStagesOnOneAndTwoRanksGiveTheLossesA
 }
 
 // Without dropout a block is checkpointed as its two residual branches: ZeRO-3 gathers the
-// branches' units again in their recomputation, in the recorded order.
+// branches' units again in their recomputation, in the recorded order; the branches' inputs
+// (two per block) go to host memory or NVMe and come back in the same numbers.
 TEST_F(TrainGptActivationCheckpointing, BlocksAsTwoBranchesAtStageThreeOnTwoRanks) {
   compare_policies(2, config(3, 2), "tiny", "tiny without dropout, stage 3, 2 ranks");
+  const auto ref = train(2, config(3, 2), "tiny", "none");
+  auto host = config(3, 2);
+  host["activation_checkpointing"] = {{"cpu_checkpointing", true}, {"profile", true}};
+  auto got = train(2, host, "tiny", "every");
+  expect_same(ref, got, "stage 3, two branches, cpu_checkpointing");
+  EXPECT_NE(got.output.find("activation checkpointing, micro-step 1: 4 checkpoints"),
+            std::string::npos) << got.output;
+  const auto swap = dir_ / "swap3";
+  fs::create_directories(swap);
+  auto nvme = config(3, 2);
+  nvme["activation_checkpointing"] = {{"nvme_path", swap.string()}};
+  expect_same(ref, train(2, nvme, "tiny", "every"), "stage 3, two branches, nvme_path");
+  EXPECT_TRUE(fs::is_empty(swap)) << "the swap folder is removed at exit";
 }
 
 TEST_F(TrainGptActivationCheckpointing, MoEWithNoiseAtEpSizeOneAndTwo) {
