@@ -82,16 +82,40 @@ class TrainGptActivationCheckpointing : public strata::test_support::BuildFsDirT
       }
   }
 
-  // The policies against no checkpointing, on `ranks` processes.
-  void compare_policies(int ranks, const nlohmann::json& c, const std::string& model,
-                        const std::string& what) {
-    const auto ref = train(ranks, c, model, "none");
+  // The policies against no checkpointing, on `ranks` processes; returns the run without.
+  Result compare_policies(int ranks, const nlohmann::json& c, const std::string& model,
+                          const std::string& what) {
+    auto ref = train(ranks, c, model, "none");
     for (const std::string policy : {"every", "selective"}) {
       const auto got = train(ranks, c, model, policy);
       expect_same(ref, got, what + ", " + policy);
       EXPECT_EQ(got.output.find("gathering on use from here"), std::string::npos)
           << what << ", " << policy << ": ZeRO-3 left its recorded order\n" << got.output;
     }
+    return ref;
+  }
+
+  // Every block checkpointed with its inputs in host memory, then on NVMe under dir_/swap_name,
+  // against `ref` (the same config without checkpointing): the same numbers, `checkpoints`
+  // checkpoints a micro-step, the swap folder empty at exit.
+  void compare_stores(int ranks, const nlohmann::json& c, const std::string& model, const Result& ref,
+                      int checkpoints, const std::string& swap_name, const std::string& what) {
+    auto host = c;
+    host["activation_checkpointing"] = {{"cpu_checkpointing", true}, {"profile", true}};
+    auto got = train(ranks, host, model, "every");
+    expect_same(ref, got, what + "cpu_checkpointing");
+    EXPECT_NE(got.output.find("activation checkpointing, micro-step 1: " + std::to_string(checkpoints) +
+                              " checkpoints"),
+              std::string::npos) << got.output;
+    const auto swap = dir_ / swap_name;
+    fs::create_directories(swap);
+    auto nvme = c;
+    nvme["activation_checkpointing"] = {{"nvme_path", swap.string()}};
+    got = train(ranks, nvme, model, "every");
+    expect_same(ref, got, what + "nvme_path");
+    EXPECT_NE(got.output.find("checkpointed inputs in swap files under"), std::string::npos)
+        << got.output;
+    EXPECT_TRUE(fs::is_empty(swap)) << "the swap folder is removed at exit";
   }
 
   int runs_ = 0;
@@ -108,20 +132,9 @@ TEST_F(TrainGptActivationCheckpointing, ZeroStagesOnOneAndTwoRanksGiveTheLossesA
 // branches' units again in their recomputation, in the recorded order; the branches' inputs
 // (two per block) go to host memory or NVMe and come back in the same numbers.
 TEST_F(TrainGptActivationCheckpointing, BlocksAsTwoBranchesAtStageThreeOnTwoRanks) {
-  compare_policies(2, config(3, 2), "tiny", "tiny without dropout, stage 3, 2 ranks");
-  const auto ref = train(2, config(3, 2), "tiny", "none");
-  auto host = config(3, 2);
-  host["activation_checkpointing"] = {{"cpu_checkpointing", true}, {"profile", true}};
-  auto got = train(2, host, "tiny", "every");
-  expect_same(ref, got, "stage 3, two branches, cpu_checkpointing");
-  EXPECT_NE(got.output.find("activation checkpointing, micro-step 1: 4 checkpoints"),
-            std::string::npos) << got.output;
-  const auto swap = dir_ / "swap3";
-  fs::create_directories(swap);
-  auto nvme = config(3, 2);
-  nvme["activation_checkpointing"] = {{"nvme_path", swap.string()}};
-  expect_same(ref, train(2, nvme, "tiny", "every"), "stage 3, two branches, nvme_path");
-  EXPECT_TRUE(fs::is_empty(swap)) << "the swap folder is removed at exit";
+  const auto ref = compare_policies(2, config(3, 2), "tiny", "tiny without dropout, stage 3, 2 ranks");
+  // tiny's 2 blocks, 2 branches each.
+  compare_stores(2, config(3, 2), "tiny", ref, 4, "swap3", "stage 3, two branches, ");
 }
 
 TEST_F(TrainGptActivationCheckpointing, MoEWithNoiseAtEpSizeOneAndTwo) {
@@ -144,23 +157,9 @@ TEST_F(TrainGptActivationCheckpointing, Bf16AndTorchAutocast) {
 }
 
 TEST_F(TrainGptActivationCheckpointing, HostMemoryAndNvmeGiveTheSameNumbersAndLeaveNoFiles) {
-  const auto swap = dir_ / "swap";
-  fs::create_directories(swap);
   const auto ref = train(2, config(2, 2), "tiny-dropout", "none");
-  auto host = config(2, 2);
-  host["activation_checkpointing"] = {{"cpu_checkpointing", true}, {"profile", true}};
-  auto got = train(2, host, "tiny-dropout", "every");
-  expect_same(ref, got, "cpu_checkpointing");
-  // tiny's 2 blocks (the loss is fused with the head, not checkpointed).
-  EXPECT_NE(got.output.find("activation checkpointing, micro-step 1: 2 checkpoints"),
-            std::string::npos) << got.output;
-  auto nvme = config(2, 2);
-  nvme["activation_checkpointing"] = {{"nvme_path", swap.string()}};
-  got = train(2, nvme, "tiny-dropout", "every");
-  expect_same(ref, got, "nvme_path");
-  EXPECT_NE(got.output.find("checkpointed inputs in swap files under"), std::string::npos)
-      << got.output;
-  EXPECT_TRUE(fs::is_empty(swap)) << "the swap folder is removed at exit";
+  // tiny's 2 blocks, each whole under dropout (the loss is fused with the head, not checkpointed).
+  compare_stores(2, config(2, 2), "tiny-dropout", ref, 2, "swap", "");
 }
 
 }  // namespace
