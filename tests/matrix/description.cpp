@@ -113,6 +113,18 @@ Description generate(uint64_t seed, int max_world) {
       p.expert_unit = 1 + int(stream_rng.below(3));  // 1-3 of a rank's 1, 2 or 4 experts
       p.expert_window = stream_rng.weighted<int>({{2, 0}, {1, 1}, {1, 2}, {1, 3}});
     }
+  // Activation checkpointing (issue 32), from a stream of its own for the same reason. Each phase
+  // draws its own: a resume may switch it on, off or to another store (checkpoints of training
+  // state carry none of it).
+  Rng ckpt_rng{seed * 0xd1b54a32d192ed03ull + 0x32};
+  for (auto& p : d.phases)
+    if (ckpt_rng.chance(40)) {
+      p.checkpointing = ckpt_rng.weighted<std::string>({{3, "every"}, {1, "every:2"}, {2, "selective"}});
+      p.checkpoint_store = ckpt_rng.weighted<std::string>(
+          {{2, ""}, {2, "cpu"}, {1, "nvme"}, {1, "contiguous"}, {1, "extras"}});
+    } else if (ckpt_rng.chance(10)) {
+      p.checkpoint_store = ckpt_rng.pick<std::string>({"cpu", "nvme"});  // the block alone: no effect
+    }
   // Small sizes cut through parameters (tiny's matrices are 4096-16384 elements); 131073 and 4099
   // are odd tile lengths. The CPU Adam cuts a tile of at least 2^16 elements per thread over its
   // threads in 64-element blocks: 131073 = 2^17 + 1 (2 threads) and 196609 = 3 x 2^16 + 1 (2 or
@@ -146,7 +158,8 @@ nlohmann::json to_json(const Description& d) {
                       {"offload_optimizer", p.offload_optimizer}, {"offload_param", p.offload_param},
                       {"ep_size", p.ep_size}, {"threads", p.threads}, {"zero_init", p.zero_init},
                       {"adam_grain", p.adam_grain}, {"expert_unit", p.expert_unit},
-                      {"expert_window", p.expert_window}});
+                      {"expert_window", p.expert_window}, {"checkpointing", p.checkpointing},
+                      {"checkpoint_store", p.checkpoint_store}});
   return {{"seed", d.seed}, {"model", d.model}, {"dtype", d.dtype}, {"optimizer", d.optimizer},
           {"scheduler", d.scheduler}, {"clip", d.clip}, {"micro", d.micro},
           {"per_step", d.per_step}, {"steps", d.steps}, {"save_at", d.save_at},
@@ -186,6 +199,8 @@ Description from_json(const nlohmann::json& j) {
     p.zero_init = pj.value("zero_init", false);
     p.expert_unit = pj.value("expert_unit", 0);
     p.expert_window = pj.value("expert_window", 0);
+    p.checkpointing = pj.value("checkpointing", std::string());
+    p.checkpoint_store = pj.value("checkpoint_store", std::string());
     d.phases.push_back(p);
   }
   if (d.phases.empty()) d.phases.push_back(Phase{1, d.per_step});
@@ -219,6 +234,10 @@ std::string summary(const Description& d) {
     if (p.zero_init) s << " zinit";
     if (p.expert_unit) s << " eu" << p.expert_unit;
     if (p.expert_window) s << " ew" << p.expert_window;
+    if (!p.checkpointing.empty())
+      s << " ac=" << p.checkpointing << (p.checkpoint_store.empty() ? "" : "/" + p.checkpoint_store);
+    else if (!p.checkpoint_store.empty())
+      s << " ac-block=" << p.checkpoint_store;
   }
   if (d.model == "tiny-moe")
     s << " | k" << d.top_k << " cf" << d.capacity_factor << (d.drop_tokens ? " drop" : " dropless")
@@ -237,7 +256,9 @@ int64_t complexity(const Description& d) {
   for (const auto& p : d.phases) {
     c += 3 * p.world + p.gas + p.stage + (p.offload_optimizer != "none") * 2 +
          (p.offload_param != "none") * 2 + p.ep_size + (p.threads != 0) + p.zero_init +
-         (p.adam_grain != 0) + (p.expert_unit != 0) + (p.expert_window != 0);
+         (p.adam_grain != 0) + (p.expert_unit != 0) + (p.expert_window != 0) +
+         (p.checkpointing.empty() ? 0 : p.checkpointing == "every" ? 1 : 2) +
+         !p.checkpoint_store.empty();
   }
   c += (d.persistence_threshold != 0) + (d.reduce_bucket_size != 0) +
        (d.allgather_bucket_size != 0) + (d.prefetch_bucket_size != 0) +
@@ -304,6 +325,9 @@ std::vector<Description> simplifications(const Description& d) {
     if (p.zero_init) on([](Phase& q) { q.zero_init = false; });
     if (p.expert_unit) on([](Phase& q) { q.expert_unit = 0, q.expert_window = 0; });
     if (p.expert_window) on([](Phase& q) { q.expert_window = 0; });
+    if (!p.checkpointing.empty()) on([](Phase& q) { q.checkpointing.clear(), q.checkpoint_store.clear(); });
+    if (p.checkpointing != "" && p.checkpointing != "every") on([](Phase& q) { q.checkpointing = "every"; });
+    if (!p.checkpoint_store.empty()) on([](Phase& q) { q.checkpoint_store.clear(); });
   }
   if (d.persistence_threshold) with([](Description& s) { s.persistence_threshold = 0; });
   if (d.reduce_bucket_size) with([](Description& s) { s.reduce_bucket_size = 0; });

@@ -187,6 +187,19 @@ nlohmann::json config_for(const Description& d, const Phase& p, const std::strin
                 {"noisy_gate_policy", d.noisy_gate_policy}, {"aux_loss_coef", 0.01}};
   if (d.model == "tiny-moe" && p.expert_unit > 0) c["moe"]["expert_unit_size"] = p.expert_unit;
   if (d.model == "tiny-moe" && p.expert_window > 0) c["moe"]["expert_window"] = p.expert_window;
+  // The activation_checkpointing block (docs/activation_checkpointing.md). With a policy it
+  // always asks for the profile, whose log lines show that checkpoints ran (Runner::run checks);
+  // the block without a policy must change nothing.
+  nlohmann::json ac = nlohmann::json::object();
+  const std::string& store = p.checkpoint_store;
+  if (!p.checkpointing.empty()) ac["profile"] = true;
+  if (store == "cpu") ac["cpu_checkpointing"] = true;
+  if (store == "nvme") ac["nvme_path"] = nvme_path;
+  // More than the models' checkpoints per micro-step (two per block under every, a few per
+  // block under selective; the models have 2 blocks): the buffer never overflows.
+  if (store == "contiguous") ac["contiguous_memory_optimization"] = true, ac["number_checkpoints"] = 64;
+  if (store == "extras") ac["synchronize_checkpoint_boundary"] = true, ac["partition_activations"] = true;
+  if (!ac.empty()) c["activation_checkpointing"] = ac;
   return c;
 }
 
@@ -220,7 +233,7 @@ Runner::Launch Runner::launch(const Description& d, const Phase& p, int index,
   if (p.world > 1) cmd << o_.bin << "/strata-run --num_gpus " << p.world << " -- ";
   cmd << o_.bin << "/train_gpt --device cpu --model " << d.model << " --config " << config
       << " --seed " << d.seed << " --metrics-jsonl " << jsonl << (p.zero_init ? " --zero-init" : "")
-      << extra;
+      << (p.checkpointing.empty() ? "" : " --activation-checkpointing " + p.checkpointing) << extra;
   const auto r = capture(cmd.str());
   std::ofstream(folder + "/phase" + std::to_string(index) + ".log") << cmd.str() << "\n" << r.output;
   return {r.exit_code, r.output, cmd.str()};
@@ -317,6 +330,22 @@ Verdict Runner::run(const Description& d) {
     }
     const auto got = read_jsonl(jsonl);
     rows.insert(rows.end(), got.begin(), got.end());
+    // A policy checkpoints something (its profile says so); the block alone checkpoints nothing.
+    const bool profiled = r.output.find("activation checkpointing, micro-step") != std::string::npos;
+    if (profiled != !d.phases[i].checkpointing.empty() && v.outcome == Outcome::kPass) {
+      v.outcome = Outcome::kMismatch;
+      v.detail = "phase " + std::to_string(i) + (profiled ? " checkpointed without a policy"
+                                                          : " checkpointed nothing under --activation-checkpointing " +
+                                                                d.phases[i].checkpointing);
+    }
+    // Checkpointed inputs on NVMe: the engine removes its swap folder when it is destroyed.
+    const auto left = capture("(ls -d '" + o_.work + "/nvme'/strata-actckpt-* 2>/dev/null)");
+    if (!left.output.empty() && v.outcome == Outcome::kPass) {
+      v.outcome = Outcome::kMismatch;
+      v.detail = "phase " + std::to_string(i) + " left activation checkpoint swap files:\n" +
+                 tail_lines(left.output, 4);
+      capture("rm -rf '" + o_.work + "/nvme'/strata-actckpt-*");
+    }
   }
   if (int(rows.size()) != d.steps) {
     v.outcome = Outcome::kCrash;

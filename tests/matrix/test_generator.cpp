@@ -23,7 +23,8 @@ TEST(MatrixGenerator, DescriptionsArePureFunctionsOfTheSeedAndRoundTripThroughJs
 TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
   std::set<std::string> models, dtypes, optimizers;
   std::set<int> stages, worlds;
-  int resumes = 0, world_changes = 0, odd_windows = 0, streamed = 0;
+  int resumes = 0, world_changes = 0, odd_windows = 0, streamed = 0, switched_checkpointing = 0;
+  std::set<std::string> policies, stores, blocks_alone;
   for (uint64_t s = 0; s < 2000; ++s) {
     const auto d = generate(s, s % 2 ? 4 : 2);
     ASSERT_FALSE(d.phases.empty());
@@ -43,7 +44,12 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
       if (p.expert_window > 0) {
         EXPECT_GT(p.expert_unit, 0) << summary(d);
       }
+      // Activation checkpointing: every policy with every store, and now and then the block alone.
+      if (!p.checkpointing.empty()) policies.insert(p.checkpointing), stores.insert(p.checkpoint_store);
+      else if (!p.checkpoint_store.empty()) blocks_alone.insert(p.checkpoint_store);
     }
+    if (d.phases.size() == 2)
+      switched_checkpointing += d.phases[0].checkpointing != d.phases[1].checkpointing;
     models.insert(d.model), dtypes.insert(d.dtype), optimizers.insert(d.optimizer);
     if (d.phases.size() == 2) {
       ++resumes;
@@ -61,6 +67,10 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
   EXPECT_GT(world_changes, 300);
   EXPECT_GT(odd_windows, 50);
   EXPECT_GT(streamed, 50);
+  EXPECT_EQ(policies, (std::set<std::string>{"every", "every:2", "selective"}));
+  EXPECT_EQ(stores, (std::set<std::string>{"", "cpu", "nvme", "contiguous", "extras"}));
+  EXPECT_EQ(blocks_alone, (std::set<std::string>{"cpu", "nvme"}));
+  EXPECT_GT(switched_checkpointing, 300);
 }
 
 TEST(MatrixRefusal, PredictsWhatTheEngineRefusesByName) {
@@ -139,6 +149,8 @@ TEST(MatrixOracle, IsOneProcessAtStage0WithTheSameGlobalBatch) {
     const auto c = config_for(o, o.phases[0], "/nvme");
     EXPECT_EQ(c.at("zero_optimization").at("stage"), 0);
     EXPECT_FALSE(c.at("zero_optimization").contains("offload_optimizer"));
+    EXPECT_FALSE(c.contains("activation_checkpointing"));  // the oracle recomputes nothing
+    EXPECT_TRUE(o.phases[0].checkpointing.empty());
   }
 }
 
