@@ -64,6 +64,16 @@ FAULTS = [
      "  return (micro_steps_ + 1) % gradient_accumulation_steps() == 0;",
      "  return micro_steps_ % gradient_accumulation_steps() == 0;",
      "the accumulation boundary one micro-step early"),
+    ("runtime/util/recompute.h",
+     "    value = r->tape[r->cursor++];",
+     "    value = std::forward<Compute>(compute)(), ++r->cursor;",
+     "activation checkpointing: the recomputation draws a new value (the MoE gate's noise key) "
+     "instead of replaying the forward's"),
+    ("runtime/checkpointing/saved_inputs.cpp",
+     "        if (a.live == 0) a.used = 0;",
+     "        if (a.live <= 1) a.used = 0;",
+     "contiguous_memory_optimization: the buffer restarts while a checkpoint in it is still live "
+     "(the next checkpoint overwrites its inputs)"),
 ]
 
 
