@@ -125,6 +125,11 @@ Description generate(uint64_t seed, int max_world) {
     } else if (ckpt_rng.chance(10)) {
       p.checkpoint_store = ckpt_rng.pick<std::string>({"cpu", "nvme"});  // the block alone: no effect
     }
+  for (const auto& p : d.phases)
+    if (!p.checkpointing.empty()) {
+      d.dropout = ckpt_rng.chance(30);
+      break;
+    }
   // Small sizes cut through parameters (tiny's matrices are 4096-16384 elements); 131073 and 4099
   // are odd tile lengths. The CPU Adam cuts a tile of at least 2^16 elements per thread over its
   // threads in 64-element blocks: 131073 = 2^17 + 1 (2 threads) and 196609 = 3 x 2^16 + 1 (2 or
@@ -160,7 +165,8 @@ nlohmann::json to_json(const Description& d) {
                       {"adam_grain", p.adam_grain}, {"expert_unit", p.expert_unit},
                       {"expert_window", p.expert_window}, {"checkpointing", p.checkpointing},
                       {"checkpoint_store", p.checkpoint_store}});
-  return {{"seed", d.seed}, {"model", d.model}, {"dtype", d.dtype}, {"optimizer", d.optimizer},
+  return {{"seed", d.seed}, {"model", d.model}, {"dropout", d.dropout}, {"dtype", d.dtype},
+          {"optimizer", d.optimizer},
           {"scheduler", d.scheduler}, {"clip", d.clip}, {"micro", d.micro},
           {"per_step", d.per_step}, {"steps", d.steps}, {"save_at", d.save_at},
           {"phases", phases}, {"persistence_threshold", d.persistence_threshold},
@@ -178,6 +184,7 @@ Description from_json(const nlohmann::json& j) {
   const Description def;
   d.seed = j.value("seed", def.seed);
   d.model = j.value("model", def.model);
+  d.dropout = j.value("dropout", def.dropout);
   d.dtype = j.value("dtype", def.dtype);
   d.optimizer = j.value("optimizer", def.optimizer);
   d.scheduler = j.value("scheduler", def.scheduler);
@@ -220,7 +227,7 @@ Description from_json(const nlohmann::json& j) {
 
 std::string summary(const Description& d) {
   std::ostringstream s;
-  s << d.model << " " << d.dtype << " " << d.optimizer << " sched=" << d.scheduler
+  s << d.model << (d.dropout ? "-dropout" : "") << " " << d.dtype << " " << d.optimizer << " sched=" << d.scheduler
     << " clip=" << d.clip << " micro=" << d.micro << " steps=" << d.steps;
   for (size_t i = 0; i < d.phases.size(); ++i) {
     const auto& p = d.phases[i];
@@ -250,6 +257,7 @@ int64_t complexity(const Description& d) {
   int64_t c = d.steps + d.micro + d.per_step + 10 * int64_t(d.phases.size());
   c += d.model == "tiny" ? 0 : d.model == "tiny-tied" || d.model == "tiny-zoo" ? 1 : 3;
   c += d.dtype == "fp32" ? 0 : 2;
+  c += d.dropout;
   c += d.optimizer == "AdamW" ? 0 : 1;
   c += d.scheduler == "none" ? 0 : 1;
   c += d.clip == 0.0 ? 0 : 1;
@@ -288,6 +296,7 @@ std::vector<Description> simplifications(const Description& d) {
       for (auto& p : s.phases) p.ep_size = 1, p.expert_unit = 0, p.expert_window = 0;
     });
   if (d.dtype != "fp32") with([](Description& s) { s.dtype = "fp32"; });
+  if (d.dropout) with([](Description& s) { s.dropout = false; });
   if (d.optimizer != "AdamW") with([](Description& s) { s.optimizer = "AdamW"; });
   if (d.scheduler != "none") with([](Description& s) { s.scheduler = "none"; });
   if (d.clip != 0.0) with([](Description& s) { s.clip = 0.0; });

@@ -216,6 +216,22 @@ Description oracle_of(const Description& d) {
   return o;
 }
 
+Description reference_of(const Description& d) {
+  if (!d.dropout) return oracle_of(d);
+  Description twin = d;
+  for (auto& p : twin.phases) p.checkpointing.clear(), p.checkpoint_store.clear();
+  return twin;
+}
+
+std::string phase_flags(const Description& d, size_t i, const std::string& folder) {
+  const bool saves = d.save_at > 0 && i == 0;
+  std::string flags = " --steps " + std::to_string(saves ? d.save_at : d.steps);
+  if (saves) flags += " --save-dir " + folder + "/ckpt";
+  if (i > 0) flags += " --resume " + folder + "/ckpt";
+  if (!saves && i + 1 == d.phases.size()) flags += " --save-dir " + folder + "/final";
+  return flags;
+}
+
 Runner::Runner(RunnerOptions options) : o_(std::move(options)) {
   if (o_.tools.empty()) o_.tools = o_.bin;
   capture("mkdir -p '" + o_.work + "/oracle' '" + o_.work + "/nvme'");
@@ -231,7 +247,8 @@ Runner::Launch Runner::launch(const Description& d, const Phase& p, int index,
   if (p.adam_grain) cmd << "STRATA_CPU_ADAM_GRAIN=" << p.adam_grain << " ";
   cmd << "timeout " << o_.timeout_s << " ";
   if (p.world > 1) cmd << o_.bin << "/strata-run --num_gpus " << p.world << " -- ";
-  cmd << o_.bin << "/train_gpt --device cpu --model " << d.model << " --config " << config
+  cmd << o_.bin << "/train_gpt --device cpu --model " << d.model << (d.dropout ? "-dropout" : "")
+      << " --config " << config
       << " --seed " << d.seed << " --metrics-jsonl " << jsonl << (p.zero_init ? " --zero-init" : "")
       << (p.checkpointing.empty() ? "" : " --activation-checkpointing " + p.checkpointing) << extra;
   const auto r = capture(cmd.str());
@@ -241,27 +258,37 @@ Runner::Launch Runner::launch(const Description& d, const Phase& p, int index,
 
 bool Runner::oracle_rows(const Description& d, std::vector<nlohmann::json>* rows, Verdict* v,
                          std::string* final_dir) {
-  const Description o = oracle_of(d);
+  const Description o = reference_of(d);
   const std::string key = to_json(o).dump();
   const size_t hash = std::hash<std::string>()(key);
   const std::string folder = o_.work + "/oracle/" + std::to_string(hash);
   *final_dir = folder + "/final";
-  v->commands.push_back("# oracle");
+  v->commands.push_back(d.dropout ? "# its twin without activation checkpointing" : "# oracle");
   auto cached = oracle_cache_.find(key);
   if (cached != oracle_cache_.end()) {
     *rows = cached->second;
     v->commands.push_back("(cached) " + folder);
     return true;
   }
-  capture("mkdir -p '" + folder + "'");
-  const auto r = launch(o, o.phases[0], 0, folder, folder + "/metrics.jsonl",
-                        " --steps " + std::to_string(o.steps) + " --save-dir " + *final_dir);
-  v->commands.push_back(r.command);
-  *rows = read_jsonl(folder + "/metrics.jsonl");
-  if (r.exit_code != 0 || int(rows->size()) != o.steps) {
+  capture("rm -rf '" + folder + "' && mkdir -p '" + folder + "'");
+  rows->clear();
+  for (size_t i = 0; i < o.phases.size(); ++i) {
+    const std::string jsonl = folder + (i == 0 ? "/metrics.jsonl" : "/metrics" + std::to_string(i) + ".jsonl");
+    const auto r = launch(o, o.phases[i], int(i), folder, jsonl, phase_flags(o, i, folder));
+    v->commands.push_back(r.command);
+    const auto got = read_jsonl(jsonl);
+    rows->insert(rows->end(), got.begin(), got.end());
+    if (r.exit_code != 0) {
+      v->outcome = Outcome::kOracleFailed;
+      v->detail = std::string(d.dropout ? "the twin without checkpointing" : "the stage-0 oracle") +
+                  " exited " + std::to_string(r.exit_code) + ":\n" + tail_lines(r.output, 6);
+      return false;
+    }
+  }
+  if (int(rows->size()) != o.steps) {
     v->outcome = Outcome::kOracleFailed;
-    v->detail = "the stage-0 oracle exited " + std::to_string(r.exit_code) + ":\n" +
-                tail_lines(r.output, 6);
+    v->detail = "the reference run wrote " + std::to_string(rows->size()) + " metrics rows for " +
+                std::to_string(o.steps) + " steps";
     return false;
   }
   oracle_cache_[key] = *rows;
@@ -298,13 +325,8 @@ Verdict Runner::run(const Description& d) {
   std::vector<nlohmann::json> rows;
   v.commands.push_back("# description");
   for (size_t i = 0; i < d.phases.size(); ++i) {
-    const bool saves = d.save_at > 0 && i == 0;
-    std::string extra = " --steps " + std::to_string(saves ? d.save_at : d.steps);
-    if (saves) extra += " --save-dir " + folder + "/ckpt";
-    if (i > 0) extra += " --resume " + folder + "/ckpt";
-    if (!saves && i + 1 == d.phases.size()) extra += " --save-dir " + folder + "/final";
     const std::string jsonl = folder + "/phase" + std::to_string(i) + ".jsonl";
-    const auto r = launch(d, d.phases[i], int(i), folder, jsonl, extra);
+    const auto r = launch(d, d.phases[i], int(i), folder, jsonl, phase_flags(d, i, folder));
     v.commands.push_back(r.command);
     if (refusal && refusal->phase == int(i)) {
       if (r.exit_code == 0) {

@@ -67,7 +67,8 @@ class Runner {
   };
   Launch launch(const Description& d, const Phase& p, int index, const std::string& folder,
                 const std::string& jsonl, const std::string& extra);
-  // The oracle's rows, run once per distinct oracle (cached under work/oracle).
+  // The rows of d's reference (reference_of), run once per distinct one (cached under
+  // work/oracle).
   // Its final checkpoint is in *final_dir.
   bool oracle_rows(const Description& d, std::vector<nlohmann::json>* rows, Verdict* v,
                    std::string* final_dir);
@@ -83,6 +84,12 @@ class Runner {
 nlohmann::json config_for(const Description& d, const Phase& p, const std::string& nvme_path);
 // The oracle of d: one process, stage 0, the same dtype, global batch and steps, no resume.
 Description oracle_of(const Description& d);
+// What d's rows and final parameters are held against: its oracle, or for a model with dropout
+// (whose masks differ per rank) its twin, d without activation checkpointing.
+Description reference_of(const Description& d);
+// train_gpt's flags for phase i of d run in `folder`: its steps, the save after the first of two
+// phases, the resume of the second, the final checkpoint of the last.
+std::string phase_flags(const Description& d, size_t i, const std::string& folder);
 
 struct ShrinkResult {
   Description minimal;

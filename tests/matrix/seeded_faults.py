@@ -74,6 +74,11 @@ FAULTS = [
      "        if (a.live <= 1) a.used = 0;",
      "contiguous_memory_optimization: the buffer restarts while a checkpoint in it is still live "
      "(the next checkpoint overwrites its inputs)"),
+    ("runtime/checkpointing/replay_state.cpp",
+     "  set_state(at::detail::getDefaultCPUGenerator(), g.cpu);",
+     "  ;",
+     "activation checkpointing: the CPU generator is not put back (the recomputation's dropout "
+     "draws other masks than the forward's)"),
 ]
 
 

@@ -24,6 +24,7 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
   std::set<std::string> models, dtypes, optimizers;
   std::set<int> stages, worlds;
   int resumes = 0, world_changes = 0, odd_windows = 0, streamed = 0, switched_checkpointing = 0;
+  int dropout = 0;
   std::set<std::string> policies, stores, blocks_alone;
   for (uint64_t s = 0; s < 2000; ++s) {
     const auto d = generate(s, s % 2 ? 4 : 2);
@@ -50,6 +51,13 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
     }
     if (d.phases.size() == 2)
       switched_checkpointing += d.phases[0].checkpointing != d.phases[1].checkpointing;
+    // Dropout only where some phase checkpoints: the twin without checkpointing is its reference.
+    if (d.dropout) {
+      ++dropout;
+      bool checkpoints = false;
+      for (const auto& p : d.phases) checkpoints = checkpoints || !p.checkpointing.empty();
+      EXPECT_TRUE(checkpoints) << summary(d);
+    }
     models.insert(d.model), dtypes.insert(d.dtype), optimizers.insert(d.optimizer);
     if (d.phases.size() == 2) {
       ++resumes;
@@ -71,6 +79,7 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
   EXPECT_EQ(stores, (std::set<std::string>{"", "cpu", "nvme", "contiguous", "extras"}));
   EXPECT_EQ(blocks_alone, (std::set<std::string>{"cpu", "nvme"}));
   EXPECT_GT(switched_checkpointing, 300);
+  EXPECT_GT(dropout, 100);
 }
 
 TEST(MatrixRefusal, PredictsWhatTheEngineRefusesByName) {
@@ -152,6 +161,31 @@ TEST(MatrixOracle, IsOneProcessAtStage0WithTheSameGlobalBatch) {
     EXPECT_FALSE(c.contains("activation_checkpointing"));  // the oracle recomputes nothing
     EXPECT_TRUE(o.phases[0].checkpointing.empty());
   }
+}
+
+// A model with dropout is held against its twin: the same phases, resume and ranks, no
+// activation checkpointing (so the masks are the ones the description's forward draws).
+TEST(MatrixOracle, ADropoutModelsReferenceIsItsTwinWithoutCheckpointing) {
+  int twins = 0;
+  for (uint64_t s = 0; s < 300; ++s) {
+    const auto d = generate(s);
+    const auto r = reference_of(d);
+    if (!d.dropout) {
+      EXPECT_EQ(to_json(r), to_json(oracle_of(d)));
+      continue;
+    }
+    ++twins;
+    EXPECT_TRUE(r.dropout);
+    ASSERT_EQ(r.phases.size(), d.phases.size());
+    EXPECT_EQ(r.save_at, d.save_at);
+    for (size_t i = 0; i < d.phases.size(); ++i) {
+      EXPECT_EQ(r.phases[i].world, d.phases[i].world);
+      EXPECT_EQ(r.phases[i].stage, d.phases[i].stage);
+      EXPECT_TRUE(r.phases[i].checkpointing.empty());
+      EXPECT_FALSE(config_for(r, r.phases[i], "/nvme").contains("activation_checkpointing"));
+    }
+  }
+  EXPECT_GT(twins, 10);
 }
 
 // The soak's tied + autocast "mismatch" at 3 ranks was bf16 rounding of the oracle's loss / 3
