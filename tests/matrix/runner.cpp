@@ -393,7 +393,8 @@ Verdict Runner::run(const Description& d) {
         std::ostringstream s_;
         s_.precision(9);
         s_ << "step " << s + 1 << (d.save_at && s >= d.save_at ? " (after the resume)" : "") << ": "
-           << m.name << " " << y << " vs the oracle's " << x << " (relative " << e << " > " << m.bound << ")";
+           << m.name << " " << y << (d.dropout ? " vs the twin's " : " vs the oracle's ") << x
+           << " (relative " << e << " > " << m.bound << ")";
         v.detail = s_.str();
       }
     }
@@ -428,7 +429,7 @@ void Runner::compare_parameters(const Description& d, const std::string& mine,
     std::ostringstream s_;
     s_.precision(6);
     s_ << "after step " << d.steps << ": parameter '" << worst.at("name").get<std::string>()
-       << "' differs from the oracle's by up to " << worst.at("max_abs").get<double>() << " = "
+       << "' differs from the " << (d.dropout ? "twin's" : "oracle's") << " by up to " << worst.at("max_abs").get<double>() << " = "
        << e << " x lr x steps (> " << tolerance_for(d).param << ")";
     v->detail = s_.str();
   }
