@@ -25,9 +25,11 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -295,6 +297,16 @@ int run(const Args& args) {
     return b;
   };
   const int64_t h2d0 = h2d_bytes();
+  // Each trainable unit's gathers (offload_param: one host-to-device copy of its shard each), to
+  // say which parameters travel how often a step.
+  auto unit_gathers = [&] {
+    std::vector<int64_t> g;
+    for (const auto* u : {engine->stage3_units(), engine->stage3_expert_units()})
+      if (u)
+        for (size_t i = 0; i < u->size(); ++i) g.push_back(u->unit(i).gathers);
+    return g;
+  };
+  const auto gathers0 = unit_gathers();
   const auto nvme0 = engine->nvme_traffic();
   const auto t0 = Clock::now();
   torch::Tensor loss;
@@ -304,6 +316,7 @@ int run(const Args& args) {
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count() / args.steps;
   // The timed steps' traffic (the profile's and the memory phases' steps come after).
   const int64_t h2d1 = h2d_bytes();
+  const auto gathers1 = unit_gathers();
   const auto nvme = engine->nvme_traffic();
 
   // The peer's arithmetic: 6 x active parameters x tokens + causal attention counted half.
@@ -412,6 +425,23 @@ int run(const Args& args) {
     r["param_offload"] = {{"h2d_GB_per_step", per_step / 1e9},
                           {"param_GB", double(param_bytes) / 1e9},
                           {"h2d_GB_s", per_step / dt / 1e9}};
+    // The trainable units' bytes by how many times a step each came over (its gathers over the
+    // timed steps), and the units that came fewer than twice (no backward reads their weights).
+    std::map<std::string, double> by_travels;
+    std::vector<std::string> fewer;
+    size_t k = 0;
+    for (const auto* u : {engine->stage3_units(), engine->stage3_expert_units()})
+      if (u)
+        for (size_t i = 0; i < u->size(); ++i, ++k) {
+          const auto& unit = u->unit(i);
+          if (!unit.trainable) continue;
+          const double travels = double(gathers1[k] - gathers0[k]) / double(args.steps);
+          by_travels[fmt::format("{:g}", travels)] +=
+              double(unit.chunk * u->partition().element_size()) / 1e9;
+          if (travels < 2) fewer.push_back(unit.name);
+        }
+    r["param_offload"]["param_GB_by_travels_per_step"] = by_travels;
+    r["param_offload"]["units_travelling_less_than_twice"] = fewer;
   }
   if (nvme.read_bytes + nvme.written_bytes > 0) {
     // NVMe offload: this rank's disk traffic per step, and the time the step waited for it.
