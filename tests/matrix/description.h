@@ -40,9 +40,10 @@ struct Description {
   uint64_t seed = 1234;         // train_gpt --seed: the model's init and the data
   std::string model = "tiny";   // tiny | tiny-tied | tiny-zoo | tiny-moe
   // The model with GPT-2's dropout (train_gpt --model NAME-dropout): every rank draws its own
-  // masks, so the stage-0 oracle sees other ones; such a description (drawn only with activation
-  // checkpointing in some phase) is held against its twin without checkpointing instead, where
-  // the recomputations must draw the forward's masks.
+  // masks, so the stage-0 oracle sees other ones. Such a description (drawn only with activation
+  // checkpointing in some phase) runs twice: without dropout against the oracle, then with it
+  // against its twin without checkpointing, where the recomputations must draw the forward's
+  // masks.
   bool dropout = false;
   std::string dtype = "fp32";   // fp32 | bf16 | fp16 | autocast (torch_autocast bf16, fp32 params)
   std::string optimizer = "AdamW";  // Adam | AdamW | SGD | Lamb | Lion | ... (the last refused)

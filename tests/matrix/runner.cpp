@@ -307,6 +307,23 @@ bool Runner::probe_cpu_fp16() {
 }
 
 Verdict Runner::run(const Description& d) {
+  if (!d.dropout) return run_against_reference(d);
+  // With dropout: first the same description without it against the stage-0 oracle (what
+  // every description checks), then with it against its twin without activation checkpointing.
+  Description plain = d;
+  plain.dropout = false;
+  Verdict v = run_against_reference(plain);
+  if (v.outcome != Outcome::kPass) return v;
+  Verdict t = run_against_reference(d);
+  t.commands.insert(t.commands.begin(), v.commands.begin(), v.commands.end());
+  t.seconds += v.seconds;
+  t.worst_loss = std::max(t.worst_loss, v.worst_loss);
+  t.worst_grad_norm = std::max(t.worst_grad_norm, v.worst_grad_norm);
+  t.worst_param = std::max(t.worst_param, v.worst_param);
+  return t;
+}
+
+Verdict Runner::run_against_reference(const Description& d) {
   const auto start = std::chrono::steady_clock::now();
   Verdict v;
   auto finish = [&]() {

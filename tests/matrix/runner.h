@@ -55,6 +55,8 @@ struct RunnerOptions {
 class Runner {
  public:
   explicit Runner(RunnerOptions options);
+  // d against its reference (reference_of); a description with dropout first runs without it
+  // against the oracle, then with it against its twin.
   Verdict run(const Description& d);
   // Does this build train fp16 on the CPU? (one tiny step)
   bool probe_cpu_fp16();
@@ -65,6 +67,7 @@ class Runner {
     std::string output;
     std::string command;
   };
+  Verdict run_against_reference(const Description& d);
   Launch launch(const Description& d, const Phase& p, int index, const std::string& folder,
                 const std::string& jsonl, const std::string& extra);
   // The rows of d's reference (reference_of), run once per distinct one (cached under
