@@ -119,11 +119,13 @@ Description generate(uint64_t seed, int max_world) {
   Rng ckpt_rng{seed * 0xd1b54a32d192ed03ull + 0x32};
   for (auto& p : d.phases)
     if (ckpt_rng.chance(40)) {
-      p.checkpointing = ckpt_rng.weighted<std::string>({{3, "every"}, {1, "every:2"}, {2, "selective"}});
+      p.checkpointing =
+          ckpt_rng.weighted<std::string>({{3, "every"}, {1, "every:2"}, {2, "selective"}});
       p.checkpoint_store = ckpt_rng.weighted<std::string>(
           {{2, ""}, {2, "cpu"}, {1, "nvme"}, {1, "contiguous"}, {1, "extras"}});
     } else if (ckpt_rng.chance(10)) {
-      p.checkpoint_store = ckpt_rng.pick<std::string>({"cpu", "nvme"});  // the block alone: no effect
+      // The block alone: it must change nothing.
+      p.checkpoint_store = ckpt_rng.pick<std::string>({"cpu", "nvme"});
     }
   for (const auto& p : d.phases)
     if (!p.checkpointing.empty()) {
@@ -227,7 +229,8 @@ Description from_json(const nlohmann::json& j) {
 
 std::string summary(const Description& d) {
   std::ostringstream s;
-  s << d.model << (d.dropout ? "-dropout" : "") << " " << d.dtype << " " << d.optimizer << " sched=" << d.scheduler
+  s << d.model << (d.dropout ? "-dropout" : "") << " " << d.dtype << " " << d.optimizer
+    << " sched=" << d.scheduler
     << " clip=" << d.clip << " micro=" << d.micro << " steps=" << d.steps;
   for (size_t i = 0; i < d.phases.size(); ++i) {
     const auto& p = d.phases[i];
@@ -242,7 +245,8 @@ std::string summary(const Description& d) {
     if (p.expert_unit) s << " eu" << p.expert_unit;
     if (p.expert_window) s << " ew" << p.expert_window;
     if (!p.checkpointing.empty())
-      s << " ac=" << p.checkpointing << (p.checkpoint_store.empty() ? "" : "/" + p.checkpoint_store);
+      s << " ac=" << p.checkpointing
+        << (p.checkpoint_store.empty() ? "" : "/" + p.checkpoint_store);
     else if (!p.checkpoint_store.empty())
       s << " ac-block=" << p.checkpoint_store;
   }
@@ -334,8 +338,10 @@ std::vector<Description> simplifications(const Description& d) {
     if (p.zero_init) on([](Phase& q) { q.zero_init = false; });
     if (p.expert_unit) on([](Phase& q) { q.expert_unit = 0, q.expert_window = 0; });
     if (p.expert_window) on([](Phase& q) { q.expert_window = 0; });
-    if (!p.checkpointing.empty()) on([](Phase& q) { q.checkpointing.clear(), q.checkpoint_store.clear(); });
-    if (p.checkpointing != "" && p.checkpointing != "every") on([](Phase& q) { q.checkpointing = "every"; });
+    if (!p.checkpointing.empty())
+      on([](Phase& q) { q.checkpointing.clear(), q.checkpoint_store.clear(); });
+    if (p.checkpointing != "" && p.checkpointing != "every")
+      on([](Phase& q) { q.checkpointing = "every"; });
     if (!p.checkpoint_store.empty()) on([](Phase& q) { q.checkpoint_store.clear(); });
   }
   if (d.persistence_threshold) with([](Description& s) { s.persistence_threshold = 0; });

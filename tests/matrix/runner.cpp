@@ -188,7 +188,7 @@ nlohmann::json config_for(const Description& d, const Phase& p, const std::strin
   if (d.model == "tiny-moe" && p.expert_unit > 0) c["moe"]["expert_unit_size"] = p.expert_unit;
   if (d.model == "tiny-moe" && p.expert_window > 0) c["moe"]["expert_window"] = p.expert_window;
   // The activation_checkpointing block (docs/activation_checkpointing.md). With a policy it
-  // always asks for the profile, whose log lines show that checkpoints ran (Runner::run checks);
+  // always asks for the profile, whose log lines show that checkpoints ran (the runner checks);
   // the block without a policy must change nothing.
   nlohmann::json ac = nlohmann::json::object();
   const std::string& store = p.checkpoint_store;
@@ -273,7 +273,8 @@ bool Runner::oracle_rows(const Description& d, std::vector<nlohmann::json>* rows
   capture("rm -rf '" + folder + "' && mkdir -p '" + folder + "'");
   rows->clear();
   for (size_t i = 0; i < o.phases.size(); ++i) {
-    const std::string jsonl = folder + (i == 0 ? "/metrics.jsonl" : "/metrics" + std::to_string(i) + ".jsonl");
+    const std::string jsonl =
+        folder + (i == 0 ? "/metrics.jsonl" : "/metrics" + std::to_string(i) + ".jsonl");
     const auto r = launch(o, o.phases[i], int(i), folder, jsonl, phase_flags(o, i, folder));
     v->commands.push_back(r.command);
     const auto got = read_jsonl(jsonl);
@@ -373,9 +374,10 @@ Verdict Runner::run_against_reference(const Description& d) {
     const bool profiled = r.output.find("activation checkpointing, micro-step") != std::string::npos;
     if (profiled != !d.phases[i].checkpointing.empty() && v.outcome == Outcome::kPass) {
       v.outcome = Outcome::kMismatch;
-      v.detail = "phase " + std::to_string(i) + (profiled ? " checkpointed without a policy"
-                                                          : " checkpointed nothing under --activation-checkpointing " +
-                                                                d.phases[i].checkpointing);
+      v.detail = "phase " + std::to_string(i) +
+                 (profiled ? " checkpointed without a policy"
+                           : " checkpointed nothing under --activation-checkpointing " +
+                                 d.phases[i].checkpointing);
     }
     // Checkpointed inputs on NVMe: the engine removes its swap folder when it is destroyed.
     const auto left = capture("(ls -d '" + o_.work + "/nvme'/strata-actckpt-* 2>/dev/null)");
@@ -446,8 +448,8 @@ void Runner::compare_parameters(const Description& d, const std::string& mine,
     std::ostringstream s_;
     s_.precision(6);
     s_ << "after step " << d.steps << ": parameter '" << worst.at("name").get<std::string>()
-       << "' differs from the " << (d.dropout ? "twin's" : "oracle's") << " by up to " << worst.at("max_abs").get<double>() << " = "
-       << e << " x lr x steps (> " << tolerance_for(d).param << ")";
+       << "' differs from the " << (d.dropout ? "twin's" : "oracle's") << " by up to "
+       << worst.at("max_abs").get<double>() << " = " << e << " x lr x steps (> " << tolerance_for(d).param << ")";
     v->detail = s_.str();
   }
 }
