@@ -168,6 +168,11 @@ int run(const strata::examples::TrainArgs& args) {
                                   torch::TensorOptions().dtype(torch::kLong).device(device));
     int64_t skipped_units = 0;  // streamed experts left unread (this rank's forwards)
     const auto nvme_before = engine->nvme_traffic();
+    // The device's memory at the step's start: its peak during the step above that is what lives
+    // only inside a step, the activations (checkpointed inputs included) and, where they occur,
+    // gathered stage-3 units, gradient buckets in flight and the loss's chunks.
+    const auto memory_before = strata::device_memory(device);
+    strata::reset_device_memory_peak(device);
     for (int64_t m = 0; m < gas; ++m) {
       // Sample j of the global batch is the same whatever the world: ranks take slices.
       const int64_t first = (m * world + rank) * micro;
@@ -223,6 +228,8 @@ int run(const strata::examples::TrainArgs& args) {
       row["skipped_steps"] = engine->skipped_steps();  // in all, since step 1
       row["model_state_bytes"] = engine->model_state_bytes().total();
       row["live_param_bytes_peak"] = engine->live_param_bytes_peak();
+      if (const auto m = strata::device_memory(device); m && memory_before)
+        row["activation_bytes_peak"] = m->peak - memory_before->allocated;  // CUDA only
       if (!moe_layers.empty()) {
         const auto sums = moe_sums.cpu();
         row["l_aux"] = sums[0].item<double>() / double(gas * world);

@@ -21,6 +21,7 @@
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpointing/checkpoint.h"
 #include "runtime/config/config.h"
+#include "runtime/device_memory.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "runtime/monitor/monitor.h"
