@@ -289,11 +289,14 @@ int run(const Args& args) {
   synchronize(device);
   const double warm = std::chrono::duration<double>(Clock::now() - w0).count();
   reset_peak_memory(device);
-  // offload_param: shard bytes brought to the device for gathers (dense and experts' units).
+  // Stage 3's units, dense and experts' (none below stage 3).
+  std::vector<const strata::zero::ParamUnits*> unit_sets;
+  for (const auto* u : {engine->stage3_units(), engine->stage3_expert_units()})
+    if (u) unit_sets.push_back(u);
+  // offload_param: shard bytes brought to the device for gathers.
   auto h2d_bytes = [&] {
     int64_t b = 0;
-    for (const auto* u : {engine->stage3_units(), engine->stage3_expert_units()})
-      if (u) b += u->host_to_device_bytes();
+    for (const auto* u : unit_sets) b += u->host_to_device_bytes();
     return b;
   };
   const int64_t h2d0 = h2d_bytes();
@@ -301,9 +304,8 @@ int run(const Args& args) {
   // say which parameters travel how often a step.
   auto unit_gathers = [&] {
     std::vector<int64_t> g;
-    for (const auto* u : {engine->stage3_units(), engine->stage3_expert_units()})
-      if (u)
-        for (size_t i = 0; i < u->size(); ++i) g.push_back(u->unit(i).gathers);
+    for (const auto* u : unit_sets)
+      for (size_t i = 0; i < u->size(); ++i) g.push_back(u->unit(i).gathers);
     return g;
   };
   const auto gathers0 = unit_gathers();
@@ -417,10 +419,11 @@ int run(const Args& args) {
   }
 #endif
   if (const int64_t h2d = h2d1 - h2d0; h2d > 0) {
-    // Against the parameters' own bytes: every unit comes over twice a step (forward, backward).
+    // Against the parameters' own bytes: a unit comes over for the forward and again for each
+    // backward that reads its weights.
     int64_t param_bytes = 0;
-    for (const auto* u : {engine->stage3_units(), engine->stage3_expert_units()})
-      if (u) param_bytes += u->partition().numel() * u->partition().element_size();
+    for (const auto* u : unit_sets)
+      param_bytes += u->partition().numel() * u->partition().element_size();
     const double per_step = double(h2d) / double(args.steps);
     r["param_offload"] = {{"h2d_GB_per_step", per_step / 1e9},
                           {"param_GB", double(param_bytes) / 1e9},
@@ -430,16 +433,15 @@ int run(const Args& args) {
     std::map<std::string, double> by_travels;
     std::vector<std::string> fewer;
     size_t k = 0;
-    for (const auto* u : {engine->stage3_units(), engine->stage3_expert_units()})
-      if (u)
-        for (size_t i = 0; i < u->size(); ++i, ++k) {
-          const auto& unit = u->unit(i);
-          if (!unit.trainable) continue;
-          const double travels = double(gathers1[k] - gathers0[k]) / double(args.steps);
-          by_travels[fmt::format("{:g}", travels)] +=
-              double(unit.chunk * u->partition().element_size()) / 1e9;
-          if (travels < 2) fewer.push_back(unit.name);
-        }
+    for (const auto* u : unit_sets)
+      for (size_t i = 0; i < u->size(); ++i, ++k) {
+        const auto& unit = u->unit(i);
+        if (!unit.trainable) continue;
+        const double travels = double(gathers1[k] - gathers0[k]) / double(args.steps);
+        by_travels[fmt::format("{:g}", travels)] +=
+            double(unit.chunk * u->partition().element_size()) / 1e9;
+        if (travels < 2) fewer.push_back(unit.name);
+      }
     r["param_offload"]["param_GB_by_travels_per_step"] = by_travels;
     r["param_offload"]["units_travelling_less_than_twice"] = fewer;
   }
