@@ -35,14 +35,41 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
 #endif
 }
 
+torch::Tensor masked_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& mask, double dropout) {
+  if (!mask.defined()) return causal_attention(q, k, v, dropout);
+  // The mask in the scores' dtype (a no-op but where a caller built it in another, or under
+  // autocast on 1.13): adding 0 or -inf is exact, so the scores equal the causal path's.
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, mask.to(q.scalar_type()), /*dropout_p=*/dropout,
+                                          /*is_causal=*/false);
+#else
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  auto probs = torch::softmax(scores + mask.to(scores.scalar_type()), -1);
+  if (dropout > 0) probs = F::dropout(probs, F::DropoutFuncOptions().p(dropout).training(true));
+  return torch::matmul(probs, v);
+#endif
+}
+
+torch::Tensor causal_mask(int64_t t, const torch::TensorOptions& options) {
+  // Built in fp32 (triu of every dtype on every LibTorch), then cast: 0 and -inf are exact.
+  return torch::full({t, t}, -std::numeric_limits<float>::infinity(),
+                     options.dtype(torch::kFloat))
+      .triu(1)
+      .to(torch::typeMetaToScalarType(options.dtype()));
+}
+
 GPTConfig GPTConfig::by_name(const std::string& name) {
-  const std::string drop = "-dropout";
-  if (name.size() > drop.size() &&
-      name.compare(name.size() - drop.size(), drop.size(), drop) == 0) {
-    GPTConfig c = by_name(name.substr(0, name.size() - drop.size()));
-    c.name = name;
-    c.dropout = 0.1;
-    return c;
+  // The variants' suffixes, in any order after a base name.
+  for (const std::string suffix : {"-dropout", "-masked"}) {
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      GPTConfig c = by_name(name.substr(0, name.size() - suffix.size()));
+      c.name = name;
+      if (suffix == "-dropout") c.dropout = 0.1;
+      else c.masked = true;
+      return c;
+    }
   }
   const std::string suffix = "-tied";
   if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
@@ -84,7 +111,8 @@ GPTConfig GPTConfig::by_name(const std::string& name) {
   } else {
     throw std::invalid_argument(fmt::format(
         "unknown model '{}': known models are tiny, small, tiny-tied, small-tied, tiny-zoo, tiny-moe, "
-        "dense-350M, dense-1.3B, moe-8x, moe-ds; '-dropout' after a name adds dropout 0.1",
+        "dense-350M, dense-1.3B, moe-8x, moe-ds; '-dropout' after a name adds dropout 0.1, "
+        "'-masked' an explicit attention mask",
         name));
   }
   return c;
@@ -136,14 +164,16 @@ struct SplitHeads : torch::autograd::Function<SplitHeads> {
 
 }  // namespace
 
-torch::Tensor AttentionImpl::core(const torch::Tensor& projected) {
+torch::Tensor AttentionImpl::core(const torch::Tensor& projected, const torch::Tensor& mask) {
   const auto b = projected.size(0), t = projected.size(1), c = projected.size(2) / 3;
   const auto qkv = SplitHeads::apply(projected, heads_);
-  auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0);
+  auto y = masked_attention(qkv[0], qkv[1], qkv[2], mask, is_training() ? dropout_ : 0.0);
   return y.transpose(1, 2).reshape({b, t, c});
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x) { return out(core(qkv(x))); }
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
+  return out(core(qkv(x), mask));
+}
 
 MLPImpl::MLPImpl(int64_t d_model, int64_t ffn) {
   fc = register_module("fc",
@@ -157,7 +187,8 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return proj(F::gelu(fc(
 BlockImpl::BlockImpl(const GPTConfig& config, torch::nn::AnyModule ffn, const std::string& ffn_name)
     : ffn_(std::move(ffn)),
       dropout_(config.dropout),
-      selective_(ckpt::CheckpointPolicy::parse(config.checkpointing).selective()) {
+      selective_(ckpt::CheckpointPolicy::parse(config.checkpointing).selective()),
+      moe_padding_(config.moe_padding) {
   const auto d = config.d_model;
   norm1_ = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
   attn_ = register_module("attn", Attention(d, config.heads, config.dropout));
@@ -170,10 +201,20 @@ torch::Tensor BlockImpl::dropout(const torch::Tensor& x) {
   return F::dropout(x, F::DropoutFuncOptions().p(dropout_).training(true));
 }
 
-torch::Tensor BlockImpl::forward(torch::Tensor x) {
-  if (selective_ && torch::GradMode::is_enabled()) return forward_selective(x);
-  x = x + dropout(attn_(norm1_(x)));
-  return x + dropout(ffn_.forward<torch::Tensor>(norm2_(x)));
+// DeepSpeed MoE's used_token: the last moe_padding positions of each sequence take no expert.
+// Built again by a recomputation, the same.
+torch::Tensor BlockImpl::feed_forward(const torch::Tensor& h) {
+  if (moe_padding_ <= 0) return ffn_.forward<torch::Tensor>(h);
+  const auto t = h.size(1), pad = std::min(moe_padding_, t);
+  auto used = torch::ones({h.size(0), t}, h.options().dtype(torch::kFloat));
+  used.narrow(1, t - pad, pad).zero_();
+  return ffn_.forward<torch::Tensor>(h, used);
+}
+
+torch::Tensor BlockImpl::forward(torch::Tensor x, const torch::Tensor& mask) {
+  if (selective_ && torch::GradMode::is_enabled()) return forward_selective(x, mask);
+  x = x + dropout(attn_(norm1_(x), mask));
+  return x + dropout(feed_forward(norm2_(x)));
 }
 
 // A plain MLP block is checkpointed as its two residual branches, each keeping its input and
@@ -181,11 +222,13 @@ torch::Tensor BlockImpl::forward(torch::Tensor x) {
 // recomputed, and its weight, never its output): the attention's output projection and the
 // MLP's second product, 5 of the block's 12 d^2 multiply-adds per token, are not recomputed, for
 // one more [b, t, d] kept per block (the stream between the branches). With dropout after the
-// branches (while training) or an MoE feed-forward the block is checkpointed whole.
-torch::Tensor BlockImpl::forward_checkpointed(torch::Tensor x) {
+// branches (while training), an MoE feed-forward or a mask the block is checkpointed whole; a
+// mask is the checkpoint's second input (every store then keeps two per checkpoint).
+torch::Tensor BlockImpl::forward_checkpointed(torch::Tensor x, const torch::Tensor& mask) {
   auto mlp = std::dynamic_pointer_cast<MLPImpl>(ffn_.ptr());
-  if (!mlp || (dropout_ > 0 && is_training()))
-    return ckpt::checkpoint(std::dynamic_pointer_cast<BlockImpl>(shared_from_this()), x);
+  auto self = std::dynamic_pointer_cast<BlockImpl>(shared_from_this());
+  if (mask.defined()) return ckpt::checkpoint(self, x, mask);
+  if (!mlp || (dropout_ > 0 && is_training())) return ckpt::checkpoint(self, x);
   auto& attn = *attn_;
   const auto h = x + ckpt::checkpoint_into_linear(
                          [this, &attn](const torch::Tensor& in) { return attn.core(attn.qkv(norm1_(in))); },
@@ -198,13 +241,14 @@ torch::Tensor BlockImpl::forward_checkpointed(torch::Tensor x) {
 
 // Selective activation checkpointing: the same computation, with the outputs of the linear
 // layers kept and what lies between them (norms, the attention core and its dropout, GELU)
-// recomputed in backward. An MoE feed-forward runs as it is.
-torch::Tensor BlockImpl::forward_selective(torch::Tensor x) {
+// recomputed in backward. An MoE feed-forward runs as it is. The mask (no gradient) is held by
+// the attention core's closure, by value: the closure lives until backward.
+torch::Tensor BlockImpl::forward_selective(torch::Tensor x, const torch::Tensor& mask) {
   auto& attn = *attn_;
   const auto qkv = ckpt::checkpoint_into_linear([this](const torch::Tensor& h) { return norm1_(h); },
                                                 norm1_->parameters(), x, attn.qkv);
-  const auto a = ckpt::checkpoint_into_linear([&attn](const torch::Tensor& p) { return attn.core(p); },
-                                              {}, qkv, attn.out);
+  const auto a = ckpt::checkpoint_into_linear(
+      [&attn, mask](const torch::Tensor& p) { return attn.core(p, mask); }, {}, qkv, attn.out);
   x = x + dropout(a);
   if (auto mlp = std::dynamic_pointer_cast<MLPImpl>(ffn_.ptr())) {
     const auto f = ckpt::checkpoint_into_linear([this](const torch::Tensor& h) { return norm2_(h); },
@@ -213,7 +257,7 @@ torch::Tensor BlockImpl::forward_selective(torch::Tensor x) {
                                                 {}, f, mlp->proj);
     return x + dropout(p);
   }
-  return x + dropout(ffn_.forward<torch::Tensor>(norm2_(x)));
+  return x + dropout(feed_forward(norm2_(x)));
 }
 
 GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
@@ -223,6 +267,11 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
         "model '{}' has {} experts per block: build it with examples::make_moe_gpt "
         "(examples/gpt_moe.h), which gives the blocks their mixture of experts",
         config.name, config.experts));
+  if (config.moe_padding < 0 || (config.moe_padding > 0 && config.experts == 0))
+    throw std::invalid_argument(fmt::format(
+        "model '{}': padding of {} positions for the mixture of experts needs a model with "
+        "experts (tiny-moe, moe-8x, ...) and a count >= 0",
+        config.name, config.moe_padding));
   embed_ = register_module("embed", torch::nn::Embedding(config.vocab, config.d_model));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.layers; ++i)
@@ -252,12 +301,14 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
 torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens) {
   auto x = embed_(tokens);
   if (config_.zoo) x = x * frozen_scale_;
+  // The masked model's one mask per forward, shared by every block.
+  const auto mask = config_.masked ? causal_mask(x.size(1), x.options()) : torch::Tensor();
   for (size_t i = 0; i < blocks_->size(); ++i) {
     auto* block = blocks_[i]->as<Block>();
     const bool checkpointed = checkpoint_every_ > 0 && (int64_t(i) + 1) % checkpoint_every_ == 0;
-    x = checkpointed ? block->forward_checkpointed(x) : block->forward(x);
+    x = checkpointed ? block->forward_checkpointed(x, mask) : block->forward(x, mask);
   }
-  if (config_.zoo) x = blocks_[0]->as<Block>()->forward(x);  // block 0 used twice
+  if (config_.zoo) x = blocks_[0]->as<Block>()->forward(x, mask);  // block 0 used twice
   return norm_(x);
 }
 

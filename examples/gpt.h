@@ -45,13 +45,24 @@ struct GPTConfig {
   // block's two residual branches, while training. 0 in every named size; "-dropout" after a
   // name (tiny-dropout, tiny-moe-dropout, ...) makes it 0.1.
   double dropout = 0.0;
+  // An explicit attention mask: the model builds the additive causal mask [t, t] (0 on and
+  // below the diagonal, -inf above, in the activations' dtype) once per forward and hands it to
+  // every block as a second tensor, so that a checkpointed block keeps two inputs (the
+  // differential matrix's masked variant). The same math as the causal model's. "-masked" after
+  // a name (tiny-masked, tiny-moe-masked-dropout, ...) sets it.
+  bool masked = false;
+  // The last moe_padding positions of every sequence are padding for the feed-forward: it is
+  // called as ffn(h, used) with used [batch, seq] 0 there, 1 elsewhere (DeepSpeed MoE's
+  // used_token; models with experts and top-1 gating only). 0: ffn(h).
+  int64_t moe_padding = 0;
   // Activation checkpointing of the blocks (runtime/checkpointing/checkpoint.h's policies): ""
   // or "none", "every", "every:K" (every K-th block), "selective" (inside each block, the linear
   // layers' outputs kept, the norms, GELU, attention core and its dropout recomputed).
   std::string checkpointing;
   // Sizes by name: tiny, small, tiny-moe, dense-350M, dense-1.3B, moe-8x, moe-ds
   // (../shared/bench/README.md);
-  // "-tied" after tiny or small ties the head to the embedding; tiny-zoo (above).
+  // "-tied" after tiny or small ties the head to the embedding; tiny-zoo (above); "-dropout"
+  // and "-masked" after any of them, in either order (above).
   // Unknown name: Error listing the known ones.
   static GPTConfig by_name(const std::string& name);
 };
@@ -60,13 +71,21 @@ struct GPTConfig {
 // the textbook formula on 1.13); `dropout` on the attention probabilities.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, double dropout);
+// The same with an explicit additive mask [t, t] (GPTConfig::masked) in place of the causal flag;
+// an undefined mask is causal_attention.
+torch::Tensor masked_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& mask, double dropout);
+// The additive causal mask [t, t] in `options`' dtype and device: 0 on and below the diagonal,
+// -inf above.
+torch::Tensor causal_mask(int64_t t, const torch::TensorOptions& options);
 
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(int64_t d_model, int64_t heads, double dropout = 0.0);
-  torch::Tensor forward(const torch::Tensor& x);
+  // mask: an additive [t, t] mask (GPTConfig::masked); undefined: causal.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask = {});
   // The part between the two linear layers: qkv_(x) [b, t, 3d] -> [b, t, d] (softmax, dropout).
-  torch::Tensor core(const torch::Tensor& qkv);
+  torch::Tensor core(const torch::Tensor& qkv, const torch::Tensor& mask = {});
 
   torch::nn::Linear qkv{nullptr}, out{nullptr};
 
@@ -98,19 +117,23 @@ struct FeedForward {
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const GPTConfig& config, torch::nn::AnyModule ffn, const std::string& ffn_name);
-  torch::Tensor forward(torch::Tensor x);
-  // The block checkpointed whole (the "every" policies): only x is kept for backward.
-  torch::Tensor forward_checkpointed(torch::Tensor x);
+  // mask: the masked model's attention mask (GPTConfig::masked), undefined otherwise.
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask = {});
+  // The block checkpointed (the "every" policies): only x is kept for backward, and the mask
+  // beside it when there is one (the block is then checkpointed whole, with two inputs).
+  torch::Tensor forward_checkpointed(torch::Tensor x, const torch::Tensor& mask = {});
 
  private:
   torch::Tensor dropout(const torch::Tensor& x);
-  torch::Tensor forward_selective(torch::Tensor x);
+  torch::Tensor forward_selective(torch::Tensor x, const torch::Tensor& mask);
+  torch::Tensor feed_forward(const torch::Tensor& h);  // with moe_padding's mask when set
 
   torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
   Attention attn_{nullptr};
   torch::nn::AnyModule ffn_;
   double dropout_ = 0.0;
   bool selective_ = false;
+  int64_t moe_padding_ = 0;
 };
 TORCH_MODULE(Block);
 

@@ -22,6 +22,8 @@ const char* kUsage =
     "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n"
     "                 [--applied-steps N]  (stop after N optimizer steps not skipped for overflow)\n"
     "                 [--activation-checkpointing none|every|every:K|selective]\n"
+    "                 [--moe-padding K]  (MoE: the last K positions of each sequence take no expert)\n"
+    "                 [--expert-kernel auto|batched|grouped]  (the MoE experts' kernel)\n"
     "  for \"auto\" and a config without optimizer (as Hugging Face's Trainer; defaults shown):\n"
     "                 [--lr 5e-5] [--weight-decay 0] [--betas 0.9,0.999] [--eps 1e-8]\n"
     "                 [--clip 1.0] [--micro-batch 8] [--grad-accum 1] [--warmup-steps 0]\n"
@@ -116,6 +118,12 @@ TrainArgs parse_train_args(int argc, char** argv) {
     else if (flag == "--save-every") args.save_every = parse_int(flag, value, 1);
     else if (flag == "--resume") args.resume = value;
     else if (flag == "--activation-checkpointing") args.activation_checkpointing = value;
+    else if (flag == "--moe-padding") args.moe_padding = parse_int(flag, value, 0);
+    else if (flag == "--expert-kernel") {
+      if (value != "auto" && value != "batched" && value != "grouped")
+        throw Error("--expert-kernel " + value + ": expected auto, batched or grouped");
+      args.expert_kernel = value;
+    }
     else if (flag == "--lr") args.lr = parse_double(flag, value, 0.0);
     else if (flag == "--weight-decay") args.weight_decay = parse_double(flag, value, 0.0);
     else if (flag == "--betas") parse_betas(value, args);

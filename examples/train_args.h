@@ -48,6 +48,12 @@ struct TrainArgs {
   // gradient overflow do not count); --steps still bounds the run.
   std::optional<int64_t> applied_steps;
   std::string activation_checkpointing;  // none|every|every:K|selective (GPTConfig::checkpointing)
+  // MoE models: the last K positions of every sequence are padding for the MoE layers (their
+  // used_token; top-1 gating only): GPTConfig::moe_padding.
+  int64_t moe_padding = 0;
+  // The built-in experts' kernel on every MoE layer (moe/experts.h): auto, batched or grouped
+  // (forced, also where LibTorch has no native grouped product: a loop over the groups).
+  std::string expert_kernel = "auto";
 
   // The Trainer's hyper-parameters (HF TrainingArguments' defaults).
   double lr = 5e-5;

@@ -6,6 +6,7 @@
 //                       [--save-dir DIR] [--save-every N] [--resume DIR] [--print-config]
 //                       [--applied-steps N]
 //                       [--activation-checkpointing none|every|every:K|selective]
+//                       [--moe-padding K] [--expert-kernel auto|batched|grouped]
 //                       [--lr ... --precision fp32|bf16|fp16: examples/train_args.h]
 //
 // A Hugging Face or Megatron-DeepSpeed config runs as its program would run it: "auto" filled
@@ -72,6 +73,7 @@ int run(const strata::examples::TrainArgs& args) {
   auto model_config = GPTConfig::by_name(args.model);
   if (args.seq_len) model_config.seq_len = *args.seq_len;  // shorter sequences, same weights
   model_config.checkpointing = args.activation_checkpointing;  // the blocks' checkpoint policy
+  model_config.moe_padding = args.moe_padding;  // used_token of the MoE layers
   strata::InitOptions init;
   init.autos = auto_values(args, model_config);
   auto config = strata::load_engine_config(args.config, init);
@@ -112,6 +114,10 @@ int run(const strata::examples::TrainArgs& args) {
   GPT model = make_gpt(model_config, config.moe, args.seed, init.group);
   if (init.partitioned_init) init.partitioned_init->finish();
   const auto moe_layers = strata::moe::moe_layers(*model);
+  if (args.expert_kernel != "auto")  // forced: the grouped kernel runs the packed-routes path
+    for (auto* layer : moe_layers)
+      layer->experts->set_kernel(args.expert_kernel == "grouped" ? strata::moe::ExpertKernel::Grouped
+                                                                 : strata::moe::ExpertKernel::Batched);
   // --host-init: built in host memory, moved by the engine (at stage 3 a unit at a time, so a
   // model larger than the device trains); otherwise here, whole (a PartitionedInit's shards are
   // on the device already).
@@ -260,6 +266,15 @@ int run(const strata::examples::TrainArgs& args) {
         row["expert_bytes_peak"] = engine->expert_bytes_peak();
         row["expert_window_bytes"] = engine->expert_window_bytes();
         row["skipped_expert_units"] = skipped_units;
+      }
+      if (const auto* r = engine->expert_gradient_reducer()) {
+        // The experts' gradient buckets: the most bytes held at once so far against the bound
+        // they keep to, and the reduce-scatters the last backward launched before it was done.
+        row["expert_reducer_peak_bytes"] = r->peak_bucket_numel() * r->element_size();
+        if (r->max_live_numel() > 0)
+          row["expert_reducer_bound_bytes"] = r->max_live_numel() * r->element_size();
+        row["expert_reductions_during_backward"] = r->launched_during_backward();
+        row["expert_reducer_buckets"] = r->bucket_count();
       }
       metrics << row.dump() << '\n' << std::flush;
       if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: write failed",

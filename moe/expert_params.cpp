@@ -16,6 +16,12 @@ bool is_expert_parameter_name(const std::string& name) {
   return false;
 }
 
+bool is_float32_buffer_name(const std::string& name) {
+  const std::string leaf = kExpertBiasBuffer;
+  return name.size() >= leaf.size() && name.compare(name.size() - leaf.size(), leaf.size(), leaf) == 0 &&
+         (name.size() == leaf.size() || name[name.size() - leaf.size() - 1] == '.');
+}
+
 namespace {
 
 void collect(const torch::nn::Module& m, const std::string& prefix,

@@ -19,6 +19,16 @@ class MoEImpl;
 // model prefer expert_parameters(), which cannot mistake a user's own module named "experts".
 bool is_expert_parameter_name(const std::string& name);
 
+// The sigmoid router's balancing bias is a buffer of the layer's gate, under Hugging Face
+// DeepSeek-V3's name ("blocks.1.moe.gate.e_score_correction_bias"), so that every export of the
+// module's buffers carries it. It stays float32 in a 16-bit model and in 16-bit exports (its
+// updates of bias_update_speed, 1e-3, are below bf16's spacing near 1, 2^-7), as Hugging Face
+// keeps it (_keep_in_fp32_modules_strict).
+inline constexpr const char* kExpertBiasBuffer = "e_score_correction_bias";
+// True for a buffer that stays float32 whatever the model's dtype: its name's last component is
+// kExpertBiasBuffer.
+bool is_float32_buffer_name(const std::string& name);
+
 struct ExpertParameter {
   std::string name;  // full name in the model
   torch::Tensor param;

@@ -30,10 +30,12 @@ void check(const torch::Tensor& logits, const GateOptions& o) {
                             "does, cast them with .to(torch::kFloat)",
                             std::string(c10::toString(logits.scalar_type()))));
   }
+  // No tokens is legitimate (an empty last micro-batch): the rank routes nothing and still
+  // joins its expert-parallel group's collectives.
   const int64_t S = logits.size(0), E = logits.size(1);
-  if (S < 1 || E < 1) {
-    throw Error(fmt::format("moe::gate: logits are [{}, {}]; the gate needs at least one token and "
-                            "one expert", S, E));
+  if (E < 1) {
+    throw Error(fmt::format("moe::gate: logits are [{}, {}]; the gate needs at least one expert",
+                            S, E));
   }
   if (o.k < 1 || o.k > E) {
     throw Error(fmt::format("moe::gate: k = {} but there are {} experts; k must be in [1, {}] "
@@ -232,9 +234,13 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   }
   const auto exp_counts = count_per_expert(ranked_expert, E + 1).narrow(0, 0, E);
 
-  // l_aux from the choices before drops; DeepSpeed's ce counts 1st choices for k <= 2.
+  // l_aux from the choices before drops; DeepSpeed's ce counts 1st choices for k <= 2. No
+  // tokens: nothing to balance, 0 (a mean over none would be NaN), still a function of the
+  // logits so that backward reaches the router as on the other ranks.
   torch::Tensor l_aux;
-  if (sigmoid) {
+  if (S == 0) {
+    l_aux = logits.sum() * 0.0;
+  } else if (sigmoid) {
     l_aux = sequence_balance_loss(gates, idx, o);
   } else {
     const auto ce_counts = k == 2 ? count_per_expert(expert.narrow(0, 0, S), E) : exp_counts;
@@ -315,8 +321,9 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   const auto kept_expert =
       o.uncapped ? ranked_expert : expert.masked_fill(kept.logical_not(), E);  // dropped: E
   out.kept_counts = o.uncapped ? exp_counts : count_per_expert(kept_expert, E + 1).narrow(0, 0, E);
-  out.dropped = o.uncapped ? torch::zeros({}, i64)
-                           : (used.defined() ? used.sum() : torch::full({}, R, i64)) - kept.sum();
+  // Routes that reach no expert: over capacity, or a padding token's (used_token 0).
+  out.dropped = o.uncapped && !used.defined() ? torch::zeros({}, i64)
+                                              : torch::full({}, R, i64) - kept.sum();
 
   // Slots are DeepSpeed's locations: cumsum over tokens of the kept mask (k = 1, Probs), which is
   // the pre-drop position for the positional policies (kept routes are a prefix there).
@@ -349,7 +356,8 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   }
 
   if (o.z_loss_coef > 0) {
-    out.z_loss = torch::logsumexp(logits, 1).pow(2).mean() * o.z_loss_coef;
+    out.z_loss = S == 0 ? logits.sum() * 0.0
+                        : torch::logsumexp(logits, 1).pow(2).mean() * o.z_loss_coef;
   }
   return out;
 }

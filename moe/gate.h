@@ -18,7 +18,8 @@
 //     order; kept weights renormalised as for k = 2; l_aux = mean(me*ce)*E*E/k with ce counting
 //     all k choices.
 // me is the mean gate probability per expert, ce the fraction of tokens routed to it (before
-// drops). exp_counts counts routes per expert BEFORE capacity drops, as DeepSpeed does. With
+// drops). exp_counts counts routes per expert BEFORE capacity drops, as DeepSpeed does. No tokens
+// (S = 0) routes nothing; l_aux and z_loss are then 0 (still functions of the logits). With
 // drop_tokens = false the capacity is the largest expert load, agreed over the expert-parallel
 // group through `agree_over_group` (DeepSpeed's all-reduce MAX; k = 1 then caps it at the token
 // count). Under expert parallelism the token count the capacity comes from is the group's
@@ -142,7 +143,9 @@ struct GateOutput {
   torch::Tensor expert;  // [R] int64, expert index in [0, E)
   torch::Tensor slot;    // [R] int64, position in the expert's buffer, in [0, capacity)
   torch::Tensor weight;  // [R] logits' dtype, combine weight, differentiable w.r.t. logits
-  int64_t dropped = 0;   // routes counted in exp_counts but dropped over capacity
+  // Routes that reach no expert: dropped over capacity (counted in exp_counts), and the routes
+  // of tokens used_token marks as padding (counted nowhere else).
+  int64_t dropped = 0;
 };
 
 // The fixed-size form. Route r = choice * S + token, r in [0, S*k), for every route; where kept is
@@ -157,7 +160,7 @@ struct GateRoutes {
   torch::Tensor kept;         // [S*k] bool
   torch::Tensor weight;       // [S*k] logits' dtype, differentiable
   torch::Tensor kept_counts;  // [E] int64, kept routes per expert (slots 0..n-1 are filled)
-  torch::Tensor dropped;      // int64 scalar on the logits' device
+  torch::Tensor dropped;      // int64 scalar on the logits' device: GateOutput::dropped
 };
 
 // logits: [S, E], float32 (float64 accepted, e.g. for gradient checks), any device.

@@ -258,7 +258,8 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   eo.factory = o.expert_factory;
   eo.unit_experts = o.expert_unit_size;
   experts = register_module("experts", Experts(std::move(eo)));
-  if (o.score_func == ScoreFunc::Sigmoid) expert_bias_ = torch::zeros({o.num_experts}, torch::kFloat);
+  if (o.score_func == ScoreFunc::Sigmoid)  // a buffer of the gate: every export carries it
+    expert_bias_ = gate->register_buffer(kExpertBiasBuffer, torch::zeros({o.num_experts}, torch::kFloat));
   if (o.n_shared_experts > 0) {
     // Named draws, as the experts': the same at any ep_size.
     shared_experts = dense_mlp(o, kSharedExperts, o.n_shared_experts * o.ffn_size,
@@ -318,7 +319,7 @@ void MoEImpl::set_expert_bias(const torch::Tensor& bias) {
                             options_.layer_id, bias.defined() ? c10::str(bias.sizes()) : "undefined",
                             options_.num_experts));
   torch::NoGradGuard no_grad;
-  expert_bias_ = bias.detach().to(torch::kCPU, torch::kFloat).clone();
+  expert_bias_.copy_(bias.detach().to(expert_bias_.device(), torch::kFloat));  // the buffer itself
   bias_on_device_ = torch::Tensor();
 }
 
@@ -334,10 +335,20 @@ void MoEImpl::update_expert_bias(const torch::Tensor& load) {
     throw Error(fmt::format("moe::MoE (layer {}): update_expert_bias takes [{}] expert loads",
                             options_.layer_id, options_.num_experts));
   torch::NoGradGuard no_grad;
+  keep_bias_float32();
   const auto l = load.detach().to(torch::kCPU, torch::kDouble).reshape({-1});
   // DeepSeek-V3: up for an expert loaded below the mean, down above it, unchanged at the mean.
   const auto direction = torch::sign(l.mean() - l).to(torch::kFloat);
-  expert_bias_ = expert_bias_ + direction * static_cast<float>(options_.bias_update_speed);
+  expert_bias_.add_(direction.to(expert_bias_.device()) * static_cast<float>(options_.bias_update_speed));
+  bias_on_device_ = torch::Tensor();
+}
+
+void MoEImpl::keep_bias_float32() {
+  // Module::to(kBFloat16) casts every floating-point buffer; the bias moves by steps below bf16's
+  // spacing, so it goes back to float32 (the engine's own cast leaves it alone).
+  if (expert_bias_.scalar_type() == torch::kFloat) return;
+  torch::NoGradGuard no_grad;
+  expert_bias_.set_data(expert_bias_.to(torch::kFloat));
   bias_on_device_ = torch::Tensor();
 }
 
@@ -383,6 +394,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
   go.seed = layer_key(o, KeyTag::GateNoise, c);
   if (used_token.defined()) go.used_token = used_token.reshape({-1});  // the gate refuses k > 1
   if (expert_bias_.defined()) {
+    keep_bias_float32();
     if (!bias_on_device_.defined() || bias_on_device_.device() != x.device())
       bias_on_device_ = host_to_device(expert_bias_, x.device());
     go.expert_bias = bias_on_device_;
@@ -427,9 +439,11 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
   if (packed_routes) {
     // All experts here and the grouped kernel: the routes go straight into its packed rows (no
     // capacity-padded buffer, which exists for the equal-split exchange).
-    // Dropless (uncapped): every route is kept, and the rows are a permutation of the routes.
+    // Dropless (uncapped) without padding: every route is kept, and the rows are a permutation
+    // of the routes. Padding (used_token 0) takes no row: the kept mask places the rest.
+    const bool every_route = go.uncapped && !go.used_token.defined();
     const auto out = experts->forward_routes(x, o.k, g.expert, g.slot,
-                                             go.uncapped ? torch::Tensor() : g.kept, g.kept_counts);
+                                             every_route ? torch::Tensor() : g.kept, g.kept_counts);
     const auto y = out.permutation ? out.permutation->combine(out.rows, g.weight)
                                    : combine_tokens(out.rows, o.k, out.position, g.weight, g.kept);
     record(g, C, {});

@@ -30,7 +30,8 @@
 // The ranks of an EP group may route different numbers of tokens per call (a last short batch;
 // DeepSpeed needs equal counts): the same all-reduce, one per forward with ep_size > 1 (on the
 // host), agrees on the largest count, and the capacity is computed from it, so every rank's
-// buffers have one shape.
+// buffers have one shape. A rank may route none (an empty micro-batch): it joins every
+// collective with empty buffers, its output is empty and its l_aux and z-loss are 0.
 //
 // Host synchronisations on CUDA, forward and backward together (tests/moe/test_layer_gpu.cpp
 // counts them with LibTorch's sync debug mode): none with drop_tokens = true, for every k and
@@ -155,8 +156,9 @@ struct MoEStats {
   torch::Tensor l_aux;       // scalar, differentiable, no coefficient (loss() applies it)
   torch::Tensor z_loss;      // scalar, differentiable, coefficient applied; undefined if coef 0
   torch::Tensor exp_counts;  // [E] int64, routes per expert before capacity drops (this rank)
-  // Routes dropped over capacity (this rank): an int64 scalar on the layer's device, so that
-  // forward never waits for the device; dropped_count() reads it (a host sync on CUDA).
+  // Routes that reached no expert (this rank): dropped over capacity, or padding under
+  // used_token (GateOutput::dropped). An int64 scalar on the layer's device, so that forward
+  // never waits for the device; dropped_count() reads it (a host sync on CUDA).
   torch::Tensor dropped;
   int64_t capacity = 0;      // C
   std::vector<int64_t> dispatch_shape;      // [E, C, d]: the padded buffer this rank sends
@@ -186,11 +188,13 @@ class MoEImpl : public torch::nn::Module {
   // micro-batch `index`; from now on the layer no longer counts calls itself.
   void begin_micro_batch(int64_t index);
 
-  // The sigmoid router's balancing (MoEOptions::bias_update_speed). The bias ([E] float32 on the
-  // CPU; the gate moves a copy to the logits' device); the routes each expert was chosen for
-  // (before capacity drops) summed over this rank's training forwards since the last take, [E]
-  // int64 on the layer's device (zeros before the first forward); and the update: bias +=
-  // bias_update_speed * sign(mean(load) - load), from loads every rank agrees on.
+  // The sigmoid router's balancing (MoEOptions::bias_update_speed). The bias ([E] float32: the
+  // buffer "gate.e_score_correction_bias", moe/expert_params.h, which set_expert_bias copies
+  // into; where it is not on the logits' device the gate moves a copy there); the routes each
+  // expert was chosen for (before capacity drops) summed over this rank's training forwards
+  // since the last take, [E] int64 on the layer's device (zeros before the first forward); and
+  // the update: bias += bias_update_speed * sign(mean(load) - load), from loads every rank
+  // agrees on.
   const torch::Tensor& expert_bias() const { return expert_bias_; }
   void set_expert_bias(const torch::Tensor& bias);
   torch::Tensor take_expert_load();
@@ -217,6 +221,8 @@ class MoEImpl : public torch::nn::Module {
   torch::Tensor add_shared(const torch::Tensor& x, const torch::Tensor& y);
   // Keeps what the last forward did (expert_input_shape empty: no padded buffer was built).
   void record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape);
+  // The bias back to float32 after a Module::to(dtype) cast it.
+  void keep_bias_float32();
   // The c of this call's noise keys (and the counting that goes with it).
   uint64_t next_noise_index();
 
@@ -226,7 +232,7 @@ class MoEImpl : public torch::nn::Module {
   int64_t calls_in_micro_batch_ = 0;
   bool keyed_by_micro_batch_ = false;
   MoEStats last_;
-  torch::Tensor expert_bias_;  // [E] float32, CPU (sigmoid router)
+  torch::Tensor expert_bias_;  // [E] float32 (sigmoid router): the gate's buffer
   torch::Tensor bias_on_device_;  // its copy on the logits' device, refreshed when it moves
   torch::Tensor load_;         // [E] int64, routes chosen since take_expert_load()
 };

@@ -160,6 +160,10 @@ class Engine {
   }
   // The dense parameters' gradient reducer (its bucket counters), or null when none reduces.
   const zero::GradientReducer* gradient_reducer() const { return dense().reducer(); }
+  // The MoE experts' reducer (over the expert-data-parallel group), or null.
+  const zero::GradientReducer* expert_gradient_reducer() const {
+    return expert_group() ? expert_group()->reducer() : nullptr;
+  }
   zero::ParamCoordinator* stage3_expert_coordinator() const {
     return expert_group() ? expert_group()->coordinator() : nullptr;
   }

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "moe/expert_params.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/rng_state.h"
@@ -79,11 +80,43 @@ std::vector<std::pair<std::string, torch::ScalarType>> accept_cast_buffers(
   return cast;
 }
 
+// The MoE routers' balancing biases became buffers (moe::kExpertBiasBuffer) after checkpoints
+// that kept them only in expert_states' scalars (read there, engine_experts.cpp): such a bias,
+// absent from the saved model, is left out of what is read (its spec and its target), and named.
+Names accept_absent_float32_buffers(const checkpoint::CheckpointReader& reader,
+                                    std::vector<checkpoint::TensorSpec>& expected,
+                                    NamedTensors& targets) {
+  const auto* entry = reader.manifest().find("model_states", -1);
+  if (!entry) return {};  // load_shared names what is missing
+  Names saved;
+  for (const auto& s : checkpoint::read_tensor_file_info(reader.path_of(*entry)).tensors)
+    saved.insert(s.name);
+  Names absent;
+  for (const auto& spec : expected)
+    if (spec.name.rfind("buffer.", 0) == 0 && moe::is_float32_buffer_name(spec.name) &&
+        !saved.count(spec.name))
+      absent.insert(spec.name);
+  if (absent.empty()) return absent;
+  expected.erase(std::remove_if(expected.begin(), expected.end(),
+                                [&](const checkpoint::TensorSpec& s) { return absent.count(s.name) > 0; }),
+                 expected.end());
+  targets.erase(std::remove_if(targets.begin(), targets.end(),
+                               [&](const auto& t) { return absent.count(t.first) > 0; }),
+                targets.end());
+  log::info("[strata] checkpoint {}: {} MoE expert bias buffer(s) not in the saved model (saved "
+            "before they were buffers); restored from the experts' scalars",
+            reader.folder(), absent.size());
+  return absent;
+}
+
 // The saved model as install_stage3_weights reads it: each tensor from the file when it is
 // asked for (a unit's parameters at a time), integer buffers saved as 16-bit converted back.
 struct StreamedModel {
   const checkpoint::TensorFileReader& file;
   const std::vector<std::pair<std::string, torch::ScalarType>>& cast;
+  const Names& absent;  // accept_absent_float32_buffers
+
+  bool has(const std::string& name) const { return !absent.count(name); }
 
   torch::Tensor at(const std::string& name) const {
     auto t = file.at(name);
@@ -141,7 +174,8 @@ void Engine::install_stage3_weights(const TensorFile& states) {
   for (const auto& p : module_->named_parameters())
     if (dense().units()->unit_of(p.value().storage().unsafeGetStorageImpl()) < 0 && !is_expert(p.value()))
       p.value().copy_(states.at("param." + p.key()));  // kept whole (not floating point)
-  for (const auto& b : module_->named_buffers()) b.value().copy_(states.at("buffer." + b.key()));
+  for (const auto& b : module_->named_buffers())
+    if (states.has("buffer." + b.key())) b.value().copy_(states.at("buffer." + b.key()));
 }
 
 void Engine::stream_stage3_model(checkpoint::TensorFileWriter* out) {
@@ -266,9 +300,10 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   // Everything is read and checked first; the engine changes only once all of it has passed, so
   // a checkpoint that does not fit leaves the model, master weights and optimizer as they were.
   checkpoint::CheckpointReader reader(dir, tag, {/*verify_checksums=*/false});
-  const auto model = model_tensors(*module_, expert_names());
+  auto model = model_tensors(*module_, expert_names());
   auto specs = checkpoint::specs_of(model);
   const auto cast_buffers = accept_cast_buffers(reader, specs);
+  const auto absent = accept_absent_float32_buffers(reader, specs, model);
   // Stage 3 reads the model a unit at a time from the verified file; the other stages, whose
   // model is whole in memory anyway, load it whole.
   std::optional<checkpoint::TensorFile> states;
@@ -338,7 +373,7 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
                       : std::string("saved before checkpoints kept them"));
   }
   if (dense().units())
-    install_stage3_weights(StreamedModel{*streamed, cast_buffers});
+    install_stage3_weights(StreamedModel{*streamed, cast_buffers, absent});
   else
     states->copy_to(model);
   for (const auto& i : installs)

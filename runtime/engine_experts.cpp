@@ -283,7 +283,7 @@ void Engine::balance_experts() {
   // Every rank moved the same bias by the same loads; a rank whose bias differs (a program that
   // set it on one rank only) would route otherwise from now on: stop, naming the layer.
   std::vector<torch::Tensor> biases;
-  for (auto* layer : layers) biases.push_back(layer->expert_bias());
+  for (auto* layer : layers) biases.push_back(layer->expert_bias().cpu());
   const auto mine = torch::cat(biases);
   const auto both = torch::cat({mine, -mine});
   auto highest = both.to(device);
@@ -316,18 +316,8 @@ void Engine::save_expert_states(checkpoint::CheckpointWriter& writer) {
   json calls = json::array();
   for (const auto* layer : moe_layers_) calls.push_back(layer->call_index());
   scalars["moe_call_index"] = calls;
-  // The sigmoid routers' biases (null for a layer without), the same on every rank.
-  json biases = json::array();
-  for (const auto* layer : moe_layers_) {
-    const auto& b = layer->expert_bias();
-    if (!b.defined()) {
-      biases.push_back(nullptr);
-      continue;
-    }
-    const auto* v = b.data_ptr<float>();
-    biases.push_back(std::vector<double>(v, v + b.numel()));
-  }
-  scalars["moe_expert_bias"] = biases;
+  // The sigmoid routers' biases are buffers of the model (model_states); checkpoints before
+  // that kept them here, as moe_expert_bias, which read_expert_states still reads.
   if (!writes) {
     scalars["expert_pieces"] = json::array();
     writer.write_partition("expert_states", {}, scalars);
@@ -401,7 +391,8 @@ GroupInstall Engine::read_expert_states(const checkpoint::CheckpointReader& read
       calls[i] = saved_calls[i].get<int64_t>();
     }
   }
-  // The sigmoid routers' biases (a checkpoint from before them: zeros, as a new run's).
+  // The sigmoid routers' biases as checkpoints kept them before they were buffers (a checkpoint
+  // from before either: zeros, as a new run's; a newer one restores them with the buffers).
   std::vector<torch::Tensor> biases(layers.size());
   if (saved->scalars().contains("moe_expert_bias")) {
     const json& saved_biases = saved->scalars().at("moe_expert_bias");

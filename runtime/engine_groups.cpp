@@ -254,6 +254,9 @@ std::unique_ptr<zero::PartitionedOptimizer> Engine::make_expert_optimizer(
   auto eo = po;
   eo.gradient_factor = static_cast<double>(edp ? edp->size() : 1) / data_parallel_size();
   eo.norm_group = expert_groups_.expert_parallel;
+  // Expert units no token reaches are the same on every rank of the group (moe/experts.h agrees
+  // on them), so every rank settles their buckets at the same point of its collectives.
+  eo.settle_unreached = true;
   eo.offload.swap_name = "expert-optimizer";  // beside the others' files in one NVMe store
   auto build = [&](std::vector<torch::Tensor> master) {
     if (!options.expert_optimizer_builder) return make_optimizer_over(master, options);

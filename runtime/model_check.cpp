@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "moe/expert_params.h"
 #include "runtime/error.h"
 
 namespace strata {
@@ -73,7 +74,8 @@ void cast_floating_point(torch::nn::Module& module, torch::ScalarType dtype) {
     if (t.defined() && t.is_floating_point() && t.scalar_type() != dtype) t.set_data(t.to(dtype));
   };
   for (auto& p : module.parameters()) cast(p);
-  for (auto& b : module.buffers()) cast(b);
+  for (auto& b : module.named_buffers())
+    if (!moe::is_float32_buffer_name(b.key())) cast(b.value());
 }
 
 void broadcast_buffers(torch::nn::Module& module, comm::ProcessGroup& group) {

@@ -31,7 +31,8 @@ std::vector<NamedTensor> unique_parameters(torch::nn::Module& module, bool train
 // module.bfloat16()/.half() (what DeepSpeed calls) and FSDP's MixedPrecision do. Bool and integer
 // tensors keep their dtype: LibTorch's Module::to(dtype) casts every tensor, which made a bool
 // mask bf16 and BatchNorm's int64 num_batches_tracked a bf16 that stops counting at 256.
-// Each tensor keeps its TensorImpl (set_data), so tied names stay tied.
+// Each tensor keeps its TensorImpl (set_data), so tied names stay tied. Buffers that stay float32
+// (moe::is_float32_buffer_name: the MoE router's balancing bias) are left alone.
 void cast_floating_point(torch::nn::Module& module, torch::ScalarType dtype);
 
 // Every rank takes rank 0's module buffers (collective over `group`), in one broadcast per dtype:

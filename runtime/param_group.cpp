@@ -13,8 +13,8 @@ PlainGroup::PlainGroup(std::string name, std::vector<torch::Tensor> params,
     reducer_ = zero::GradientReducer::create(params_, group, reducer_options);
 }
 
-void PlainGroup::begin_backward(bool boundary) {
-  if (reducer_) reducer_->begin_backward(boundary);
+void PlainGroup::begin_backward(bool boundary, const torch::Tensor& loss) {
+  if (reducer_) reducer_->begin_backward(boundary, loss);
 }
 
 zero::GradientSummary PlainGroup::prepare(double, bool need_norm) {

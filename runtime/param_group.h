@@ -55,8 +55,9 @@ class ParamGroup {
   // "dense" or "experts".
   const std::string& name() const { return name_; }
 
-  // Around each micro-step's backward (boundary: the accumulation window's last micro-step).
-  virtual void begin_backward(bool boundary) = 0;
+  // Around each micro-step's backward (boundary: the accumulation window's last micro-step;
+  // loss: what backward starts from, whose graph tells the parameters it will not reach).
+  virtual void begin_backward(bool boundary, const torch::Tensor& loss) = 0;
   virtual void end_micro_step() = 0;
   // At the boundary: the gradients reduced, whether any overflowed, and their norm (of the
   // unscaled gradient). `need_norm` false lets the plain fp32 path skip it (the norm is NaN then).
@@ -94,7 +95,7 @@ class PlainGroup final : public ParamGroup {
   PlainGroup(std::string name, std::vector<torch::Tensor> params,
              std::shared_ptr<torch::optim::Optimizer> optimizer, const comm::GroupPtr& group,
              const zero::GradientReducer::Options& reducer_options);
-  void begin_backward(bool boundary) override;
+  void begin_backward(bool boundary, const torch::Tensor& loss) override;
   void end_micro_step() override {}
   zero::GradientSummary prepare(double loss_scale, bool need_norm) override;
   void apply(double clip_coef) override;
@@ -113,7 +114,9 @@ class PlainGroup final : public ParamGroup {
 class PartitionedGroup : public ParamGroup {
  public:
   PartitionedGroup(std::string name, std::unique_ptr<zero::PartitionedOptimizer> partitioned);
-  void begin_backward(bool boundary) override { partitioned_->begin_backward(boundary); }
+  void begin_backward(bool boundary, const torch::Tensor& loss) override {
+    partitioned_->begin_backward(boundary, loss);
+  }
   void end_micro_step() override { partitioned_->end_micro_step(); }
   zero::GradientSummary prepare(double loss_scale, bool) override {
     return partitioned_->prepare(loss_scale);

@@ -1,6 +1,7 @@
 #include "zero/gradient_reducer.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include <fmt/format.h>
 #include <torch/csrc/autograd/function.h>
@@ -86,6 +87,8 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
     throw Error("GradientReducer: staged_when_complete needs one entry per bucket of the plan");
   where_.resize(params_.size());
   arrived_.assign(params_.size(), false);
+  staged_.assign(params_.size(), false);
+  expected_arrivals_ = params_.size();
   fresh_.assign(params_.size(), true);
   for (size_t b = 0; b < plan.size(); ++b) {
     auto& bucket = buckets_.emplace_back();
@@ -103,6 +106,7 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
       }
     }
     bucket.options = first.options().dtype(options_.comm_dtype);
+    bucket.expected = bucket.params.size();
     bucket.staged_when_complete =
         !options_.staged_when_complete.empty() && options_.staged_when_complete[b];
     if (partition) {
@@ -140,9 +144,37 @@ void GradientReducer::attach_hooks() {
   }
 }
 
-void GradientReducer::begin_backward(bool boundary) {
+void GradientReducer::begin_backward(bool boundary, const torch::Tensor& loss) {
   active_ = options_.mode == Mode::kPartition || boundary;
-  if (active_) launched_during_backward_ = 0;
+  if (!active_) return;
+  launched_during_backward_ = 0;
+  // One process delivers each bucket as it completes (no order to keep), and finish() the rest.
+  if (!options_.settle_unreached || !group_ || !loss.defined() || !loss.requires_grad()) return;
+  find_unreached(loss);
+  launch_ready_buckets();  // buckets backward never reaches at the head of the order go now
+}
+
+void GradientReducer::find_unreached(const torch::Tensor& loss) {
+  using torch::autograd::Node;
+  std::unordered_set<const Node*> seen;
+  std::vector<Node*> stack;
+  const auto root = loss.grad_fn() ? loss.grad_fn() : torch::autograd::impl::grad_accumulator(loss);
+  if (!root) return;
+  seen.insert(root.get());
+  stack.push_back(root.get());
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const auto& edge : node->next_edges())
+      if (edge.function && seen.insert(edge.function.get()).second) stack.push_back(edge.function.get());
+  }
+  expected_arrivals_ = 0;
+  for (auto& bucket : buckets_) bucket.expected = 0;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (!seen.count(accumulators_[k].get())) continue;  // unreached: complete() stages it
+    ++expected_arrivals_;
+    ++buckets_[where_[k].first].expected;
+  }
 }
 
 void GradientReducer::make_room(int64_t numel) {
@@ -152,6 +184,7 @@ void GradientReducer::make_room(int64_t numel) {
 }
 
 void GradientReducer::stage(size_t k) {
+  staged_[k] = true;
   const auto [b, i] = where_[k];
   auto& bucket = buckets_[b];
   if (accumulates_in_place_) {
@@ -209,21 +242,34 @@ void GradientReducer::arrive(size_t k) {
   const size_t b = where_[k].first;
   auto& bucket = buckets_[b];
   ++bucket.arrived;
-  if (!bucket.staged_when_complete)
-    stage(k);
-  else if (bucket.arrived == bucket.params.size())
-    for (size_t p : bucket.params) stage(p);  // all at once: the buffer lives from here on
-  if (bucket.ready != bucket.params.size()) return;
+  if (!bucket.staged_when_complete) stage(k);
+  if (bucket.arrived < bucket.expected) return;  // more of its gradients are to come
+  complete(b);
+  launch_ready_buckets();
+}
+
+void GradientReducer::complete(size_t b) {
+  auto& bucket = buckets_[b];
+  for (size_t p : bucket.params) {
+    if (!arrived_[p]) {  // unreached: no gradient comes, it contributes what .grad holds
+      arrived_[p] = true;
+      ++bucket.arrived;
+    }
+    if (!staged_[p]) stage(p);  // staged_when_complete: all at once, the buffer lives from here
+  }
   completed_.push_back(b);
   // One process: no collective whose order the ranks must agree on, so each bucket is delivered
   // (and freed) as soon as it is complete.
   if (!group_) deliver(bucket);
-  launch_ready_buckets();
 }
 
 void GradientReducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size()) {
     auto& bucket = buckets_[launch_order_[next_launch_]];
+    // A bucket backward does not reach at all is staged when its turn comes (its buffer then
+    // lives no longer than a reached bucket's).
+    if (bucket.ready != bucket.params.size() && bucket.expected == 0 && bucket.arrived == 0)
+      complete(launch_order_[next_launch_]);
     if (bucket.ready != bucket.params.size()) break;
     ++next_launch_;
     if (group_) {
@@ -233,7 +279,7 @@ void GradientReducer::launch_ready_buckets() {
             comm::ReduceOp::Avg);
       else
         bucket.work = group_->all_reduce_async(bucket.flat, comm::ReduceOp::Avg);
-      if (arrivals_ < params_.size()) ++launched_during_backward_;
+      if (arrivals_ < expected_arrivals_) ++launched_during_backward_;
     }
   }
   // Deliver (and free) all but the last kInFlight launched buckets: their collectives have had
@@ -247,7 +293,22 @@ void GradientReducer::launch_ready_buckets() {
 void GradientReducer::learn_launch_order() {
   order_learnt_ = true;
   if (!group_ || completed_.size() != buckets_.size()) return;
-  std::vector<int64_t> order(completed_.begin(), completed_.end());
+  std::vector<int64_t> order;
+  for (size_t b : completed_)
+    if (buckets_[b].expected > 0) order.push_back(int64_t(b));
+  // A bucket this backward did not reach completed at its turn, not when backward was done with
+  // it: it goes after the bucket its old order put before it (or first), where a backward that
+  // reaches it will most likely complete it.
+  for (size_t i = 0; i < launch_order_.size(); ++i) {
+    const size_t b = launch_order_[i];
+    if (buckets_[b].expected > 0) continue;
+    auto at = order.begin();
+    if (i > 0) {
+      const auto before = std::find(order.begin(), order.end(), int64_t(launch_order_[i - 1]));
+      if (before != order.end()) at = before + 1;
+    }
+    order.insert(at, int64_t(b));
+  }
   auto t = torch::tensor(order, torch::kLong).to(buckets_.front().options.device());
   group_->broadcast(t, 0);
   t = t.cpu();
@@ -324,8 +385,13 @@ void GradientReducer::finish() {
   launch_ready_buckets();
   while (next_deliver_ < next_launch_) deliver(buckets_[launch_order_[next_deliver_++]]);
   if (!order_learnt_ && group_) learn_launch_order();
-  for (auto& bucket : buckets_) bucket.ready = bucket.arrived = 0;
+  for (auto& bucket : buckets_) {
+    bucket.ready = bucket.arrived = 0;
+    bucket.expected = bucket.params.size();
+  }
   std::fill(arrived_.begin(), arrived_.end(), false);
+  std::fill(staged_.begin(), staged_.end(), false);
+  expected_arrivals_ = params_.size();
   completed_.clear();
   arrivals_ = 0;
   next_launch_ = next_deliver_ = 0;

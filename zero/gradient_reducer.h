@@ -19,6 +19,14 @@
 //     the ShardMap says (shard_map.h, bucketed()): one reduce-scatter (average) leaves this rank's
 //     chunk, which is added into the partition's gradient accumulator. No full-size gradient
 //     outlives its bucket, and each bucket moves half the bytes of an all-reduce.
+// Parameters backward will not reach (a streamed expert unit no token reached): with
+// Options::settle_unreached, over a group, begin_backward walks the autograd graph from the loss
+// (DDP's find_unused_parameters) and such a parameter contributes what its .grad holds, or
+// zeros, as soon as the gradients its bucket does get are in, or, for a bucket backward reaches
+// not at all, when its turn to launch comes. Without that walk the launches stopped at such a
+// bucket until finish(), every later bucket's buffer piled up past max_live_numel, and nothing
+// overlapped the rest of backward. In the backward that teaches the launch order, such a bucket
+// takes the place after the bucket that came before it in the old order.
 // A bucket's buffer exists from its first gradient until it is delivered; buckets are delivered
 // (the compute stream waits for their collective) as soon as kInFlight later ones have launched,
 // and, with Options::max_live_numel, whenever a new bucket's buffer would take the buffers held
@@ -69,6 +77,12 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     // (ZeRO-3's persistent unit): they keep their .grad until the last one has arrived and are
     // staged then, so that their buffer does not live through the whole backward.
     std::vector<bool> staged_when_complete;
+    // Walk the graph from the loss and settle the buckets backward does not reach at their turn
+    // (above). Only where every rank of the group leaves the same parameters unreached (the MoE
+    // experts: the units no token reaches are agreed over the group): ranks that reach different
+    // ones would interleave those reductions with their other collectives differently (at stage
+    // 3, with the gathers), where otherwise the step's check names the modules they ran.
+    bool settle_unreached = false;
   };
 
   // Parameter indices per bucket: reverse registration order, at most bucket_numel elements per
@@ -80,8 +94,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   static std::shared_ptr<GradientReducer> create(std::vector<torch::Tensor> params,
                                                  comm::GroupPtr group, Options options);
 
-  // Called before each backward with whether it ends the accumulation window.
-  void begin_backward(bool boundary);
+  // Called before each backward with whether it ends the accumulation window, and the tensor
+  // backward starts from (undefined: every parameter is taken to receive a gradient).
+  void begin_backward(bool boundary, const torch::Tensor& loss = {});
   // Called after each backward (every micro-step); a no-op when that backward reduced nothing.
   void finish();
   // kPartition with partition_grad: a new accumulation window. Each place's first contribution
@@ -96,6 +111,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   // Elements of bucket buffers held now, and the most held at once since creation.
   int64_t live_bucket_numel() const { return live_numel_; }
   int64_t peak_bucket_numel() const { return peak_numel_; }
+  // The bound on them (Options::max_live_numel; 0: none but kInFlight), and the bytes of one
+  // element of a bucket (the communication dtype).
+  int64_t max_live_numel() const { return options_.max_live_numel; }
+  int64_t element_size() const { return int64_t(c10::elementSize(options_.comm_dtype)); }
   // Collectives launched while some parameter's gradient was still to come, in the last
   // reducing backward: those that overlap backward.
   size_t launched_during_backward() const { return launched_during_backward_; }
@@ -115,6 +134,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     int64_t partition_offset = 0;  // kPartition: where that place starts
     size_t ready = 0;    // parameters staged into the buffer
     size_t arrived = 0;  // parameters whose gradient arrived (staged, or waiting if late)
+    size_t expected = 0;  // parameters this backward reaches (begin_backward's walk)
     bool staged_when_complete = false;  // Options::staged_when_complete
     bool fresh = true;  // kPartition: the accumulator's place holds no contribution of this window
     comm::WorkPtr work;
@@ -125,6 +145,11 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void attach_hooks();
   void on_gradient(size_t param);
   void arrive(size_t param);  // its gradient is final for this backward
+  // Every gradient of the bucket this backward brings is in: its other parameters (unreached,
+  // or staged_when_complete) are staged now.
+  void complete(size_t bucket);
+  // Counts, per bucket, the parameters a path from `loss` reaches (Bucket::expected).
+  void find_unreached(const torch::Tensor& loss);
   void stage(size_t param);  // copies the parameter's .grad (or zeros) into its bucket
   void launch_ready_buckets();
   void deliver(Bucket& bucket);
@@ -136,6 +161,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   Options options_;
   std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, index in bucket)
   std::vector<bool> arrived_;
+  std::vector<bool> staged_;  // in its bucket's buffer (or accumulator) in this backward
   std::vector<bool> fresh_;  // accumulates_in_place_: the param's place holds nothing of this window
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
@@ -145,7 +171,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<size_t> completed_;  // this backward's buckets in the order they completed
   bool order_learnt_ = false;
   size_t launched_during_backward_ = 0;
-  size_t arrivals_ = 0;  // parameters arrived in this backward
+  size_t arrivals_ = 0;  // parameters arrived in this backward (through their hooks)
+  size_t expected_arrivals_ = 0;  // parameters this backward reaches
   int64_t live_numel_ = 0, peak_numel_ = 0;
   bool active_ = false;
   // kPartition in one process (no group, no host copy): stage() adds each gradient into the

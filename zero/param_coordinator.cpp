@@ -231,6 +231,11 @@ void ParamCoordinator::follow(size_t u) {
     return;
   }
   on_trace_ = false;
+  // What was gathered ahead along the trace waits for uses that may not come (a streamed expert
+  // unit no token reaches in this micro-step): no longer kept, so that release_idle frees it
+  // before u is gathered, and the gathered units stay within the live bound.
+  for (size_t v = 0; v < prefetched_.size(); ++v)
+    if (prefetched_[v]) set_prefetched(v, false);
   // Said once: a model whose order changes every micro-step (streamed experts that no token
   // reaches in some) would say it every time.
   if (left_trace_++ > 0) return;

@@ -23,7 +23,7 @@
 // prefetch stops short of it, so nothing gathered for backward waits through the loss; with
 // stage3_max_reuse_distance 0 every parameter travels once each way per micro-step. A micro-step that
 // leaves the trace (a branch taken the same way on every rank) falls back to gather-on-use, says
-// so once, and is recorded as the new trace.
+// so once, and is recorded as the new trace; what it had gathered ahead is released at once.
 //
 // Every use is recorded: check_same_gathers() compares, across the ranks, the sequence of units
 // used since the last check, and names the first unit on which the ranks differ (ranks that take

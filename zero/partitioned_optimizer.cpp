@@ -53,6 +53,7 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
   init_master(shards_.gather(flat_->data(), partition_index()), make_inner);
 
   GradientReducer::Options r;
+  r.settle_unreached = options_.settle_unreached;
   r.bucket_numel = options_.reduce_bucket_numel;
   r.comm_dtype = options_.comm_dtype;
   r.plan = plan;
@@ -110,6 +111,7 @@ PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
   // the larger of it and the largest unit (a unit is not split: its reduce-scatter must leave
   // each rank its shard).
   GradientReducer::Options r;
+  r.settle_unreached = options_.settle_unreached;
   r.mode = GradientReducer::Mode::kPartition;
   r.comm_dtype = options_.comm_dtype;
   r.plan = units_->plan();
@@ -238,13 +240,13 @@ const FlatParams& PartitionedOptimizer::flat() const {
   return *flat_;
 }
 
-void PartitionedOptimizer::begin_backward(bool boundary) {
+void PartitionedOptimizer::begin_backward(bool boundary, const torch::Tensor& loss) {
   if (arrival_ && arrival_->in_flight()) {
     settle();  // the forward that just ran overlapped the step
     offload_times_.forward_waits = arrival_->waits();
   }
   boundary_ = boundary;
-  if (reducer_) reducer_->begin_backward(boundary);
+  if (reducer_) reducer_->begin_backward(boundary, loss);
 }
 
 void PartitionedOptimizer::end_micro_step() {

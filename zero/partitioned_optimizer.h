@@ -99,6 +99,8 @@ struct PartitionedOptions {
   // norm counts every expert once.
   double gradient_factor = 1.0;
   comm::GroupPtr norm_group;
+  // GradientReducer::Options::settle_unreached (the streamed experts' reducer).
+  bool settle_unreached = false;
 };
 
 struct GradientSummary {
@@ -137,7 +139,7 @@ class PartitionedOptimizer {
   PartitionedOptimizer(std::shared_ptr<ParamUnits> units, comm::GroupPtr group,
                        PartitionedOptions options, const InnerBuilder& make_inner);
 
-  void begin_backward(bool boundary);
+  void begin_backward(bool boundary, const torch::Tensor& loss = {});
   // After every micro-step's backward: completes that micro-step's gradient reduction.
   void end_micro_step();
   // Use the inner optimizer's fused flat step from now on (set before the first step).

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "moe/expert_params.h"
 #include "runtime/checkpoint/atomic_file.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/saved_experts.h"
@@ -55,13 +56,15 @@ NamedTensors consolidate_checked(const CheckpointReader& reader, torch::ScalarTy
     const json aliases = scalars.value("flat_param_aliases", json::object());
     for (const auto& [alias, name] : aliases.items()) master[alias] = master.at(name.get<std::string>());
   }
-  // Parameters from the fp32 master when there is one; frozen ones and buffers as saved.
+  // Parameters from the fp32 master when there is one; frozen ones and buffers as saved. A
+  // buffer that stays float32 (the MoE router's balancing bias) is not cast.
   for (const auto& [key, tensor] : model.tensors) {
     const bool param = key.rfind("param.", 0) == 0;
     const std::string name = key.substr(key.find('.') + 1);
     const auto it = master.find(name);
     const auto& value = param && it != master.end() ? it->second : tensor;
-    out.emplace_back(key, value.is_floating_point() ? value.to(dtype) : value);
+    const bool cast = value.is_floating_point() && (param || !moe::is_float32_buffer_name(name));
+    out.emplace_back(key, cast ? value.to(dtype) : value);
   }
   // MoE experts, saved per expert: whole, as the ep_size 1 model names them, from their fp32
   // master weights.
@@ -129,9 +132,18 @@ void insert(Node& root, const std::string& dotted, const torch::Tensor& t, bool 
       .emplace_back(dot == std::string::npos ? dotted : dotted.substr(dot + 1), t);
 }
 
+// A tensor that owns its bytes: a view into a larger buffer (a flat partition's parameter, a
+// slice of the consolidated master) is copied, since LibTorch 2.x's torch::load sets each
+// parameter to the saved storage and refuses a view's offset past the bytes it wrote.
+torch::Tensor owned(const torch::Tensor& t) {
+  const bool whole = t.is_contiguous() && t.storage_offset() == 0 &&
+                     t.storage().nbytes() == size_t(t.numel()) * t.element_size();
+  return whole ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
 void write(const Node& node, torch::serialize::OutputArchive& archive) {
-  for (const auto& [name, t] : node.parameters) archive.write(name, t);
-  for (const auto& [name, t] : node.buffers) archive.write(name, t, /*is_buffer=*/true);
+  for (const auto& [name, t] : node.parameters) archive.write(name, owned(t));
+  for (const auto& [name, t] : node.buffers) archive.write(name, owned(t), /*is_buffer=*/true);
   for (const auto& name : node.order) {
     torch::serialize::OutputArchive child(archive.compilation_unit());
     write(*node.children.at(name), child);

@@ -154,9 +154,34 @@ std::shared_ptr<SavedInputs> SavedInputs::keep(const std::vector<torch::Tensor>&
         "(how many checkpoints one forward makes, to size the buffer); add it, e.g. the number "
         "of checkpointed blocks",
         s.source));
-  int64_t arena_need = 0;
-  for (const auto& t : inputs)
-    if (t.defined()) arena_need += aligned(nbytes_of(t));
+  // contiguous_memory_optimization: one arena per device the slices live on (a GPU's, or the
+  // host's with cpu_checkpointing; a mask kept on the CPU beside a GPU's hidden state gets the
+  // host's). Each arena is reset here, once for the whole checkpoint, when no live checkpoint
+  // has a slice in it, and sized at its first use for number_checkpoints of this checkpoint's
+  // bytes in it.
+  auto arena_options = [&](const torch::Tensor& t) {
+    return (s.cpu_checkpointing ? host_options(t) : t.options()).dtype(torch::kUInt8);
+  };
+  auto arena_key = [](const torch::TensorOptions& on) {
+    return on.device().str() + (on.pinned_memory() ? "/pinned" : "");
+  };
+  // This checkpoint's bytes per arena, and the arena's memory.
+  std::map<std::string, std::pair<int64_t, torch::TensorOptions>> arena_need;
+  if (where == Where::kArena) {
+    for (const auto& t : inputs) {
+      if (!t.defined()) continue;
+      const auto on = arena_options(t);
+      auto& need = arena_need.try_emplace(arena_key(on), 0, on).first->second;
+      need.first += aligned(nbytes_of(t));
+    }
+    for (const auto& [key, need] : arena_need) {
+      Arena& a = st.arenas[key];
+      if (a.live == 0) a.used = 0;
+      if (!a.buffer.defined())
+        a.buffer = torch::empty({need.first * std::max<int64_t>(1, s.number_checkpoints)},
+                                need.second);
+    }
+  }
   for (const auto& t : inputs) {
     auto e = std::make_unique<Entry>();
     e->generation = st.generation;
@@ -180,13 +205,8 @@ std::shared_ptr<SavedInputs> SavedInputs::keep(const std::vector<torch::Tensor>&
         copy_beside_compute(e->kept, c, e->copied);
         break;
       case Where::kArena: {
-        const auto on = s.cpu_checkpointing ? host_options(c) : c.options();
-        e->arena = on.device().str() + (on.pinned_memory() ? "/pinned" : "");
+        e->arena = arena_key(arena_options(c));
         Arena& a = st.arenas[e->arena];
-        if (a.live == 0) a.used = 0;
-        if (!a.buffer.defined())
-          a.buffer = torch::empty({arena_need * std::max<int64_t>(1, s.number_checkpoints)},
-                                  on.dtype(torch::kUInt8));
         const int64_t need = aligned(e->nbytes);
         if (a.used + need > a.buffer.numel())
           throw Error(fmt::format(
@@ -198,8 +218,10 @@ std::shared_ptr<SavedInputs> SavedInputs::keep(const std::vector<torch::Tensor>&
               a.buffer.numel() / std::max<int64_t>(1, s.number_checkpoints),
               a.buffer.numel() - a.used));
         e->kept = a.buffer.narrow(0, a.used, e->nbytes).view(e->dtype).view(e->sizes);
-        e->kept.copy_(c, /*non_blocking=*/c.is_cuda() && !on.device().is_cuda());
         a.used += need;
+        // A GPU's tensor into the host's arena (cpu_checkpointing): on the side stream, as
+        // kHost's copies; take() brings it back to the device.
+        copy_beside_compute(e->kept, c, e->copied);
         break;
       }
       case Where::kNvme: {
@@ -231,12 +253,7 @@ std::shared_ptr<SavedInputs> SavedInputs::keep(const std::vector<torch::Tensor>&
     }
     out->entries_.push_back(std::move(e));
   }
-  if (where == Where::kArena)
-    for (const auto& e : out->entries_)
-      if (e->where == Where::kArena) {
-        ++st.arenas[e->arena].live;
-        break;  // one count per checkpoint
-      }
+  for (const auto& entry : arena_need) ++st.arenas[entry.first].live;  // once per arena it uses
   st.live.push_back(out.get());
   return out;
 }
@@ -246,7 +263,8 @@ void SavedInputs::prefetch() {
   std::lock_guard<std::mutex> lock(st.mu);
   for (auto& e : entries_) {
     if (e->generation != st.generation) continue;
-    if (e->where == Where::kHost && !e->back.defined()) {
+    if ((e->where == Where::kHost || (e->where == Where::kArena && e->kept.device() != e->device)) &&
+        !e->back.defined()) {
       // After the copy out on the same side stream (stream order), before its use (take()).
       e->back = torch::empty(e->sizes, torch::TensorOptions().dtype(e->dtype).device(e->device));
       copy_beside_compute(e->back, e->kept, e->copied);
@@ -276,8 +294,18 @@ std::vector<torch::Tensor> SavedInputs::take() {
                     "destroyed before their backward; run backward before dropping the engine");
       switch (e->where) {
         case Where::kAsIs:
-        case Where::kArena:
           out.push_back(e->kept);
+          break;
+        case Where::kArena:
+          if (!e->back.defined()) {  // the slice is on the tensor's own device
+            out.push_back(e->kept);
+            break;
+          }
+#if STRATA_HAS_CUDA
+          if (e->copied) e->copied->block(c10::cuda::getCurrentCUDAStream(e->device.index()));
+#endif
+          out.push_back(e->back);
+          e->back = torch::Tensor();
           break;
         case Where::kHost:
 #if STRATA_HAS_CUDA
@@ -319,11 +347,12 @@ SavedInputs::~SavedInputs() {
   auto& st = stores();
   std::lock_guard<std::mutex> lock(st.mu);
   st.live.erase(std::remove(st.live.begin(), st.live.end(), this), st.live.end());
-  bool counted = false;
+  std::vector<std::string> counted;  // the arenas this checkpoint has slices in, once each
   for (auto& e : entries_) {
     if (e->generation != st.generation) continue;
-    if (e->where == Where::kArena && !counted) {
-      counted = true;
+    if (e->where == Where::kArena &&
+        std::find(counted.begin(), counted.end(), e->arena) == counted.end()) {
+      counted.push_back(e->arena);
       --st.arenas[e->arena].live;
     }
     if (e->where == Where::kNvme && e->file >= 0) {

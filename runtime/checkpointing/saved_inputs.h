@@ -4,9 +4,11 @@
 //     making the host wait), the device's copy dropped; copied back when the recomputation needs
 //     them, started one checkpoint ahead (when the checkpoint after this one in the forward
 //     takes its inputs, which is in backward order the one before);
-//   - contiguous_memory_optimization: copied into one buffer (on the device, or on the host with
-//     cpu_checkpointing) sized at the first checkpoint for number_checkpoints of its size, so the
-//     checkpoints do not fragment the allocator; it is reused once every checkpoint in it is gone;
+//   - contiguous_memory_optimization: copied into one buffer per device (on the tensor's device,
+//     or page-locked host memory with cpu_checkpointing, copied back to the device as above)
+//     sized at the first checkpoint for number_checkpoints of its size, so the checkpoints do not
+//     fragment the allocator; every input of a checkpoint gets its own slice, and a buffer is
+//     reused from its start once every checkpoint with a slice in it is gone;
 //   - nvme_path: written to swap files of the io_uring store (offload/nvme_store.h: checksummed
 //     pages, O_DIRECT) from a host staging buffer that is freed once the write is done; read back
 //     one checkpoint ahead. Files are reused by later checkpoints of the same or smaller size;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "train_gpt_runs.h"
@@ -134,6 +135,35 @@ TEST(TrainGptMoEStream, UnitsWithoutTokensAreSkippedAndStillStep) {
   for (const auto& row : rows) skipped += row.at("skipped_expert_units").get<int64_t>();
   EXPECT_GT(skipped, 0) << "the case must leave some unit without tokens";
   expect_within_window(rows, 2, "skipping");
+}
+
+// Units that go idle and come back (top-1, 4 tokens per sample, one expert per unit, a window of
+// one unit, each unit sharded over 2 ranks): every step the experts' gradient buckets stay within
+// the reducer's bound and some of their reduce-scatters start before backward is done; the
+// gathered expert bytes stay within the window. An idle unit's bucket used to hold up every
+// later launch until backward ended (its buffers piling up past the bound), and a unit gathered
+// ahead for a use that did not come stayed gathered through the backward, one unit past the
+// window.
+TEST(TrainGptMoEStream, IdleUnitsKeepTheReducerAndTheWindowBounds) {
+  const std::string short_seq = "--seq-len 4";
+  const auto reference = train(2, config(1, 2, 0, 1), "idle_ref", short_seq);
+  auto streamed = config(1, 3, 1, 1);
+  streamed["moe"]["expert_window"] = 1;
+  streamed["zero_optimization"]["reduce_bucket_size"] = 1000;  // the bound: 2 units' buckets
+  const auto rows = train(2, streamed, "idle", short_seq);
+  expect_same_losses(reference, rows, "top-1, 4 tokens per sample, window 1");
+  std::set<int64_t> skipped;
+  for (const auto& row : rows) {
+    const std::string what = "step " + row.at("step").dump();
+    skipped.insert(row.at("skipped_expert_units").get<int64_t>());
+    ASSERT_TRUE(row.contains("expert_reducer_bound_bytes")) << row.dump();
+    EXPECT_LE(row.at("expert_reducer_peak_bytes").get<int64_t>(),
+              row.at("expert_reducer_bound_bytes").get<int64_t>()) << what;
+    EXPECT_GT(row.at("expert_reductions_during_backward").get<int64_t>(), 0) << what;
+  }
+  EXPECT_GE(skipped.size(), 2u) << "the idle units should change from step to step";
+  EXPECT_GT(*skipped.rbegin(), 0) << "the case must leave some unit without tokens";
+  expect_within_window(rows, 1, "idle units, window 1");
 }
 
 // Checkpoints keep experts per expert: saved streamed at stage 3 (ep_size 2 on 2 ranks), resumed

@@ -132,6 +132,14 @@ Description generate(uint64_t seed, int max_world) {
       d.dropout = ckpt_rng.chance(30);
       break;
     }
+  // The masked model (issue 51): a block checkpointed whole keeps its mask beside x, two inputs
+  // per checkpoint in every store. Half the descriptions that checkpoint; a stream of its own.
+  Rng mask_rng{seed * 0xa0761d6478bd642full + 0x51};
+  for (const auto& p : d.phases)
+    if (!p.checkpointing.empty()) {
+      d.masked = mask_rng.chance(50);
+      break;
+    }
   // Small sizes cut through parameters (tiny's matrices are 4096-16384 elements); 131073 and 4099
   // are odd tile lengths. The CPU Adam cuts a tile of at least 2^16 elements per thread over its
   // threads in 64-element blocks: 131073 = 2^17 + 1 (2 threads) and 196609 = 3 x 2^16 + 1 (2 or
@@ -142,6 +150,12 @@ Description generate(uint64_t seed, int max_world) {
   // stages 1-2 (stage 3 rounds tiles up to its 4 KiB grid).
   d.persistence_threshold = rng.pick<int64_t>({0, -1, 64, 1000, 5000});
   d.reduce_bucket_size = rng.pick<int64_t>({0, 500, 5000, 20000});
+  // Streamed experts' gradient buckets keep to 2 x max(reduce_bucket_size, the largest unit's
+  // elements x ranks), checked on every row (runner.cpp): a finite bucket size, so that the
+  // bound is the units' and not DeepSpeed's default of 5e8 elements.
+  for (const auto& p : d.phases)
+    if (p.expert_unit > 0 && d.reduce_bucket_size == 0)
+      d.reduce_bucket_size = stream_rng.pick<int64_t>({500, 5000, 20000});
   d.allgather_bucket_size = rng.pick<int64_t>({0, 1000, 20000});
   d.prefetch_bucket_size = rng.pick<int64_t>({0, 1, 5000, 50000});
   d.max_live_parameters = rng.pick<int64_t>({0, 20000, 100000});
@@ -152,6 +166,14 @@ Description generate(uint64_t seed, int max_world) {
     d.capacity_factor = rng.pick<double>({1.0, 1.25, 2.0});
     d.drop_tokens = rng.chance(60);
     d.noisy_gate_policy = rng.weighted<std::string>({{3, "None"}, {2, "RSample"}, {1, "Jitter"}});
+  }
+  // used_token padding (top-1 only, on the capped and the dropless path alike) and the grouped
+  // kernel, whose packed routes replace the padded buffer at ep_size 1 (held against the
+  // oracle's default kernel): issue 51, a stream of their own.
+  Rng pad_rng{seed * 0xe7037ed1a0b428dbull + 0x52};
+  if (d.model == "tiny-moe") {
+    if (d.top_k == 1 && pad_rng.chance(50)) d.moe_padding = pad_rng.pick<int>({1, 8, 32});
+    if (pad_rng.chance(50)) d.expert_kernel = "grouped";
   }
   return d;
 }
@@ -167,7 +189,8 @@ nlohmann::json to_json(const Description& d) {
                       {"adam_grain", p.adam_grain}, {"expert_unit", p.expert_unit},
                       {"expert_window", p.expert_window}, {"checkpointing", p.checkpointing},
                       {"checkpoint_store", p.checkpoint_store}});
-  return {{"seed", d.seed}, {"model", d.model}, {"dropout", d.dropout}, {"dtype", d.dtype},
+  return {{"seed", d.seed}, {"model", d.model}, {"dropout", d.dropout}, {"masked", d.masked},
+          {"dtype", d.dtype},
           {"optimizer", d.optimizer},
           {"scheduler", d.scheduler}, {"clip", d.clip}, {"micro", d.micro},
           {"per_step", d.per_step}, {"steps", d.steps}, {"save_at", d.save_at},
@@ -178,7 +201,8 @@ nlohmann::json to_json(const Description& d) {
           {"max_live_parameters", d.max_live_parameters},
           {"max_reuse_distance", d.max_reuse_distance}, {"sub_group_size", d.sub_group_size},
           {"top_k", d.top_k}, {"capacity_factor", d.capacity_factor},
-          {"drop_tokens", d.drop_tokens}, {"noisy_gate_policy", d.noisy_gate_policy}};
+          {"drop_tokens", d.drop_tokens}, {"noisy_gate_policy", d.noisy_gate_policy},
+          {"moe_padding", d.moe_padding}, {"expert_kernel", d.expert_kernel}};
 }
 
 Description from_json(const nlohmann::json& j) {
@@ -187,6 +211,7 @@ Description from_json(const nlohmann::json& j) {
   d.seed = j.value("seed", def.seed);
   d.model = j.value("model", def.model);
   d.dropout = j.value("dropout", def.dropout);
+  d.masked = j.value("masked", def.masked);
   d.dtype = j.value("dtype", def.dtype);
   d.optimizer = j.value("optimizer", def.optimizer);
   d.scheduler = j.value("scheduler", def.scheduler);
@@ -224,12 +249,14 @@ Description from_json(const nlohmann::json& j) {
   d.capacity_factor = j.value("capacity_factor", def.capacity_factor);
   d.drop_tokens = j.value("drop_tokens", def.drop_tokens);
   d.noisy_gate_policy = j.value("noisy_gate_policy", def.noisy_gate_policy);
+  d.moe_padding = j.value("moe_padding", def.moe_padding);
+  d.expert_kernel = j.value("expert_kernel", def.expert_kernel);
   return d;
 }
 
 std::string summary(const Description& d) {
   std::ostringstream s;
-  s << d.model << (d.dropout ? "-dropout" : "") << " " << d.dtype << " " << d.optimizer
+  s << d.model << (d.masked ? "-masked" : "") << (d.dropout ? "-dropout" : "") << " " << d.dtype << " " << d.optimizer
     << " sched=" << d.scheduler
     << " clip=" << d.clip << " micro=" << d.micro << " steps=" << d.steps;
   for (size_t i = 0; i < d.phases.size(); ++i) {
@@ -252,7 +279,8 @@ std::string summary(const Description& d) {
   }
   if (d.model == "tiny-moe")
     s << " | k" << d.top_k << " cf" << d.capacity_factor << (d.drop_tokens ? " drop" : " dropless")
-      << " " << d.noisy_gate_policy;
+      << " " << d.noisy_gate_policy << (d.moe_padding ? " pad" + std::to_string(d.moe_padding) : "")
+      << (d.expert_kernel.empty() ? "" : " " + d.expert_kernel);
   if (d.sub_group_size) s << " sub=" << d.sub_group_size;
   return s.str();
 }
@@ -261,7 +289,7 @@ int64_t complexity(const Description& d) {
   int64_t c = d.steps + d.micro + d.per_step + 10 * int64_t(d.phases.size());
   c += d.model == "tiny" ? 0 : d.model == "tiny-tied" || d.model == "tiny-zoo" ? 1 : 3;
   c += d.dtype == "fp32" ? 0 : 2;
-  c += d.dropout;
+  c += d.dropout + d.masked + (d.moe_padding != 0) + !d.expert_kernel.empty();
   c += d.optimizer == "AdamW" ? 0 : 1;
   c += d.scheduler == "none" ? 0 : 1;
   c += d.clip == 0.0 ? 0 : 1;
@@ -297,10 +325,12 @@ std::vector<Description> simplifications(const Description& d) {
   if (d.model != "tiny")
     with([](Description& s) {
       s.model = "tiny";
+      s.moe_padding = 0, s.expert_kernel.clear();
       for (auto& p : s.phases) p.ep_size = 1, p.expert_unit = 0, p.expert_window = 0;
     });
   if (d.dtype != "fp32") with([](Description& s) { s.dtype = "fp32"; });
   if (d.dropout) with([](Description& s) { s.dropout = false; });
+  if (d.masked) with([](Description& s) { s.masked = false; });
   if (d.optimizer != "AdamW") with([](Description& s) { s.optimizer = "AdamW"; });
   if (d.scheduler != "none") with([](Description& s) { s.scheduler = "none"; });
   if (d.clip != 0.0) with([](Description& s) { s.clip = 0.0; });
@@ -356,6 +386,8 @@ std::vector<Description> simplifications(const Description& d) {
     if (d.capacity_factor != 1.0) with([](Description& s) { s.capacity_factor = 1.0; });
     if (!d.drop_tokens) with([](Description& s) { s.drop_tokens = true; });
     if (d.noisy_gate_policy != "None") with([](Description& s) { s.noisy_gate_policy = "None"; });
+    if (d.moe_padding) with([](Description& s) { s.moe_padding = 0; });
+    if (!d.expert_kernel.empty()) with([](Description& s) { s.expert_kernel.clear(); });
   }
   return out;
 }

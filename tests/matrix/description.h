@@ -45,6 +45,10 @@ struct Description {
   // against its twin without checkpointing, where the recomputations must draw the forward's
   // masks.
   bool dropout = false;
+  // The model with an explicit attention mask (train_gpt --model NAME-masked): every block takes
+  // it as a second tensor, so each checkpoint of a whole block keeps two inputs in its store.
+  // The same math as the causal model's; the oracle runs it too. Drawn with checkpointing.
+  bool masked = false;
   std::string dtype = "fp32";   // fp32 | bf16 | fp16 | autocast (torch_autocast bf16, fp32 params)
   std::string optimizer = "AdamW";  // Adam | AdamW | SGD | Lamb | Lion | ... (the last refused)
   std::string scheduler = "none";   // none | WarmupLR | WarmupDecayLR | WarmupCosineLR
@@ -69,6 +73,13 @@ struct Description {
   double capacity_factor = 1.0;
   bool drop_tokens = true;
   std::string noisy_gate_policy = "None";
+  // train_gpt --moe-padding K (top-1 only): the last K positions of each sequence are padding
+  // for the MoE layers (used_token), on the capped (drop_tokens) and dropless paths; 0: none.
+  int moe_padding = 0;
+  // train_gpt --expert-kernel ("" leaves it auto; "grouped" forces the grouped kernel, whose
+  // packed routes run at ep_size 1 in place of the padded buffer). The oracle runs the default
+  // kernel, so the two paths are held against each other.
+  std::string expert_kernel = "";
 };
 
 nlohmann::json to_json(const Description& d);

@@ -85,6 +85,47 @@ void check_group_lrs(const Description& d, const std::vector<nlohmann::json>& or
     }
 }
 
+// Streamed experts on 2+ ranks (issue 51), on every metrics row of the phase: the gathered units
+// stay within their window (expert_bytes_peak <= expert_window_bytes), the experts' gradient
+// buckets within their bound (2 x max(reduce_bucket_size, the largest unit x ranks)), and the
+// experts' reducer launched reductions while backward still ran. The last only over an
+// expert-data-parallel group of 2+ ranks (world / ep_size): a group of one reduces nothing. The
+// oracle streams nothing, so only these invariants see a window or a bound overrun. (An older
+// train_gpt writes no reducer fields: nothing to check there.)
+void check_streamed_experts(const Description& d, size_t i, const std::vector<nlohmann::json>& rows,
+                            Verdict* v) {
+  const Phase& p = d.phases[i];
+  if (d.model != "tiny-moe" || p.expert_unit <= 0 || p.world < 2) return;
+  const bool reduces = p.world / p.ep_size >= 2;
+  for (const auto& row : rows) {
+    if (v->outcome != Outcome::kPass) return;
+    auto fail = [&](const std::string& what) {
+      v->outcome = Outcome::kMismatch;
+      v->detail = "phase " + std::to_string(i) + " (streamed experts, " + std::to_string(p.world) +
+                  " ranks, ep_size " + std::to_string(p.ep_size) + "), step " +
+                  std::to_string(row.value("step", 0)) + ": " + what;
+    };
+    auto number = [&](const char* key) { return row.at(key).get<int64_t>(); };
+    if (!row.contains("expert_bytes_peak") || !row.contains("expert_window_bytes")) {
+      fail("no expert_bytes_peak / expert_window_bytes in the metrics row");
+    } else if (number("expert_bytes_peak") > number("expert_window_bytes")) {
+      fail("expert_bytes_peak " + std::to_string(number("expert_bytes_peak")) +
+           " > expert_window_bytes " + std::to_string(number("expert_window_bytes")));
+    } else if (row.contains("expert_reducer_peak_bytes") && row.contains("expert_reducer_bound_bytes") &&
+               number("expert_reducer_peak_bytes") > number("expert_reducer_bound_bytes")) {
+      fail("expert_reducer_peak_bytes " + std::to_string(number("expert_reducer_peak_bytes")) +
+           " > expert_reducer_bound_bytes " + std::to_string(number("expert_reducer_bound_bytes")) +
+           " (reduce_bucket_size " + std::to_string(d.reduce_bucket_size) + ")");
+    } else if (reduces && row.contains("expert_reductions_during_backward") &&
+               number("expert_reductions_during_backward") <= 0) {
+      fail("expert_reductions_during_backward " +
+           std::to_string(number("expert_reductions_during_backward")) +
+           ": the experts' reducer launched nothing before backward ended (" +
+           std::to_string(row.value("expert_reducer_buckets", int64_t(-1))) + " buckets)");
+    }
+  }
+}
+
 }  // namespace
 
 // Tolerances (docs/matrix.md says why). fp32: the example tests' 1e-5 relative on the loss (the
@@ -213,6 +254,9 @@ Description oracle_of(const Description& d) {
   o.persistence_threshold = o.reduce_bucket_size = o.allgather_bucket_size = 0;
   o.prefetch_bucket_size = o.max_live_parameters = o.sub_group_size = 0;
   o.max_reuse_distance = -1;
+  // The default expert kernel (batched on the CPU): a description that forces the grouped one
+  // (its packed routes at ep_size 1) is held against the padded-buffer path.
+  o.expert_kernel.clear();
   return o;
 }
 
@@ -247,10 +291,13 @@ Runner::Launch Runner::launch(const Description& d, const Phase& p, int index,
   if (p.adam_grain) cmd << "STRATA_CPU_ADAM_GRAIN=" << p.adam_grain << " ";
   cmd << "timeout " << o_.timeout_s << " ";
   if (p.world > 1) cmd << o_.bin << "/strata-run --num_gpus " << p.world << " -- ";
-  cmd << o_.bin << "/train_gpt --device cpu --model " << d.model << (d.dropout ? "-dropout" : "")
-      << " --config " << config
+  cmd << o_.bin << "/train_gpt --device cpu --model " << d.model << (d.masked ? "-masked" : "")
+      << (d.dropout ? "-dropout" : "") << " --config " << config
       << " --seed " << d.seed << " --metrics-jsonl " << jsonl << (p.zero_init ? " --zero-init" : "")
-      << (p.checkpointing.empty() ? "" : " --activation-checkpointing " + p.checkpointing) << extra;
+      << (p.checkpointing.empty() ? "" : " --activation-checkpointing " + p.checkpointing);
+  if (d.model == "tiny-moe" && d.moe_padding > 0) cmd << " --moe-padding " << d.moe_padding;
+  if (d.model == "tiny-moe" && !d.expert_kernel.empty()) cmd << " --expert-kernel " << d.expert_kernel;
+  cmd << extra;
   const auto r = capture(cmd.str());
   std::ofstream(folder + "/phase" + std::to_string(index) + ".log") << cmd.str() << "\n" << r.output;
   return {r.exit_code, r.output, cmd.str()};
@@ -370,6 +417,7 @@ Verdict Runner::run_against_reference(const Description& d) {
     }
     const auto got = read_jsonl(jsonl);
     rows.insert(rows.end(), got.begin(), got.end());
+    check_streamed_experts(d, i, got, &v);
     // A policy checkpoints something (its profile says so); the block alone checkpoints nothing.
     const bool profiled = r.output.find("activation checkpointing, micro-step") != std::string::npos;
     if (profiled != !d.phases[i].checkpointing.empty() && v.outcome == Outcome::kPass) {

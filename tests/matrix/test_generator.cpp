@@ -1,6 +1,7 @@
 // The matrix's generator, refusal rules and shrinker moves, checked without running train_gpt.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "tests/matrix/description.h"
@@ -82,6 +83,59 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
   EXPECT_GT(dropout, 100);
 }
 
+// Issue 51: the masked model (two inputs per checkpoint) in every store, whole blocks ("every")
+// among them; used_token padding with top-1 on the capped and the dropless path, with the grouped
+// kernel at ep_size 1 (its packed routes) among them; a finite reduce_bucket_size wherever experts
+// stream (the reducer bound the runner checks).
+TEST(MatrixGenerator, DrawsTheMaskedModelPaddingAndTheGroupedKernel) {
+  std::set<std::string> masked_stores, masked_whole_stores;
+  int masked = 0, padded_drop = 0, padded_dropless = 0, grouped = 0;
+  int packed_padded_drop = 0, packed_padded_dropless = 0;
+  for (uint64_t s = 0; s < 2000; ++s) {
+    const auto d = generate(s, s % 2 ? 4 : 2);
+    if (d.masked) {
+      ++masked;
+      bool checkpoints = false;
+      for (const auto& p : d.phases) {
+        if (p.checkpointing.empty()) continue;
+        checkpoints = true;
+        masked_stores.insert(p.checkpoint_store);
+        if (p.checkpointing.rfind("every", 0) == 0) masked_whole_stores.insert(p.checkpoint_store);
+      }
+      EXPECT_TRUE(checkpoints) << summary(d);
+    }
+    if (d.moe_padding > 0) {
+      EXPECT_EQ(d.model, "tiny-moe") << summary(d);
+      EXPECT_EQ(d.top_k, 1) << summary(d);  // the gate applies used_token at k = 1 only
+      EXPECT_LT(d.moe_padding, 64) << summary(d);  // tiny-moe's sequence
+      ++(d.drop_tokens ? padded_drop : padded_dropless);
+    }
+    bool packed = false;  // some phase at ep_size 1 with the grouped kernel
+    if (!d.expert_kernel.empty()) {
+      EXPECT_EQ(d.model, "tiny-moe") << summary(d);
+      EXPECT_EQ(d.expert_kernel, "grouped");
+      ++grouped;
+      for (const auto& p : d.phases) packed = packed || p.ep_size == 1;
+    }
+    if (packed && d.moe_padding > 0) ++(d.drop_tokens ? packed_padded_drop : packed_padded_dropless);
+    for (const auto& p : d.phases) {
+      if (p.expert_unit > 0) {
+        EXPECT_GT(d.reduce_bucket_size, 0) << summary(d);
+      }
+    }
+    EXPECT_EQ(to_json(from_json(to_json(d))), to_json(d));
+  }
+  const std::set<std::string> all = {"", "cpu", "nvme", "contiguous", "extras"};
+  EXPECT_EQ(masked_stores, all);
+  EXPECT_EQ(masked_whole_stores, all);
+  EXPECT_GT(masked, 200);
+  EXPECT_GT(padded_drop, 20);
+  EXPECT_GT(padded_dropless, 20);
+  EXPECT_GT(grouped, 100);
+  EXPECT_GT(packed_padded_drop, 5);
+  EXPECT_GT(packed_padded_dropless, 5);
+}
+
 TEST(MatrixRefusal, PredictsWhatTheEngineRefusesByName) {
   Description d;
   d.phases = {Phase{}};
@@ -135,6 +189,23 @@ TEST(MatrixShrinker, EverySimplificationIsSmallerAndKeepsTheLayoutValid) {
       for (const auto& p : c.phases) EXPECT_EQ(p.world * p.gas, c.per_step) << summary(c);
     }
   }
+  // Issue 51's dimensions are each dropped by a move of their own; the plain model drops the
+  // MoE-only ones with it.
+  for (uint64_t s = 0; s < 300; ++s) {
+    const auto d = generate(s);
+    const auto next = simplifications(d);
+    auto some = [&](auto&& pred) { return std::any_of(next.begin(), next.end(), pred); };
+    EXPECT_TRUE(!d.masked || some([](const Description& c) { return !c.masked; })) << summary(d);
+    EXPECT_TRUE(!d.moe_padding || some([](const Description& c) {
+                  return c.moe_padding == 0 && c.model == "tiny-moe";
+                })) << summary(d);
+    EXPECT_TRUE(d.expert_kernel.empty() || some([](const Description& c) {
+                  return c.expert_kernel.empty() && c.model == "tiny-moe";
+                })) << summary(d);
+    for (const auto& c : next) {
+      EXPECT_TRUE(c.model == "tiny-moe" || (c.moe_padding == 0 && c.expert_kernel.empty())) << summary(c);
+    }
+  }
   // The fully simplified description: one phase, one rank, stage 0, the plain model.
   Description d = generate(7);
   for (auto next = simplifications(d); !next.empty(); next = simplifications(d)) d = next.front();
@@ -160,6 +231,10 @@ TEST(MatrixOracle, IsOneProcessAtStage0WithTheSameGlobalBatch) {
     EXPECT_FALSE(c.at("zero_optimization").contains("offload_optimizer"));
     EXPECT_FALSE(c.contains("activation_checkpointing"));  // the oracle recomputes nothing
     EXPECT_TRUE(o.phases[0].checkpointing.empty());
+    // The same model (mask, padding); the default expert kernel, against a forced grouped one.
+    EXPECT_EQ(o.masked, d.masked);
+    EXPECT_EQ(o.moe_padding, d.moe_padding);
+    EXPECT_TRUE(o.expert_kernel.empty());
   }
 }
 

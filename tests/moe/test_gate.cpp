@@ -161,7 +161,7 @@ TEST(Gate, Top1UsedTokenMasksRoutes) {
   o.used_token = torch::tensor({0, 1, 1, 1, 1, 1});
   const auto g = gate(logits_of(kTop1), o);
   EXPECT_EQ(vec(g.exp_counts), (std::vector<int64_t>{3, 2}));
-  EXPECT_EQ(g.dropped, 0);
+  EXPECT_EQ(g.dropped, 1);  // token 0, padding: it reaches no expert
   expect_routes(g, {{1, 0, 0, 0.6}, {2, 1, 0, 0.7}, {3, 0, 1, 0.8}, {4, 0, 2, 0.55},
                     {5, 1, 1, 0.8}});
   EXPECT_NEAR(g.l_aux.item<double>(), 2.0 * (3.35 * 3 + 2.65 * 2) / 36.0, 1e-6);
@@ -454,8 +454,8 @@ TEST(Gate, FixedSizeFormHoldsTheKeptRoutes) {
     EXPECT_TRUE(torch::equal(r.expert.index_select(0, kept), g.expert)) << what;
     EXPECT_TRUE(torch::equal(r.slot.index_select(0, kept), g.slot)) << what;
     EXPECT_TRUE(torch::equal(r.kept_counts, torch::bincount(g.expert, {}, E))) << what;
-    EXPECT_EQ(r.dropped.item<int64_t>(), g.exp_counts.sum().item<int64_t>() - g.token.size(0))
-        << what;
+    // Over capacity, and padding (used_token 0): every route that reaches no expert.
+    EXPECT_EQ(r.dropped.item<int64_t>(), S * cfg.k - g.token.size(0)) << what;
     EXPECT_GT(g.dropped, 0) << what << ": the case should drop routes";
     for (int64_t e = 0; e < E; ++e) {
       const auto slots = std::get<0>(g.slot.masked_select(g.expert.eq(e)).sort());

@@ -35,6 +35,7 @@ struct Case {
   bool second_sampling;
   DropPolicy drop = DropPolicy::Probs;
   bool expert_bias = true;
+  bool padding = false;  // used_token marks the last 4 tokens of each sequence as padding
 };
 
 // The case as its CTest name shows it (without this, gtest prints the struct's bytes, a pointer
@@ -65,9 +66,18 @@ void check_against_reference(const Case& cs, ExpertKernel kernel) {
   auto x_ref = x.detach().clone().reshape({24, kD}).requires_grad_(true);
   auto probe = torch::randn({24, kD});
 
-  auto y = m->forward(x);
+  torch::Tensor used;
+  if (cs.padding) {
+    used = torch::ones({2, 12}, torch::kLong);
+    used.narrow(1, 8, 4).zero_();
+  }
+  auto y = m->forward(x, used);
   ASSERT_EQ(y.sizes(), x.sizes());
-  auto [y_ref, g] = ref.forward(o, x_ref, 5);
+  auto [y_ref, g] = ref.forward(o, x_ref, 5, true, cs.padding ? used.reshape({-1}) : torch::Tensor());
+  if (cs.padding) {  // padding gets no expert output, and counts among the routes dropped
+    EXPECT_EQ(y.reshape({24, kD}).index({used.reshape({-1}).eq(0)}).abs().max().item<double>(), 0.0);
+    EXPECT_GE(m->last().dropped_count(), 8);
+  }
   expect_close(y.reshape({24, kD}), y_ref, "output");
   EXPECT_GT(y_ref.abs().max().item<double>(), 0.05) << "a vacuous reference";
   // Dropless with the grouped kernel (ep_size 1) keeps every route without reading the largest
@@ -80,7 +90,7 @@ void check_against_reference(const Case& cs, ExpertKernel kernel) {
     EXPECT_GT(g.dropped, 0) << "the case should drop routes";
   }
   if (!cs.drop_tokens) {
-    EXPECT_EQ(g.dropped, 0);
+    EXPECT_EQ(g.dropped, cs.padding ? 8 : 0);  // dropless: padding only
   }
 
   // loss(): each auxiliary loss under its own coefficient (z_loss has router_z_loss_coef).
@@ -116,6 +126,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"top1_rts_jitter", 1, true, true, NoisyGatePolicy::Jitter, false},
         Case{"top1_rsample", 1, true, true, NoisyGatePolicy::RSample, false},
         Case{"top1_no_drop", 1, false, true, NoisyGatePolicy::None, false},
+        // used_token on the dropless path (with the grouped kernel: the packed routes) and on
+        // the capped one.
+        Case{"top1_no_drop_padding", 1, false, true, NoisyGatePolicy::None, false,
+             DropPolicy::Probs, true, true},
+        Case{"top1_rts_padding", 1, true, true, NoisyGatePolicy::None, false, DropPolicy::Probs,
+             true, true},
         Case{"top2", 2, true, false, NoisyGatePolicy::None, false},
         Case{"top2_sampling", 2, true, false, NoisyGatePolicy::None, true},
         Case{"top2_jitter", 2, true, false, NoisyGatePolicy::Jitter, true},

@@ -16,6 +16,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -140,6 +141,82 @@ STRATA_SCENARIO(moe_ep2) {
   auto gate_grad = m->gate->weight.grad().clone();
   world->all_reduce(gate_grad);
   check_close(gate_grad, ref->gate->weight.grad(), "d gate weight (summed over ranks)");
+}
+
+// A rank with no tokens (an empty last micro-batch, packed variable-length data): it routes zero
+// tokens, joining every collective of the layer with empty buffers, forward and backward, for
+// three training steps (plain SGD on both ranks and on the reference). Rank 0 is empty; the
+// reference is the 1-rank layer on rank 1's tokens alone (it skips rank 0's): rank 1's outputs,
+// input gradients and l_aux equal it; each rank's expert gradients equal the reference's for
+// the experts it holds; the gate's gradient summed over the ranks equals the reference's; the
+// empty rank's output is empty and its auxiliary losses 0 (a mean over no tokens is not NaN).
+STRATA_SCENARIO(moe_ep2_empty) {
+  auto world = comm::init_process_group();
+  const int r = world->rank();
+  auto groups = comm::create_expert_groups(world, 2, kE);
+  auto o = options();
+  o.ep_size = 2;
+  o.ep_group = groups.expert_parallel;
+  MoE m(o);
+  if (env_int("MOE_GROUPED")) m->experts->set_kernel(ExpertKernel::Grouped);
+  auto o1 = options();
+  MoE ref(o1);
+  const auto rows = torch::indexing::Slice(2 * r, 2 * r + 2);
+  for (int it = 0; it < 3; ++it) {
+    torch::manual_seed(200 + it);
+    const auto x1 = torch::randn({kS, kD}), probe1 = torch::randn({kS, kD});
+    const auto x = r == 0 ? torch::zeros({0, kD}) : x1;
+    const auto probe = r == 0 ? torch::zeros({0, kD}) : probe1;
+    const Run got = step(m, x, probe);
+    const Run want = step(ref, x1, probe1);
+    const std::string at = fmt::format("step {}: ", it);
+    if (r == 0) {
+      if (got.y.size(0) != 0 || (got.x_grad.defined() && got.x_grad.size(0) != 0) ||
+          got.l_aux.item<double>() != 0.0 ||
+          got.dropped != 0)
+        throw Error(at + "the empty rank's output, gradient, l_aux or drops are not empty / 0");
+    } else {
+      check_close(got.y, want.y, at + "output");
+      check_close(got.x_grad, want.x_grad, at + "d input");
+      check_close(got.l_aux, want.l_aux, at + "l_aux");
+    }
+    if (o.drop_tokens && got.capacity != want.capacity)
+      throw Error(fmt::format("{}capacity {} (reference {})", at, got.capacity, want.capacity));
+    check_close(m->experts->w1.grad(), ref->experts->w1.grad().index({rows}), at + "d w1");
+    check_close(m->experts->b2.grad(), ref->experts->b2.grad().index({rows}), at + "d b2");
+    auto gate_grad = m->gate->weight.grad().clone();
+    world->all_reduce(gate_grad);
+    check_close(gate_grad, ref->gate->weight.grad(), at + "d gate weight (summed over ranks)");
+    // One SGD step everywhere: the gate by the summed gradient (data parallelism's sum), each
+    // rank's experts by their own (they saw every token routed to them).
+    torch::NoGradGuard no_grad;
+    m->gate->weight.sub_(0.1 * gate_grad);
+    for (auto& p : m->experts->parameters()) p.sub_(0.1 * p.grad());
+    for (auto& p : ref->parameters()) p.sub_(0.1 * p.grad());
+    for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+    for (auto& p : ref->parameters()) p.mutable_grad() = torch::Tensor();
+  }
+}
+
+Launched run_empty(int k, bool drop, bool grouped) {
+  LaunchSpec spec;
+  spec.scenario = "moe_ep2_empty";
+  spec.world = 2;
+  spec.env = {{"MOE_K", std::to_string(k)}, {"MOE_DROP", drop ? "1" : "0"},
+              {"MOE_GROUPED", grouped ? "1" : "0"}, {"MOE_UNEVEN", "1"}};
+  spec.timeout_s = 120;
+  Launched l = run_ranks(spec);
+  l.print_messages();
+  return l;
+}
+
+TEST(MoeExpertParallel, ARankWithNoTokensTrainsWithItsPeers) {
+  for (const auto& [k, drop, grouped] :
+       {std::tuple{1, true, false}, std::tuple{1, false, false}, std::tuple{2, true, true},
+        std::tuple{2, false, false}}) {
+    auto r = run_empty(k, drop, grouped);
+    EXPECT_TRUE(r.all_ok()) << "k " << k << " drop_tokens " << drop << ": " << r.report();
+  }
 }
 
 Launched run(int k, bool drop, bool grouped = false, bool uneven = false) {

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <limits>
 #include <tuple>
 
 #include <ATen/record_function.h>
@@ -402,3 +403,83 @@ TEST(Checkpoint, ContiguousBufferTooSmallIsNamed) {
 }
 
 }  // namespace
+
+// Megatron-DeepSpeed's signature checkpoint(fn, hidden, mask, ...): a checkpoint of two and of
+// three tensor inputs (an additive -inf mask among them) in every store, the contiguous buffer
+// included, gives the gradients of the run without checkpointing. Every input keeps a slice of
+// its own: the contiguous buffer once wrote the inputs of the forward's first checkpoint over
+// each other at offset 0 (the mask over the hidden state: NaN through the -inf entries) and
+// started the next checkpoint inside the first one's slice.
+class CheckpointMaskedBlocks : public strata::test_support::BuildFsDirTest {
+ protected:
+  CheckpointMaskedBlocks() : BuildFsDirTest("checkpoint-masked") {}
+};
+
+TEST_F(CheckpointMaskedBlocks, TwoAndThreeInputCheckpointsGiveThePlainGradientsInEveryStore) {
+  torch::manual_seed(21);
+  torch::nn::ModuleList blocks;
+  for (int i = 0; i < 3; ++i) blocks->push_back(Block());
+  const int64_t B = 2, T = 6, D = 16;
+  const auto x0 = torch::randn({B, T, D});
+  // A causal additive mask: -inf above the diagonal; and a per-position scale (a third input
+  // that requires grad).
+  const auto mask = torch::full({T, T}, -std::numeric_limits<float>::infinity()).triu(1);
+  const auto scale0 = torch::rand({T, 1}) + 0.5;
+  // hidden, mask [, scale]: attention-like mixing under the mask, then the block.
+  auto layer = [](Block& block, const torch::Tensor& h, const torch::Tensor& m,
+                  const torch::Tensor& scale) {
+    auto scores = torch::matmul(h, h.transpose(1, 2)) / 4.0 + m;
+    auto mixed = torch::matmul(torch::softmax(scores, -1), h);
+    if (scale.defined()) mixed = mixed * scale;
+    return block->forward(mixed);
+  };
+  for (const int inputs : {2, 3}) {
+    std::string where;
+    auto run = [&](bool checkpointed) {
+      auto x = x0.clone().requires_grad_(true);
+      auto scale = scale0.clone().requires_grad_(true);
+      torch::manual_seed(8);
+      torch::Tensor h = x;
+      for (size_t i = 0; i < blocks->size(); ++i) {
+        auto block = blocks->ptr<BlockImpl>(i);
+        Block held(block);
+        if (!checkpointed) {
+          h = layer(held, h, mask, inputs == 3 ? scale : torch::Tensor());
+        } else if (inputs == 2) {
+          h = ckpt::checkpoint_function(
+              [held, &layer](const torch::Tensor& a, const torch::Tensor& m) mutable {
+                return layer(held, a, m, torch::Tensor());
+              },
+              block->parameters(), h, mask);
+        } else {
+          h = ckpt::checkpoint_function(
+              [held, &layer](const torch::Tensor& a, const torch::Tensor& m,
+                             const torch::Tensor& s) mutable { return layer(held, a, m, s); },
+              block->parameters(), h, mask, scale);
+        }
+      }
+      h.pow(2).sum().backward();
+      auto g = param_grads(*blocks);
+      g.push_back(x.grad());
+      if (inputs == 3) g.push_back(scale.grad());
+      return g;
+    };
+    const auto ref = run(false);
+    for (const auto& g : ref) ASSERT_TRUE(torch::isfinite(g).all().item<bool>());
+    int owner = 0;
+    const auto swap = dir_ / "swap";
+    std::filesystem::create_directories(swap);
+    for (const std::string w : {"as-is", "host", "contiguous", "contiguous-host", "nvme"}) {
+      where = w + " with " + std::to_string(inputs) + " inputs";
+      ckpt::Settings s;
+      s.cpu_checkpointing = w == "host" || w == "contiguous-host";
+      s.contiguous = w.rfind("contiguous", 0) == 0;
+      s.number_checkpoints = 3;
+      if (w == "nvme") s.nvme_path = swap.string();
+      ckpt::configure(&owner, s);
+      for (int step = 0; step < 2; ++step) expect_same(ref, run(true), where);  // reuse, too
+      EXPECT_EQ(ckpt::store_stats().live, 0) << where;
+      ckpt::release(&owner);
+    }
+  }
+}

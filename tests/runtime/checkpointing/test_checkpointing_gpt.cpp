@@ -70,6 +70,18 @@ TEST(CheckpointGPT, BlocksCheckpointedAsTwoBranchesGiveTheGradientsOfThePlainMod
     expect_same(plain, run("tiny", policy), "no dropout, " + policy);
 }
 
+// The masked model (GPTConfig::masked: an explicit additive mask, the second input of every
+// whole block's checkpoint) computes what the causal model does, under every policy; with
+// dropout its checkpoints give the gradients of its own run without checkpointing.
+TEST(CheckpointGPT, TheMaskedModelGivesTheCausalModelsGradientsUnderEveryPolicy) {
+  const auto plain = run("tiny", "none");
+  for (const std::string policy : {"none", "every", "every:2", "selective"})
+    expect_same(plain, run("tiny-masked", policy), "masked, " + policy);
+  const auto dropout = run("tiny-masked-dropout", "none");
+  for (const std::string policy : {"every", "every:2", "selective"})
+    expect_same(dropout, run("tiny-dropout-masked", policy), "masked with dropout, " + policy);
+}
+
 // Memory, measured at malloc (tests/alloc_meter), never by the feature's own tally. A GPT of 8
 // blocks whose activations dominate (d 64, 128 tokens x 8 samples, vocabulary 64). With every
 // block checkpointed, the peak of forward + backward over what the model holds anyway must stay

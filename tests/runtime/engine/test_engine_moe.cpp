@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -16,9 +17,12 @@
 #include <vector>
 
 #include "moe/layer.h"
+#include "runtime/util/file_tree.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "runtime/engine.h"
 #include "zero/partitioned_init.h"
 #include "runtime/error.h"
+#include "runtime/model_check.h"
 #include "runtime/optim/adam.h"
 
 namespace {
@@ -144,7 +148,7 @@ TEST(EngineMoE, ResumeStepsTheExpertsAtTheSchedulesLr) {
                             "_" + std::to_string(stage);
     const auto straight = train(stage, /*noise=*/false, 6, -1, dir);
     const auto resumed = train(stage, /*noise=*/false, 6, 3, dir);
-    std::filesystem::remove_all(dir);
+    strata::util::remove_tree(dir);  // not std::filesystem: see README, pip LibTorch
     ASSERT_EQ(resumed.size(), straight.size());
     for (size_t i = 0; i < straight.size(); ++i)
       EXPECT_NEAR(resumed[i], straight[i], 1e-6 * std::abs(straight[i])) << "step " << i + 1;
@@ -161,7 +165,7 @@ TEST(EngineMoE, ResumeContinuesTheGateNoise) {
                             "_" + std::to_string(stage);
     const auto straight = train(stage, /*noise=*/true, 6, -1, dir);
     const auto resumed = train(stage, /*noise=*/true, 6, 3, dir);
-    std::filesystem::remove_all(dir);
+    strata::util::remove_tree(dir);  // not std::filesystem: see README, pip LibTorch
     ASSERT_EQ(resumed.size(), straight.size());
     for (size_t i = 0; i < straight.size(); ++i)
       EXPECT_NEAR(resumed[i], straight[i], 1e-6 * std::abs(straight[i])) << "step " << i + 1;
@@ -266,7 +270,7 @@ TEST(EngineMoE, StageThreeSavesExpertsWithParametersOnNvmeAndTheOptimizerInHostM
   engine->load_checkpoint(dir + "/ckpt");
   torch::NoGradGuard no_grad;
   EXPECT_NEAR(engine->forward(x, y).item<double>(), saved_loss, 1e-6 * std::abs(saved_loss));
-  std::filesystem::remove_all(dir);
+  strata::util::remove_tree(dir);  // not std::filesystem: see README, pip LibTorch
 }
 
 // Refused by name: an MoE model built in shards (PartitionedInit shards over the world, experts
@@ -356,3 +360,138 @@ TEST(EngineMoE, UnsupportedSetUpsAreNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// DeepSeek-V3's router in two layers: sigmoid scores chosen with a balancing bias that moves
+// after every optimizer step.
+struct BiasedMoENetImpl : torch::nn::Module {
+  BiasedMoENetImpl() {
+    emb = register_module("emb", torch::nn::Embedding(16, 8));
+    for (int l = 0; l < 2; ++l) {
+      strata::moe::MoEOptions o(8, 16, 4);
+      o.k = 2;
+      o.drop_tokens = false;
+      o.score_func = strata::moe::ScoreFunc::Sigmoid;
+      o.bias_update_speed = 0.05;
+      o.aux_loss_coef = 0.0;
+      o.seed = 3;
+      o.layer_id = l;
+      moe.push_back(register_module("moe" + std::to_string(l), strata::moe::MoE(o)));
+    }
+    head = register_module("head", torch::nn::Linear(8, 16));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    auto h = emb(x);
+    for (auto& m : moe) h = h + m(h);
+    return torch::nn::functional::cross_entropy(head(h).reshape({-1, 16}).to(torch::kFloat),
+                                                y.reshape({-1}));
+  }
+  // Each layer's experts chosen per route (k per token) for `x`, in eval mode.
+  std::vector<torch::Tensor> routes(const torch::Tensor& x) {
+    torch::NoGradGuard no_grad;
+    eval();
+    std::vector<torch::Tensor> out;
+    auto h = emb(x);
+    for (auto& m : moe) {
+      const auto logits = torch::mm(h.reshape({-1, 8}).to(torch::kFloat),
+                                    m->gate->weight.to(torch::kFloat).t());
+      auto go = m->options().gate_options();
+      go.training = false;
+      go.expert_bias = m->expert_bias().to(torch::kFloat);
+      out.push_back(strata::moe::gate_routes(logits, go).expert);
+      h = h + m(h);
+    }
+    train();
+    return out;
+  }
+  torch::nn::Embedding emb{nullptr};
+  std::vector<strata::moe::MoE> moe;
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(BiasedMoENet);
+
+}  // namespace
+
+// The balancing bias is a float32 buffer of each layer's gate ("moe0.gate.e_score_correction_
+// bias", Hugging Face DeepSeek-V3's name): bf16 training leaves it float32, and save_16bit_model,
+// `strata-ckpt consolidate` (bf16 archive and safetensors) carry it, float32; models loaded from
+// them choose the trained model's experts. (It was kept apart from the module's tensors, so every
+// export routed with a zero bias.)
+TEST(EngineMoE, TheBalancingBiasTravelsInEveryExport) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string dir = testing::TempDir() + "/moe_bias_export_" + std::to_string(getpid()) +
+                            "_" + std::to_string(stage);
+    torch::manual_seed(0);
+    BiasedMoENet net;
+    auto c = config(stage);
+    c["bf16"] = {{"enabled", true}};
+    c["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = true;
+    auto engine = strata::initialize(net, c);
+    for (int step = 0; step < 4; ++step) {
+      torch::manual_seed(50 + step);
+      const auto x = torch::randint(0, 16, {4, 6});
+      engine->backward(engine->forward(x, (x * 5 + 2) % 16));
+      engine->step();
+    }
+    const std::string name[2] = {"moe0.gate.e_score_correction_bias", "moe1.gate.e_score_correction_bias"};
+    std::vector<torch::Tensor> trained;
+    for (int l = 0; l < 2; ++l) {
+      const auto& b = net->moe[size_t(l)]->expert_bias();
+      ASSERT_EQ(b.scalar_type(), torch::kFloat) << "the bias must not be cast to bf16";
+      ASSERT_GT(b.abs().max().item<double>(), 0.0) << "the bias should have moved";
+      EXPECT_TRUE(net->named_buffers().contains(name[l]));
+      trained.push_back(b.clone());
+    }
+    torch::manual_seed(77);
+    const auto probe = torch::randint(0, 16, {3, 6});
+    std::vector<torch::Tensor> routes;
+    {
+      auto gathered = engine->gathered_parameters();
+      routes = net->routes(probe);
+    }
+    auto expect_routes_as_trained = [&](BiasedMoENet& loaded, const std::string& what) {
+      for (int l = 0; l < 2; ++l) {
+        const auto& b = loaded->moe[size_t(l)]->expert_bias();
+        EXPECT_EQ(b.scalar_type(), torch::kFloat) << what;
+        EXPECT_TRUE(torch::equal(b, trained[size_t(l)])) << what << ": layer " << l;
+      }
+      const auto got = loaded->routes(probe);
+      for (int l = 0; l < 2; ++l)
+        EXPECT_TRUE(torch::equal(got[size_t(l)], routes[size_t(l)])) << what << ": layer " << l;
+    };
+
+    // A 16-bit archive loads into a model cast as the engine casts it (torch::load keeps each
+    // tensor's dtype): the bias stays float32 there too.
+    engine->save_16bit_model(dir, "model16.pt");
+    BiasedMoENet from_16bit;
+    strata::cast_floating_point(*from_16bit, torch::kBFloat16);
+    torch::load(from_16bit, dir + "/model16.pt");
+    expect_routes_as_trained(from_16bit, "save_16bit_model");
+
+    engine->save_checkpoint(dir);
+    const std::string ckpt = std::string(STRATA_BIN_DIR) + "/strata-ckpt consolidate " + dir +
+                             " --dtype bf16 --out " + dir + "/c.pt --safetensors " + dir +
+                             "/c.safetensors 2>&1";
+    ASSERT_EQ(std::system(ckpt.c_str()), 0) << ckpt;
+    BiasedMoENet from_consolidated;
+    strata::cast_floating_point(*from_consolidated, torch::kBFloat16);
+    torch::load(from_consolidated, dir + "/c.pt");
+    expect_routes_as_trained(from_consolidated, "strata-ckpt consolidate --out");
+    const auto st = strata::checkpoint::load_safetensors(dir + "/c.safetensors");
+    for (int l = 0; l < 2; ++l) {
+      const auto& b = st.at(name[l]);
+      EXPECT_EQ(b.scalar_type(), torch::kFloat);
+      EXPECT_TRUE(torch::equal(b, trained[size_t(l)])) << "safetensors: layer " << l;
+    }
+    // A resume restores it from the buffer.
+    torch::manual_seed(0);
+    BiasedMoENet resumed;
+    auto again = strata::initialize(resumed, c);
+    again->load_checkpoint(dir);
+    for (int l = 0; l < 2; ++l)
+      EXPECT_TRUE(torch::equal(resumed->moe[size_t(l)]->expert_bias(), trained[size_t(l)]));
+    strata::util::remove_tree(dir);  // not std::filesystem: see README, pip LibTorch
+  }
+}
