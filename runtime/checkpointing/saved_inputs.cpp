@@ -133,6 +133,7 @@ std::shared_ptr<SavedInputs> SavedInputs::keep(const std::vector<torch::Tensor>&
   std::shared_ptr<SavedInputs> out(new SavedInputs());
   auto& st = stores();
   std::lock_guard<std::mutex> lock(st.mu);
+  out->generation_ = st.generation;
   // Writes finished since the last checkpoint free their staging buffers (written behind).
   for (SavedInputs* live : st.live)
     for (auto& e : live->entries_)
@@ -253,7 +254,10 @@ std::shared_ptr<SavedInputs> SavedInputs::keep(const std::vector<torch::Tensor>&
     }
     out->entries_.push_back(std::move(e));
   }
-  for (const auto& entry : arena_need) ++st.arenas[entry.first].live;  // once per arena it uses
+  for (const auto& entry : arena_need) {  // once per arena it has slices in
+    ++st.arenas[entry.first].live;
+    out->arenas_.push_back(entry.first);
+  }
   st.live.push_back(out.get());
   return out;
 }
@@ -347,14 +351,11 @@ SavedInputs::~SavedInputs() {
   auto& st = stores();
   std::lock_guard<std::mutex> lock(st.mu);
   st.live.erase(std::remove(st.live.begin(), st.live.end(), this), st.live.end());
-  std::vector<std::string> counted;  // the arenas this checkpoint has slices in, once each
+  // The arenas it was counted in (none when keep() threw before the count).
+  if (generation_ == st.generation)
+    for (const auto& key : arenas_) --st.arenas[key].live;
   for (auto& e : entries_) {
     if (e->generation != st.generation) continue;
-    if (e->where == Where::kArena &&
-        std::find(counted.begin(), counted.end(), e->arena) == counted.end()) {
-      counted.push_back(e->arena);
-      --st.arenas[e->arena].live;
-    }
     if (e->where == Where::kNvme && e->file >= 0) {
       // Never taken (no backward): let its I/O finish before the buffer goes.
       try {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -47,6 +48,8 @@ class SavedInputs {
   friend StoreStats store_stats();
   SavedInputs() = default;
   std::vector<std::unique_ptr<Entry>> entries_;
+  std::vector<std::string> arenas_;  // contiguous buffers counted as holding a slice of it
+  uint64_t generation_ = 0;          // of the stores it was kept in
   int64_t bytes_ = 0;
   bool taken_ = false;
 };
