@@ -109,13 +109,18 @@ int connect_to(const std::string& host, int port, Clock::time_point deadline, st
 }
 
 // The handshake of store_wire.h; "" when both sides proved the secret, else what went wrong.
+// `busy`: the store closed the connection before this rank could answer (it evicts the oldest
+// unauthenticated connections when too many authenticate at once): worth trying again.
 std::string authenticate(int fd, const std::string& secret, Clock::time_point deadline,
-                         std::string& session) {
+                         std::string& session, bool& busy) {
+  busy = false;
   char hello[wire::kServerHello];
   const Io greeted = read_exact(fd, hello, sizeof hello, deadline);
-  if (greeted == Io::Closed)
+  if (greeted == Io::Closed) {
+    busy = true;
     return "the store closed the connection before greeting it (too many connections "
            "authenticating at once: see rank 0's log for the peers it refused)";
+  }
   if (greeted != Io::Ok || std::memcmp(hello, wire::kMagic, sizeof wire::kMagic) != 0)
     return "what answers there is not a Strata rendezvous store (another program on the port?)";
   const std::string ns(hello + sizeof wire::kMagic, wire::kNonce);
@@ -124,8 +129,11 @@ std::string authenticate(int fd, const std::string& secret, Clock::time_point de
   answer += nc;
   answer += wire::client_proof(secret, ns, nc);
   char proof[wire::kServerProof];
-  if (write_all(fd, answer, deadline) != Io::Ok ||
-      read_exact(fd, proof, sizeof proof, deadline) != Io::Ok)
+  if (const Io sent = write_all(fd, answer, deadline); sent == Io::Closed) {
+    busy = true;
+    return "the store closed the connection before this rank answered its greeting";
+  } else if (sent != Io::Ok ||
+             read_exact(fd, proof, sizeof proof, deadline) != Io::Ok)
     return "the store refused this rank: the ranks do not share one STRATA_JOB_SECRET (strata-run "
            "sets it on every rank; under SLURM or mpirun export the same value to every rank)";
   const std::string expected = wire::server_proof(secret, ns, nc);
@@ -215,7 +223,9 @@ std::unique_ptr<Store> Store::open(const std::string& host, int port, bool serve
         host, port, StoreServerOptions{auth.secret, auth.listen_all, auth.auth_timeout});
     port = impl->server->port();
   }
-  // A client retries until the deadline: rank 0 may not listen yet.
+  // A client retries until the deadline: rank 0 may not listen yet, or the store, crowded by
+  // connections that do not authenticate (a flood of idle sockets), may close this one before it
+  // could answer.
   const auto deadline = Clock::now() + timeout;
   std::string first_error;
   auto pause = std::chrono::milliseconds(5);
@@ -224,13 +234,19 @@ std::unique_ptr<Store> Store::open(const std::string& host, int port, bool serve
     const int fd = connect_to(host, port, deadline, error);
     if (fd >= 0) {
       const auto handshake = std::min(deadline, Clock::now() + auth.auth_timeout);
-      const std::string why = authenticate(fd, auth.secret, handshake, impl->session);
+      bool busy = false;
+      const std::string why = authenticate(fd, auth.secret, handshake, impl->session, busy);
       if (why.empty()) {
         impl->fd = fd;
         break;
       }
       ::close(fd);
-      throw Error(fmt::format("could not join the rendezvous store at {}:{}: {}", host, port, why));
+      if (!busy || Clock::now() + pause >= deadline)
+        throw Error(fmt::format("could not join the rendezvous store at {}:{}: {}", host, port,
+                                why));
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(100));
+      continue;
     }
     if (server)
       throw Error(fmt::format("rank 0 started the rendezvous store but cannot reach it at {}:{} "

@@ -27,7 +27,15 @@ namespace strata::comm::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kMaxPending = 256;  // unauthenticated connections at once; more are refused
+// Unauthenticated connections at once. Past that a new one evicts the oldest that has sent
+// nothing (a rank answers the greeting at once, so the oldest silent one is not a rank's): a
+// peer holding idle sockets can no longer keep the ranks out, it only keeps recycling its own.
+// No cap per source address: the job's ranks often share one (127.0.0.1 on one machine).
+constexpr size_t kMaxPending = 256;
+// Refusals named one by one, then counted: one line per kSummaryEvery (a flood of idle sockets
+// must not flood rank 0's log).
+constexpr uint64_t kNamedRefusals = 20;
+constexpr auto kSummaryEvery = std::chrono::seconds(10);
 
 std::string address_of(const sockaddr_storage& a) {
   char host[INET6_ADDRSTRLEN] = "?";
@@ -66,20 +74,42 @@ struct StoreServer::Impl {
   std::list<Conn> conns;
   std::map<std::string, std::string> data;
   std::thread thread;
-  uint64_t refused = 0;
+  uint64_t refused = 0, summarized = 0;
+  Clock::time_point last_summary;
 
   void say(const std::string& text) {
     std::fprintf(stderr, "strata: rendezvous store: %s\n", text.c_str());
+  }
+
+  // A connection refused before it authenticated: named while few, then counted (a line per
+  // kSummaryEvery at most, said when the next refusal comes after it).
+  void refuse(const std::string& peer, const std::string& why) {
+    ++refused;
+    if (refused <= kNamedRefusals) {
+      say(fmt::format("refused {}: {} ({} refused so far; the job goes on)", peer, why, refused));
+      if (refused == kNamedRefusals)
+        say(fmt::format("further refusals are counted, a line per {} s at most",
+                        kSummaryEvery.count()));
+      summarized = refused;
+      last_summary = Clock::now();
+      return;
+    }
+    const auto now = Clock::now();
+    if (now - last_summary < kSummaryEvery) return;
+    say(fmt::format("refused {} more connection(s) in the last {:.0f} s, the last {}: {} ({} "
+                    "refused so far; the job goes on)",
+                    refused - summarized,
+                    std::chrono::duration<double>(now - last_summary).count(), peer, why,
+                    refused));
+    summarized = refused;
+    last_summary = now;
   }
 
   // Closes `c` and says why (refusals are rate-limited; a client's own goodbye is silent).
   void drop(std::list<Conn>::iterator c, const std::string& why) {
     if (!why.empty()) {
       if (!c->authed) {
-        ++refused;
-        if (refused <= 20 || refused % 100 == 0)
-          say(fmt::format("refused {}: {} ({} refused so far; the job goes on)", c->peer, why,
-                          refused));
+        refuse(c->peer, why);
       } else {
         say(fmt::format("dropped the connection from {}: {} (the job goes on)", c->peer, why));
       }
@@ -97,14 +127,7 @@ struct StoreServer::Impl {
       if (fd < 0) return;  // EAGAIN, or a connection reset before we took it
       const size_t pending = size_t(std::count_if(conns.begin(), conns.end(),
                                                   [](const Conn& c) { return !c.authed; }));
-      if (pending >= kMaxPending) {
-        ++refused;
-        if (refused <= 20 || refused % 100 == 0)
-          say(fmt::format("refused {}: {} connections are already authenticating",
-                          address_of(from), pending));
-        ::close(fd);
-        continue;
-      }
+      if (pending >= kMaxPending) evict_oldest();
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       Conn c;
@@ -116,6 +139,24 @@ struct StoreServer::Impl {
       c.out += c.ns;
       conns.push_back(std::move(c));
     }
+  }
+
+  // Makes room for a new connection: the oldest unauthenticated one that has sent nothing (the
+  // list is in accept order), else the oldest unauthenticated one.
+  void evict_oldest() {
+    auto victim = conns.end();
+    for (auto c = conns.begin(); c != conns.end(); ++c) {
+      if (c->authed) continue;
+      if (victim == conns.end()) victim = c;
+      if (c->in.empty()) {
+        victim = c;
+        break;
+      }
+    }
+    if (victim != conns.end())
+      drop(victim, fmt::format("evicted, {} connections were authenticating (the oldest silent "
+                               "one makes room for the newest)",
+                               kMaxPending));
   }
 
   void send(Conn& c, const std::string& payload) {

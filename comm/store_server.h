@@ -3,7 +3,9 @@
 //
 // A connection first proves the job's secret (store_wire.h); until then it may send nothing but
 // the 72-byte answer, and it is dropped after `auth_timeout` or at the first wrong byte, with one
-// line on stderr naming its address (the first 20 such lines, then every 100th, counted). An
+// line on stderr naming its address (the first 20 such lines; then one line per 10 s counts the
+// rest). Past 256 unauthenticated connections a new one evicts the oldest that has sent nothing,
+// so that idle sockets held by anyone who reaches the port cannot keep the ranks out. An
 // authenticated connection is dropped, also named, at a frame over kMaxPayload, a bad MAC or a
 // malformed request; the others, and the keys, are untouched. The server listens on the master
 // address only (every interface when `listen_all`).
