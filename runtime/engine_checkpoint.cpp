@@ -53,18 +53,25 @@ std::vector<std::string> submodule_paths(torch::nn::Module& module) {
   return out;
 }
 
-// One parameter's optimizer state into `out` and `scalars` under `prefix`.
+// The saved model's tensors by name, with their dtypes; empty when the checkpoint has no
+// model_states (load_shared names what is missing).
+using SavedDtypes = std::unordered_map<std::string, torch::ScalarType>;
+SavedDtypes saved_model_dtypes(const checkpoint::CheckpointReader& reader) {
+  const auto* entry = reader.manifest().find("model_states", -1);
+  SavedDtypes saved;
+  if (!entry) return saved;
+  for (const auto& s : checkpoint::read_tensor_file_info(reader.path_of(*entry)).tensors)
+    saved.emplace(s.name, s.dtype);
+  return saved;
+}
+
 // Strata cast every buffer to the 16-bit dtype (LibTorch's Module::to) until issue 28, so bf16/fp16
 // checkpoints hold bool and integer buffers (BatchNorm's num_batches_tracked) as 16-bit floats.
 // Such a buffer is accepted as saved (its `expected` spec is changed) and returned by name, to be
 // converted back to the model's dtype once loaded.
 std::vector<std::pair<std::string, torch::ScalarType>> accept_cast_buffers(
-    const checkpoint::CheckpointReader& reader, std::vector<checkpoint::TensorSpec>& expected) {
-  const auto* entry = reader.manifest().find("model_states", -1);
-  if (!entry) return {};  // load_shared names what is missing
-  std::unordered_map<std::string, torch::ScalarType> saved;
-  for (const auto& s : checkpoint::read_tensor_file_info(reader.path_of(*entry)).tensors)
-    saved.emplace(s.name, s.dtype);
+    const checkpoint::CheckpointReader& reader, const SavedDtypes& saved,
+    std::vector<checkpoint::TensorSpec>& expected) {
   std::vector<std::pair<std::string, torch::ScalarType>> cast;
   for (auto& spec : expected) {
     const auto it = saved.find(spec.name);
@@ -84,13 +91,10 @@ std::vector<std::pair<std::string, torch::ScalarType>> accept_cast_buffers(
 // that kept them only in expert_states' scalars (read there, engine_experts.cpp): such a bias,
 // absent from the saved model, is left out of what is read (its spec and its target), and named.
 Names accept_absent_float32_buffers(const checkpoint::CheckpointReader& reader,
+                                    const SavedDtypes& saved,
                                     std::vector<checkpoint::TensorSpec>& expected,
                                     NamedTensors& targets) {
-  const auto* entry = reader.manifest().find("model_states", -1);
-  if (!entry) return {};  // load_shared names what is missing
-  Names saved;
-  for (const auto& s : checkpoint::read_tensor_file_info(reader.path_of(*entry)).tensors)
-    saved.insert(s.name);
+  if (saved.empty()) return {};  // no model_states: load_shared names what is missing
   Names absent;
   for (const auto& spec : expected)
     if (spec.name.rfind("buffer.", 0) == 0 && moe::is_float32_buffer_name(spec.name) &&
@@ -302,8 +306,9 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   checkpoint::CheckpointReader reader(dir, tag, {/*verify_checksums=*/false});
   auto model = model_tensors(*module_, expert_names());
   auto specs = checkpoint::specs_of(model);
-  const auto cast_buffers = accept_cast_buffers(reader, specs);
-  const auto absent = accept_absent_float32_buffers(reader, specs, model);
+  const auto saved = saved_model_dtypes(reader);
+  const auto cast_buffers = accept_cast_buffers(reader, saved, specs);
+  const auto absent = accept_absent_float32_buffers(reader, saved, specs, model);
   // Stage 3 reads the model a unit at a time from the verified file; the other stages, whose
   // model is whole in memory anyway, load it whole.
   std::optional<checkpoint::TensorFile> states;

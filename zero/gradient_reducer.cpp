@@ -87,7 +87,6 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
     throw Error("GradientReducer: staged_when_complete needs one entry per bucket of the plan");
   where_.resize(params_.size());
   arrived_.assign(params_.size(), false);
-  staged_.assign(params_.size(), false);
   expected_arrivals_ = params_.size();
   fresh_.assign(params_.size(), true);
   for (size_t b = 0; b < plan.size(); ++b) {
@@ -184,7 +183,6 @@ void GradientReducer::make_room(int64_t numel) {
 }
 
 void GradientReducer::stage(size_t k) {
-  staged_[k] = true;
   const auto [b, i] = where_[k];
   auto& bucket = buckets_[b];
   if (accumulates_in_place_) {
@@ -251,11 +249,13 @@ void GradientReducer::arrive(size_t k) {
 void GradientReducer::complete(size_t b) {
   auto& bucket = buckets_[b];
   for (size_t p : bucket.params) {
+    // Staged already: what arrived in a bucket that stages on arrival (arrive()).
+    const bool staged = arrived_[p] && !bucket.staged_when_complete;
     if (!arrived_[p]) {  // unreached: no gradient comes, it contributes what .grad holds
       arrived_[p] = true;
       ++bucket.arrived;
     }
-    if (!staged_[p]) stage(p);  // staged_when_complete: all at once, the buffer lives from here
+    if (!staged) stage(p);  // staged_when_complete: all at once, the buffer lives from here
   }
   completed_.push_back(b);
   // One process: no collective whose order the ranks must agree on, so each bucket is delivered
@@ -390,7 +390,6 @@ void GradientReducer::finish() {
     bucket.expected = bucket.params.size();
   }
   std::fill(arrived_.begin(), arrived_.end(), false);
-  std::fill(staged_.begin(), staged_.end(), false);
   expected_arrivals_ = params_.size();
   completed_.clear();
   arrivals_ = 0;

@@ -161,7 +161,6 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   Options options_;
   std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, index in bucket)
   std::vector<bool> arrived_;
-  std::vector<bool> staged_;  // in its bucket's buffer (or accumulator) in this backward
   std::vector<bool> fresh_;  // accumulates_in_place_: the param's place holds nothing of this window
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -225,6 +226,23 @@ std::string unique_sleep(int which) {
   char digits[32];
   std::snprintf(digits, sizeof digits, "%02d%07d", which % 100, static_cast<int>(::getpid()));
   return std::string("600.") + digits;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> metrics_losses(const std::string& path) {
+  std::vector<std::string> out;
+  static const std::regex loss("\"loss\":([-0-9.eE+]+)");
+  std::ifstream in(path);
+  std::smatch m;
+  for (std::string line; std::getline(in, line);)
+    if (std::regex_search(line, m, loss)) out.push_back(m[1]);
+  return out;
 }
 
 }  // namespace strata::test

@@ -79,6 +79,12 @@ std::vector<int> inherited_fds();
 // A TCP port that nothing listened on a moment ago.
 int free_port();
 
+// A file's whole text ("" when it cannot be read).
+std::string read_file(const std::string& path);
+// The "loss" of each line of a train_gpt --metrics-jsonl file, as written (compared as text: a
+// run that must equal another bit for bit).
+std::vector<std::string> metrics_losses(const std::string& path);
+
 // A sleep argument unique to this test process and `which` (0-99), e.g. "600.070041237" for 7 in
 // PID 41237 (sleep takes decimals), so a leftover can be found by its command line. Fixed width:
 // count_processes matches substrings, and "600.<pid><which>" of one test could be the start of

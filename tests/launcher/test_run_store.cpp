@@ -19,16 +19,6 @@ namespace {
 const std::string kTrainGpt = std::string(STRATA_BIN_DIR) + "/train_gpt";
 const std::string kSecret = "hostile-peers-test-secret-0123456789";
 
-std::vector<std::string> losses(const std::string& path) {
-  std::vector<std::string> out;
-  static const std::regex loss("\"loss\":([-0-9.eE+]+)");
-  std::ifstream in(path);
-  std::smatch m;
-  for (std::string line; std::getline(in, line);)
-    if (std::regex_search(line, m, loss)) out.push_back(m[1]);
-  return out;
-}
-
 std::vector<std::string> train_gpt_job(const std::string& metrics, int port) {
   return {"--nproc-per-node", "2", "--master-port", std::to_string(port), "--", kTrainGpt,
           "--device", "cpu", "--model", "tiny", "--config",
@@ -47,7 +37,7 @@ struct Attacks {
 Attacks attack(int port, const std::string& metrics) {
   Attacks a;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (losses(metrics).empty() && std::chrono::steady_clock::now() < deadline)
+  while (metrics_losses(metrics).empty() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   while (!a.reached && std::chrono::steady_clock::now() < deadline) {
     RawClient probe;
@@ -93,7 +83,7 @@ TEST(StoreUnderAttack, TwoRankTrainGptEndsWithTheLossesOfAnUndisturbedRun) {
                           {"STRATA_STORE_AUTH_TIMEOUT", "0.5"}};
   Finished quiet = run_launcher(train_gpt_job(dir + "/quiet.jsonl", free_port()), env, 300);
   ASSERT_EQ(quiet.code, 0) << quiet.out << quiet.err;
-  const std::vector<std::string> reference = losses(dir + "/quiet.jsonl");
+  const std::vector<std::string> reference = metrics_losses(dir + "/quiet.jsonl");
   ASSERT_EQ(reference.size(), 40u);
 
   const int port = free_port();
@@ -102,7 +92,7 @@ TEST(StoreUnderAttack, TwoRankTrainGptEndsWithTheLossesOfAnUndisturbedRun) {
   size_t steps_by_then = 0;  // the job's steps done when the last hostile peer was dropped
   std::thread attacker([&] {
     a = attack(port, dir + "/attacked.jsonl");
-    steps_by_then = losses(dir + "/attacked.jsonl").size();
+    steps_by_then = metrics_losses(dir + "/attacked.jsonl").size();
   });
   Finished r = launcher.wait(300);
   attacker.join();
@@ -111,7 +101,7 @@ TEST(StoreUnderAttack, TwoRankTrainGptEndsWithTheLossesOfAnUndisturbedRun) {
               a.silent_seconds, steps_by_then, r.seconds);
   EXPECT_LT(steps_by_then, 40u) << "the job had ended: the peers did not meet a running job";
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_EQ(losses(dir + "/attacked.jsonl"), reference);
+  EXPECT_EQ(metrics_losses(dir + "/attacked.jsonl"), reference);
   ASSERT_TRUE(a.reached);
   EXPECT_TRUE(a.other_address_refused);
   EXPECT_TRUE(a.no_secret_dropped);

@@ -33,16 +33,6 @@ namespace {
 
 const std::string kTrainGpt = std::string(STRATA_BIN_DIR) + "/train_gpt";
 
-std::vector<std::string> losses(const std::string& path) {
-  std::vector<std::string> out;
-  static const std::regex loss("\"loss\":([-0-9.eE+]+)");
-  std::ifstream in(path);
-  std::smatch m;
-  for (std::string line; std::getline(in, line);)
-    if (std::regex_search(line, m, loss)) out.push_back(m[1]);
-  return out;
-}
-
 // train_gpt as rank `rank` of 2 on 127.0.0.1:port, its output into `log`.
 pid_t start_rank(int rank, int port, const std::string& metrics, const std::string& log) {
   const pid_t pid = ::fork();
@@ -80,13 +70,6 @@ int wait_for(pid_t pid, double seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream all;
-  all << in.rdbuf();
-  return all.str();
 }
 
 [[noreturn]] void flood(int port, int ready_fd);  // below
@@ -204,7 +187,7 @@ TEST(StoreUnderFlood, IdleSocketsDoNotStopATwoRankJobFromStarting) {
   std::string failure;
   const double quiet = run_job(dir, "quiet", false, failure);
   ASSERT_GT(quiet, 0) << failure;
-  const auto reference = losses(dir + "/quiet.jsonl");
+  const auto reference = metrics_losses(dir + "/quiet.jsonl");
   ASSERT_EQ(reference.size(), 10u);
   const double flooded = run_job(dir, "flooded", true, failure);
   std::printf("store flood: rank 1 to the end, undisturbed %.1f s, flooded %.1f s\n", quiet,
@@ -213,7 +196,7 @@ TEST(StoreUnderFlood, IdleSocketsDoNotStopATwoRankJobFromStarting) {
   // Within the undisturbed run plus the auth timeout (5 s), with room for the attacker's share
   // of the two cores.
   EXPECT_LE(flooded, 1.5 * quiet + 5.0 + 5.0);
-  EXPECT_EQ(losses(dir + "/flooded.jsonl"), reference);
+  EXPECT_EQ(metrics_losses(dir + "/flooded.jsonl"), reference);
   const std::string said = read_file(dir + "/flooded0.log");
   size_t lines = 0, refusals = 0;
   std::istringstream in(said);

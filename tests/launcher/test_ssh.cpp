@@ -42,13 +42,6 @@ int sh(const std::string& command) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 std::string user_name() {
   const passwd* pw = ::getpwuid(::geteuid());
   return pw ? pw->pw_name : "root";
@@ -105,17 +98,6 @@ struct SilentHost {
   }
   ~SilentHost() { ::close(fd); }
 };
-
-// The "loss" of each line of a --metrics-jsonl file, as written.
-std::vector<std::string> losses(const std::string& path) {
-  std::vector<std::string> out;
-  static const std::regex loss("\"loss\":([-0-9.eE+]+)");
-  std::ifstream in(path);
-  std::smatch m;
-  for (std::string line; std::getline(in, line);)
-    if (std::regex_search(line, m, loss)) out.push_back(m[1]);
-  return out;
-}
 
 class SshHosts : public ::testing::Test {
  protected:
@@ -230,7 +212,7 @@ class SshHosts : public ::testing::Test {
     for (std::string& a : train_gpt(kTrainGpt, metrics)) args.push_back(std::move(a));
     Finished r = run_launcher(args, {{"OMP_NUM_THREADS", "1"}}, 300);
     EXPECT_EQ(r.code, 0) << r.out << r.err;
-    return losses(metrics);
+    return metrics_losses(metrics);
   }
 
   void expect_same_losses_as_local(const std::string& hostfile_text, const LaunchSetup& setup,
@@ -251,7 +233,7 @@ class SshHosts : public ::testing::Test {
     EXPECT_NE(r.out.find("[rank 0] "), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find('\r'), std::string::npos) << "a remote tty: " << r.out;
     EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;
-    EXPECT_EQ(losses(metrics), reference) << r.out << r.err;
+    EXPECT_EQ(metrics_losses(metrics), reference) << r.out << r.err;
   }
 
   std::string dir_, ssh_config_, sudo_;
