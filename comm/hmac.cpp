@@ -1,8 +1,12 @@
 #include "comm/hmac.h"
 
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
 #include <sys/random.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -13,107 +17,57 @@
 namespace strata::comm::detail {
 namespace {
 
-constexpr uint32_t kRound[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2};
+[[noreturn]] void fail(const char* what) {
+  char reason[256] = "no reason given";
+  if (const unsigned long e = ERR_get_error()) ERR_error_string_n(e, reason, sizeof(reason));
+  ERR_clear_error();
+  throw Error(fmt::format("rendezvous authentication: libcrypto's {} failed ({})", what, reason));
+}
 
-inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+// Fetched once per process (a fetch searches libcrypto's providers) and never freed. libcrypto
+// is told not to clean itself up at exit: a rank's process group may be a static whose destructor
+// (after libcrypto's atexit handler) still signs its last liveness message to the store.
+EVP_MAC* hmac_algorithm() {
+  static EVP_MAC* const mac = [] {
+    if (OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) != 1) fail("OPENSSL_init_crypto");
+    EVP_MAC* m = EVP_MAC_fetch(nullptr, OSSL_MAC_NAME_HMAC, nullptr);
+    if (!m) fail("EVP_MAC_fetch(HMAC)");
+    return m;
+  }();
+  return mac;
+}
 
 }  // namespace
 
-Sha256::Sha256()
-    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
-         0x5be0cd19} {}
-
-void Sha256::block(const uint8_t* p) {
-  uint32_t w[64];
-  for (int i = 0; i < 16; ++i)
-    w[i] = uint32_t(p[4 * i]) << 24 | uint32_t(p[4 * i + 1]) << 16 | uint32_t(p[4 * i + 2]) << 8 |
-           uint32_t(p[4 * i + 3]);
-  for (int i = 16; i < 64; ++i) {
-    const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-  }
-  uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
-  for (int i = 0; i < 64; ++i) {
-    const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) +
-                        kRound[i] + w[i];
-    const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    h = g;
-    g = f;
-    f = e;
-    e = d + t1;
-    d = c;
-    c = b;
-    b = a;
-    a = t1 + t2;
-  }
-  h_[0] += a, h_[1] += b, h_[2] += c, h_[3] += d, h_[4] += e, h_[5] += f, h_[6] += g, h_[7] += h;
-}
-
-void Sha256::update(const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  total_ += size;
-  while (size > 0) {
-    if (used_ == 0 && size >= 64) {
-      block(p);
-      p += 64, size -= 64;
-      continue;
-    }
-    const size_t take = std::min(size, 64 - used_);
-    std::memcpy(buf_ + used_, p, take);
-    used_ += take, p += take, size -= take;
-    if (used_ == 64) block(buf_), used_ = 0;
-  }
-}
-
-Digest Sha256::finish() {
-  const uint64_t bits = total_ * 8;
-  const uint8_t one = 0x80, zero = 0;
-  update(&one, 1);
-  while (used_ != 56) update(&zero, 1);
-  uint8_t length[8];
-  for (int i = 0; i < 8; ++i) length[i] = uint8_t(bits >> (56 - 8 * i));
-  update(length, 8);
-  Digest out;
-  for (int i = 0; i < 8; ++i)
-    for (int j = 0; j < 4; ++j) out[size_t(4 * i + j)] = uint8_t(h_[i] >> (24 - 8 * j));
-  return out;
-}
-
 Hmac::Hmac(const std::string& key) {
-  uint8_t k[64] = {};
-  if (key.size() > 64) {
-    Sha256 hashed;
-    hashed.update(key);
-    const Digest d = hashed.finish();
-    std::memcpy(k, d.data(), d.size());
-  } else {
-    std::memcpy(k, key.data(), key.size());
+  ctx_ = EVP_MAC_CTX_new(hmac_algorithm());
+  if (!ctx_) fail("EVP_MAC_CTX_new");
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {
+      OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
+  // An empty key is a valid HMAC key; libcrypto wants a non-null pointer for it.
+  static const unsigned char kNoKey = 0;
+  const auto* k = key.empty() ? &kNoKey : reinterpret_cast<const unsigned char*>(key.data());
+  if (EVP_MAC_init(ctx_, k, key.size(), params) != 1) {
+    EVP_MAC_CTX_free(ctx_);
+    fail("EVP_MAC_init(SHA256)");
   }
-  uint8_t inner_pad[64];
-  for (int i = 0; i < 64; ++i) {
-    inner_pad[i] = k[i] ^ 0x36;
-    outer_pad_[i] = k[i] ^ 0x5c;
-  }
-  inner_.update(inner_pad, 64);
+}
+
+Hmac::~Hmac() { EVP_MAC_CTX_free(ctx_); }
+
+void Hmac::update(const void* data, size_t size) {
+  if (size == 0) return;
+  if (EVP_MAC_update(ctx_, static_cast<const unsigned char*>(data), size) != 1)
+    fail("EVP_MAC_update");
 }
 
 Digest Hmac::finish() {
-  const Digest inner = inner_.finish();
-  Sha256 outer;
-  outer.update(outer_pad_, 64);
-  outer.update(inner.data(), inner.size());
-  return outer.finish();
+  Digest d{};
+  size_t written = 0;
+  if (EVP_MAC_final(ctx_, d.data(), &written, d.size()) != 1 || written != d.size())
+    fail("EVP_MAC_final");
+  return d;
 }
 
 Digest hmac_sha256(const std::string& key, const std::string& message) {

@@ -23,7 +23,7 @@ took() {
 # it are the netlib reference code (fp32 matrix products ~10x slower on CPU); installing it
 # switches both alternatives to OpenBLAS.
 packages=(g++ cmake ninja-build ccache lld pkg-config libtorch-dev nlohmann-json3-dev libfmt-dev
-          libgtest-dev libgloo-dev liburing-dev libopenblas0-pthread)
+          libgtest-dev libgloo-dev liburing-dev libssl-dev libopenblas0-pthread)
 if [[ "${STRATA_SKIP_APT:-0}" != 1 ]]; then
   missing=()
   for p in "${packages[@]}"; do

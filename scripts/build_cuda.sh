@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Strata against the CUDA LibTorch of a pip-installed PyTorch (and its NCCL), for a GPU
 # machine without the distribution's -dev packages. Optional DEPS_PREFIX: a folder holding
-# Debian packages (liburing, Gloo and their libraries) unpacked with `dpkg -x PKG.deb DEPS_PREFIX`.
+# Debian packages (liburing, Gloo, libssl-dev and libssl3, and their libraries) unpacked with
+# `dpkg -x PKG.deb DEPS_PREFIX`.
 #   DEPS_PREFIX=/tmp/deps BUILD_DIR=build-cuda scripts/build_cuda.sh
 # STRATA_TARGETS (default all) and STRATA_JOBS (default nproc) choose what and how wide.
 set -euo pipefail
