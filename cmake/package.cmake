@@ -37,26 +37,28 @@ if(STRATA_SANITIZE)
 endif()
 target_include_directories(strata INTERFACE
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>)
-target_link_libraries(strata INTERFACE strata_runtime)
+target_link_libraries(strata INTERFACE strata_models strata_runtime)
 
 # --- install -------------------------------------------------------------------------------------
 set(STRATA_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/Strata)
 # The static libraries Strata::strata links, users before what they use (one pass of the linker).
-set(STRATA_PACKAGE_LIBS strata_runtime strata_monitor strata_precision strata_zero strata_moe strata_config
+set(STRATA_PACKAGE_LIBS strata_models strata_runtime strata_monitor strata_precision strata_zero strata_moe strata_config
                         strata_offload strata_comm strata_util)
 install(TARGETS ${STRATA_PACKAGE_LIBS} ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS strata-run strata-config strata-ckpt train_gpt
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-# Headers: <strata/strata.h>, strata/version.h, and every Strata header they reach through
+# Headers: <strata/strata.h>, <strata/models.h>, strata/version.h, and every Strata header they reach through
 # quoted includes (found here by following them, so the list never goes stale).
-file(STRINGS ${PROJECT_SOURCE_DIR}/include/strata/strata.h _lines REGEX "^#include \"")
 set(_strata_todo)
-foreach(_l IN LISTS _lines)
-  string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" _h "${_l}")
-  if(EXISTS ${PROJECT_SOURCE_DIR}/${_h})
-    list(APPEND _strata_todo ${_h})
-  endif()
+foreach(_top strata.h models.h)
+  file(STRINGS ${PROJECT_SOURCE_DIR}/include/strata/${_top} _lines REGEX "^#include \"")
+  foreach(_l IN LISTS _lines)
+    string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" _h "${_l}")
+    if(EXISTS ${PROJECT_SOURCE_DIR}/${_h})
+      list(APPEND _strata_todo ${_h})
+    endif()
+  endforeach()
 endforeach()
 set(STRATA_PUBLIC_HEADERS)
 while(_strata_todo)
@@ -83,8 +85,8 @@ foreach(_h IN LISTS STRATA_PUBLIC_HEADERS)
   install(FILES ${PROJECT_SOURCE_DIR}/${_h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/strata/${_dir})
 endforeach()
 set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
-             ${PROJECT_SOURCE_DIR}/include/strata/strata.h)
-install(FILES ${PROJECT_SOURCE_DIR}/include/strata/strata.h
+             ${PROJECT_SOURCE_DIR}/include/strata/strata.h ${PROJECT_SOURCE_DIR}/include/strata/models.h)
+install(FILES ${PROJECT_SOURCE_DIR}/include/strata/strata.h ${PROJECT_SOURCE_DIR}/include/strata/models.h
               ${PROJECT_BINARY_DIR}/include/strata/version.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/strata)
 

@@ -1,5 +1,5 @@
 #include "examples/gpt.h"
-#include "examples/linear_cross_entropy.h"
+#include "runtime/nn/linear_cross_entropy.h"
 
 #include <torch/version.h>
 
@@ -322,7 +322,9 @@ torch::Tensor GPTImpl::logits(const torch::Tensor& tokens) { return head(hidden(
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const torch::Tensor& targets) {
   const auto rows = hidden(tokens).reshape({-1, config_.d_model});
-  auto loss = linear_cross_entropy_sum(rows, head_weight(), targets.reshape({-1}), kLossChunk) /
+  nn::LinearCrossEntropyOptions chunked;
+  chunked.chunk_rows = kLossChunk;
+  auto loss = nn::linear_cross_entropy_sum(rows, head_weight(), targets.reshape({-1}), chunked) /
               double(rows.size(0));
   if (config_.zoo) loss = loss + 1e-2 * odd_.to(torch::kFloat).square().mean();
   if (aux_loss_) {

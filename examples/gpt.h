@@ -144,7 +144,7 @@ class GPTImpl : public torch::nn::Module {
   // Logits [batch, seq, vocab] for tokens [batch, seq].
   torch::Tensor logits(const torch::Tensor& tokens);
   // Mean next-token cross-entropy (computed in fp32) of tokens against targets. The head and the
-  // loss run fused in chunks of kLossChunk tokens (examples/linear_cross_entropy.h), so that the
+  // loss run fused in chunks of kLossChunk tokens (runtime/nn/linear_cross_entropy.h), so that the
   // logits and their gradient never exist whole (at 8 x 2048 tokens and a 32k vocabulary, 1 GiB
   // in bf16 and 2 GiB each in fp32: the largest activations of a step).
   torch::Tensor forward(const torch::Tensor& tokens, const torch::Tensor& targets);

@@ -8,7 +8,9 @@
 // What it brings: the engine (strata::initialize, strata::InitOptions, strata::Engine), the
 // optimizer and LR-schedule registries (strata::register_optimizer, ...), checkpoints
 // (engine->save_checkpoint / load_checkpoint, strata::checkpoint::consolidate), monitors, the
-// config types, strata::Error, and the version (strata/version.h).
+// fused linear head + cross-entropy (strata::nn::linear_cross_entropy), the config types,
+// strata::Error, and the version (strata/version.h). Models of published architectures:
+// <strata/models.h>.
 //
 // The engine is a template over the user's module, so its headers (runtime/, zero/, comm/) come
 // along: they are installed under include/strata/ as an implementation detail, reached through
@@ -25,5 +27,6 @@
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "runtime/monitor/monitor.h"
+#include "runtime/nn/linear_cross_entropy.h"
 #include "runtime/optim/registry.h"
 #include "runtime/sched/registry.h"

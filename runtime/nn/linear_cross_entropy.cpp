@@ -1,11 +1,11 @@
-#include "examples/linear_cross_entropy.h"
+#include "runtime/nn/linear_cross_entropy.h"
 
 #include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
-namespace strata::examples {
+namespace strata::nn {
 namespace {
 
 namespace F = torch::nn::functional;
@@ -15,7 +15,7 @@ using torch::autograd::variable_list;
 struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h,
                                const torch::Tensor& weight, const torch::Tensor& targets,
-                               int64_t chunk_rows) {
+                               int64_t chunk_rows, int64_t ignore_index) {
     const int64_t rows = h.size(0);
     const bool want_h = h.requires_grad(), want_w = weight.requires_grad();
     torch::Tensor grad_h = want_h ? torch::empty_like(h) : torch::Tensor();
@@ -26,12 +26,15 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     for (int64_t s = 0; s < rows; s += chunk_rows) {
       const int64_t n = std::min(chunk_rows, rows - s);
       const auto hc = h.narrow(0, s, n);
-      const auto tc = targets.narrow(0, s, n).unsqueeze(1);
+      // Ignored rows read column 0 (any valid index) and are masked out of the loss and of both
+      // gradients: on [n] and [n, d], never on the chunk's [n, vocab].
+      const auto ignored = targets.narrow(0, s, n).eq(ignore_index).unsqueeze(1);
+      const auto tc = targets.narrow(0, s, n).unsqueeze(1).masked_fill(ignored, 0);
       const auto logits = F::linear(hc, weight);
       // One fused pass for the log-probabilities (in float: the logits are 16-bit under autocast).
       auto log_p = torch::log_softmax(logits.to(torch::kFloat), 1);
       const auto target_log_p = log_p.gather(1, tc);
-      loss -= target_log_p.sum();
+      loss -= target_log_p.masked_fill(ignored, 0.0).sum();
       if (!want_h && !want_w) continue;
       // d loss / d logits = softmax - one_hot(target): exp of the log-probabilities, written in
       // the logits' dtype (float in, one rounding); the targets' entries computed in float.
@@ -49,8 +52,9 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
         auto out = grad_h.narrow(0, s, n);
         if (out.scalar_type() == g.scalar_type()) torch::mm_out(out, g, w_g);  // no temporary
         else out.copy_(g.mm(w_g));
+        out.masked_fill_(ignored, 0.0);
       }
-      if (want_w) grad_w.add_(g.t().mm(hc.to(g.scalar_type())));
+      if (want_w) grad_w.add_(g.t().mm(hc.to(g.scalar_type()).masked_fill(ignored, 0.0)));
     }
     ctx->save_for_backward({grad_h, grad_w});
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
@@ -64,25 +68,41 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     if (saved[1].defined())
       gw = (saved[1] * upstream)
                .to(static_cast<torch::ScalarType>(ctx->saved_data["weight_dtype"].toInt()));
-    return {gh, gw, torch::Tensor(), torch::Tensor()};
+    return {gh, gw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor linear_cross_entropy_sum(const torch::Tensor& h, const torch::Tensor& weight,
-                                       const torch::Tensor& targets, int64_t chunk_rows) {
+                                       const torch::Tensor& targets,
+                                       const LinearCrossEntropyOptions& options) {
+  const int64_t chunk_rows = options.chunk_rows;
   if (h.dim() != 2 || weight.dim() != 2 || h.size(1) != weight.size(1) || targets.dim() != 1 ||
       targets.size(0) != h.size(0) || chunk_rows < 1)
     throw std::invalid_argument(fmt::format(
-        "linear_cross_entropy_sum: h {}, weight {}, targets {}, chunk {}: need h [rows, d], "
+        "linear_cross_entropy: h {}, weight {}, targets {}, chunk {}: need h [rows, d], "
         "weight [vocab, d], targets [rows], chunk >= 1", c10::str(h.sizes()),
         c10::str(weight.sizes()), c10::str(targets.sizes()), chunk_rows));
+  if (targets.scalar_type() != torch::kLong)
+    throw std::invalid_argument(fmt::format(
+        "linear_cross_entropy: targets are {}: need int64 class indices",
+        c10::toString(targets.scalar_type())));
   // Without grad mode (evaluation) the loss alone: inside the function grad mode is always off,
   // so it tells from its inputs whether gradients are wanted.
   if (!torch::GradMode::is_enabled())
-    return LinearCrossEntropy::apply(h.detach(), weight.detach(), targets, chunk_rows);
-  return LinearCrossEntropy::apply(h, weight, targets, chunk_rows);
+    return LinearCrossEntropy::apply(h.detach(), weight.detach(), targets, chunk_rows,
+                                     options.ignore_index);
+  return LinearCrossEntropy::apply(h, weight, targets, chunk_rows, options.ignore_index);
 }
 
-}  // namespace strata::examples
+torch::Tensor linear_cross_entropy(const torch::Tensor& h, const torch::Tensor& weight,
+                                   const torch::Tensor& targets,
+                                   const LinearCrossEntropyOptions& options) {
+  const auto sum = linear_cross_entropy_sum(h, weight, targets, options);
+  // The count stays on the device (no read of it): a constant of the division for autograd.
+  const auto counted = targets.ne(options.ignore_index).sum().to(torch::kFloat).clamp_min(1.0);
+  return sum / counted;
+}
+
+}  // namespace strata::nn

@@ -1,0 +1,119 @@
+// Llama-3 and Qwen3 as plain LibTorch modules, built from a Hugging Face config.json
+// (models/hf_config.h): RMSNorm, rotary position embedding (with Llama-3's scaling), grouped-query
+// attention through scaled-dot-product attention, Qwen3's per-head q/k RMSNorm, a SwiGLU MLP, tied
+// or untied embeddings. The only Strata calls in them are activation checkpointing
+// (runtime/checkpointing) and the fused head + loss (runtime/nn); nothing in the runtime knows them.
+//
+//   auto config = strata::models::read_hf_config("Qwen3-0.6B/config.json");
+//   strata::models::CausalLM model(config);   // initialised as transformers does; load weights after
+//   auto engine = strata::initialize(model, "ds_config.json");
+//   auto loss = engine->forward(input_ids, labels);   // Hugging Face's causal-LM loss
+//
+// Parameter names are Hugging Face's state-dict names (model.embed_tokens.weight,
+// model.layers.0.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight), so a
+// checkpoint maps one to one. With tie_word_embeddings there is no lm_head: the head is
+// model.embed_tokens.weight, as in the files save_pretrained writes.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/torch.h>
+
+#include "models/hf_config.h"
+
+namespace strata::models {
+
+// Hugging Face's LlamaRMSNorm / Qwen3RMSNorm: in float32, weight applied after the cast back.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const DecoderConfig& config);
+  // x [batch, seq, hidden]; cos, sin [seq, head_dim] (models/rope.h).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+TORCH_MODULE(Attention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const DecoderConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const DecoderConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// Hugging Face's LlamaModel / Qwen3Model: embeddings, layers, final norm.
+class DecoderModelImpl : public torch::nn::Module {
+ public:
+  explicit DecoderModelImpl(const DecoderConfig& config);
+  // input_ids [batch, seq] int64 -> the final norm's output [batch, seq, hidden].
+  torch::Tensor forward(const torch::Tensor& input_ids);
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+
+ private:
+  DecoderConfig config_;
+  torch::Tensor inverse_frequencies_;  // not a parameter or buffer: Hugging Face saves none
+  int64_t checkpoint_every_ = 0;       // > 0: every K-th layer checkpointed
+};
+TORCH_MODULE(DecoderModel);
+
+// Hugging Face's LlamaForCausalLM / Qwen3ForCausalLM.
+class CausalLMImpl : public torch::nn::Module {
+ public:
+  // Weights initialised as transformers does (normal(0, initializer_range) for linear layers and
+  // the embedding, zero biases, unit norms) from LibTorch's default generator.
+  explicit CausalLMImpl(const DecoderConfig& config);
+
+  // Hugging Face's causal-LM loss: position t predicts labels[:, t + 1]; labels equal to -100
+  // are not counted (the last position never is). The mean over the counted tokens, or, when
+  // num_items_in_batch > 0, their sum divided by it (transformers' num_items_in_batch: a mean
+  // over the tokens of a whole step across micro-batches and ranks, for gradient accumulation
+  // and data parallelism that equal the large batch). The head and loss run fused
+  // (runtime/nn/linear_cross_entropy.h): the logits never exist whole.
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& labels,
+                        double num_items_in_batch = 0);
+  // The logits [batch, seq, vocab] (all at once: for evaluation and tests).
+  torch::Tensor logits(const torch::Tensor& input_ids);
+  // The output head's weight: lm_head.weight, or model.embed_tokens.weight when tied.
+  const torch::Tensor& head_weight() const;
+  const DecoderConfig& config() const { return config_; }
+
+  DecoderModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tied
+
+ private:
+  DecoderConfig config_;
+};
+TORCH_MODULE(CausalLM);
+
+}  // namespace strata::models

@@ -1,0 +1,75 @@
+// A decoder-only model's shape, read from a Hugging Face `config.json` with Hugging Face's own key
+// names: Llama (Llama-3, 3.1, 3.2, 3.3: model_type "llama") and Qwen3 (model_type "qwen3").
+//
+//   auto config = strata::models::read_hf_config("Llama-3.2-1B/config.json");
+//   config.checkpointing = "every";            // Strata's choices, not in config.json
+//   strata::models::CausalLM model(config);
+//
+// Strict as Strata's own config: every key of the file is either used, or known not to change
+// training (architectures, transformers_version, torch_dtype / dtype, the token ids, use_cache,
+// ...); an unknown key is an error naming it and the nearest known one, and a known key whose value
+// would need what is not built (a RoPE scaling other than llama3's, sliding-window attention,
+// attention dropout, an activation other than SiLU) is an error naming the key and the value.
+// Both spellings of RoPE are read: transformers 4's top-level rope_theta + rope_scaling, and
+// transformers 5's rope_parameters {rope_theta, rope_type, ...}.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace strata::models {
+
+enum class Family { kLlama, kQwen3 };
+
+// Llama-3's rope_scaling of type "llama3" (transformers' _compute_llama3_parameters): wavelengths
+// above original_max_position_embeddings / low_freq_factor are stretched by `factor`, those below
+// original / high_freq_factor kept, the band between interpolated.
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct DecoderConfig {
+  Family family = Family::kLlama;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // grouped-query attention: heads / kv heads queries per kv head
+  int64_t head_dim = 0;             // Qwen3's may differ from hidden_size / heads
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool rope_llama3 = false;  // rope_scaling of type llama3 (then `llama3` holds it)
+  Llama3RopeScaling llama3;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q, k, v and o projections
+  bool mlp_bias = false;        // gate, up and down projections (Llama's key)
+  bool qk_norm = false;         // Qwen3: RMSNorm over each head of q and k before RoPE
+  double initializer_range = 0.02;  // N(0, this) for a model built without weights
+
+  // Strata's choices (not in config.json).
+  // Activation checkpointing of the decoder layers: "" / "none", "every", "every:K"
+  // (runtime/checkpointing/checkpoint.h's policies; "selective" is the example GPT's only).
+  std::string checkpointing;
+  int64_t loss_chunk_rows = 2048;  // the fused head + loss's rows at once (runtime/nn)
+
+  // Checks the shape (positive sizes, heads divisible by kv heads, an even head_dim, ...);
+  // throws strata::Error naming `source` and the key.
+  void validate(const std::string& source) const;
+};
+
+// From the parsed file; `source` names it in errors.
+DecoderConfig parse_hf_config(const nlohmann::json& config, const std::string& source);
+// Reads `path` (a config.json, or a folder holding one) strictly: duplicate keys, bad JSON and
+// the checks of parse_hf_config are errors naming the file and line.
+DecoderConfig read_hf_config(const std::string& path);
+
+const char* family_name(Family family);
+
+}  // namespace strata::models
