@@ -301,6 +301,11 @@ class Group final : public ProcessGroup {
     auto out_counts = split_counts(coll, "output", out, out_splits, size(), row_of(out));
     Staging st;
     torch::Tensor flat_in = st.input(in), flat_out = st.output(out, /*read_too=*/false);
+    int64_t to_others = 0;
+    for (int p = 0; p < size(); ++p)
+      if (p != rank()) to_others += in_counts[size_t(p)];
+    count_all_to_all(to_others * int64_t(in.element_size()),
+                     in_counts[size_t(rank())] * int64_t(in.element_size()));
     Signature sig = signature(Coll::AllToAll, in, out);
     sig.send_counts = in_counts;
     sig.recv_counts = out_counts;

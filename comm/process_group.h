@@ -20,6 +20,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -103,6 +104,18 @@ class ProcessGroup {
   }
   void barrier() { barrier_async()->wait(); }
 
+  // What this member has handed to all_to_all_single since the group was made, counted where
+  // the call enters the backend: calls, and bytes bound for other members (its own split stays
+  // in place and is counted apart). The MoE exchange's figures (moe/exchange.h) and tests read it.
+  struct AllToAllTraffic {
+    int64_t calls = 0;
+    int64_t bytes_to_others = 0;
+    int64_t bytes_to_self = 0;
+  };
+  AllToAllTraffic all_to_all_traffic() const {
+    return {a2a_calls_.load(), a2a_bytes_to_others_.load(), a2a_bytes_to_self_.load()};
+  }
+
   // --- sub-groups (collective over this group: every member calls, in the same order) ---------
   // `ranks` are ranks of *this* group, in the order that becomes the new group's rank order.
   // Returns nullptr on a rank that is not a member.
@@ -110,6 +123,16 @@ class ProcessGroup {
   // MPI_Comm_split: members with the same color form a group, ordered by (key, rank in this
   // group). A negative color joins no group and gets nullptr.
   virtual GroupPtr split(int color, int key) = 0;
+
+ protected:
+  void count_all_to_all(int64_t bytes_to_others, int64_t bytes_to_self) {
+    a2a_calls_ += 1;
+    a2a_bytes_to_others_ += bytes_to_others;
+    a2a_bytes_to_self_ += bytes_to_self;
+  }
+
+ private:
+  std::atomic<int64_t> a2a_calls_{0}, a2a_bytes_to_others_{0}, a2a_bytes_to_self_{0};
 };
 
 struct InitOptions {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <tuple>
 
@@ -350,6 +351,54 @@ PackedRoutes ExpertsImpl::forward_routes(const torch::Tensor& x, int64_t k,
   // Rows past the kept routes belong to no expert and are never read.
   out.push_back(torch::zeros({N - row, d}, x.options()));
   return {torch::cat(out), position, permutation};
+}
+
+std::vector<bool> ExpertsImpl::agree_units(const std::vector<int64_t>& rows_per_expert) {
+  if (!streamed()) return {};
+  return active_units(torch::tensor(rows_per_expert, torch::kLong));
+}
+
+torch::Tensor ExpertsImpl::forward_rows(const torch::Tensor& rows, const torch::Tensor& counts,
+                                        const std::vector<int64_t>& host_counts,
+                                        const std::vector<bool>& active) {
+  const int64_t El = options_.local_experts, d = options_.hidden_size;
+  int64_t total = 0;
+  for (const auto n : host_counts) total += n;
+  if (rows.dim() != 2 || rows.size(1) != d || counts.numel() != El ||
+      int64_t(host_counts.size()) != El || total != rows.size(0) ||
+      (!active.empty() && active.size() != units_.size()))
+    throw Error(fmt::format("moe::Experts::forward_rows: rows {} with counts {} ({} on the host, "
+                            "{} rows) for {} experts of width {}", c10::str(rows.sizes()),
+                            c10::str(counts.sizes()), host_counts.size(), total, El, d));
+  // _grouped_mm's offsets are int32 (and the loop's bounds follow them).
+  if (total > std::numeric_limits<int32_t>::max())
+    throw Error(fmt::format("moe::Experts: {} rows for this rank's experts in one exchange; the "
+                            "grouped product's offsets are int32 (at most {}): raise "
+                            "moe.exchange_chunks or lower the micro-batch", total,
+                            std::numeric_limits<int32_t>::max()));
+  auto runs = [&](size_t unit) { return active.empty() || active[unit]; };
+  if (!built_in()) {
+    std::vector<torch::Tensor> out;
+    int64_t row = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      const auto part = rows.narrow(0, row, host_counts[size_t(e)]);
+      row += host_counts[size_t(e)];
+      if (runs(size_t(unit_of(e)))) out.push_back(user_[size_t(e)].forward<torch::Tensor>(part));
+    }
+    return out.empty() ? torch::zeros({0, d}, rows.options()) : torch::cat(out);
+  }
+  const auto packed = with_bias_column(rows);
+  if (!streamed()) return run_packed(packed, counts, units_.front());
+  std::vector<torch::Tensor> out;
+  int64_t row = 0;
+  for (size_t j = 0; j < units_.size(); ++j) {
+    const auto& u = units_[j];
+    int64_t n = 0;
+    for (int64_t e = u.first; e < u.first + u.count; ++e) n += host_counts[size_t(e)];
+    if (runs(j)) out.push_back(run_packed(packed.narrow(0, row, n), counts.narrow(0, u.first, u.count), u));
+    row += n;
+  }
+  return out.empty() ? torch::zeros({0, d}, rows.options()) : torch::cat(out);
 }
 
 int64_t ExpertsImpl::packed_width() const {

@@ -104,6 +104,20 @@ class ExpertsImpl : public torch::nn::Module {
   PackedRoutes forward_routes(const torch::Tensor& x, int64_t k,
                               const torch::Tensor& expert, const torch::Tensor& slot,
                               const torch::Tensor& kept, const torch::Tensor& kept_counts);
+  // Expert parallelism's packed rows (moe/exchange.h): rows [N, d] hold local expert e's rows at
+  // [ends[e-1], ends[e]), ends = cumsum(counts); counts [E_local] int64 on the rows' device and
+  // the same on the host (`host_counts`, read once per layer by the exchange, so nothing here
+  // waits on the device). Built-in experts run as one grouped product per unit (_grouped_mm where
+  // its sync-free kernel applies, the group-by-group loop elsewhere); user experts one after the
+  // other on their rows (every expert runs, on zero rows too, so that ZeRO-3 gathers the same on
+  // every rank). `active`: the units to run (agree_units's answer; empty: all); a unit left out
+  // must have no rows. Returns [N, d]. N must fit the grouped kernel's int32 offsets.
+  torch::Tensor forward_rows(const torch::Tensor& rows, const torch::Tensor& counts,
+                             const std::vector<int64_t>& host_counts,
+                             const std::vector<bool>& active = {});
+  // Streaming: the units to run, given the rows per local expert (host), agreed with the
+  // set_agreement_group ranks (one small all-reduce); empty when not streamed (all run).
+  std::vector<bool> agree_units(const std::vector<int64_t>& rows_per_expert);
   // Whether forward(x, filled) runs the grouped kernel for this input (the caller then computes
   // `filled`; otherwise it may pass an undefined tensor).
   bool grouped(const torch::Tensor& x) const;

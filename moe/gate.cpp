@@ -253,9 +253,9 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
   // Capacity, from the expert-parallel group's counts: one shape on every rank.
   const double factor = o.training ? o.capacity_factor : o.eval_capacity_factor;
   // Without drop_tokens, reading the largest load is the one host sync.
-  if (o.uncapped && (o.drop_tokens || o.agree_over_group))
-    throw Error("moe::gate: uncapped is for drop_tokens = false on one rank's experts (no "
-                "agree_over_group): ranks of a group must agree on one capacity");
+  if (o.uncapped && o.drop_tokens)
+    throw Error("moe::gate: uncapped is for drop_tokens = false (with drop_tokens every route is "
+                "held to the capacity)");
   const GroupCounts local{S, o.drop_tokens || o.uncapped ? 0 : exp_counts.max().item<int64_t>()};
   const GroupCounts group = o.agree_over_group ? o.agree_over_group(local) : local;
   if (group.tokens < local.tokens || group.load < local.load) {

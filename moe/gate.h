@@ -122,8 +122,9 @@ struct GateOptions {
   // The sequence-wise balance loss's sequences: tokens [s * T, (s + 1) * T) form one (0: all S).
   int64_t sequence_length = 0;
   // drop_tokens = false for a caller with no capacity-sized buffer (the layer's grouped kernel at
-  // ep_size 1): every route is kept and the largest load is not read, so no host sync; the
-  // capacity reported is the S * k routes' bound. Not with agree_over_group.
+  // ep_size 1, the variable-split exchange under expert parallelism): every route is kept and the
+  // largest load is not read, so no host sync for it; the capacity reported is the S * k routes'
+  // bound. With agree_over_group only the token count is agreed (for min_capacity's check).
   bool uncapped = false;
   // Expert parallelism: maps this rank's counts to their maxima over the expert-parallel group
   // (one all-reduce MAX), so that every rank's capacity, and so its buffers, have one shape.

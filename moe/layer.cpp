@@ -11,6 +11,7 @@
 
 #include "comm/topology.h"
 #include "moe/dispatch.h"
+#include "moe/exchange.h"
 #include "moe/keys.h"
 #include "runtime/error.h"
 #include "runtime/util/recompute.h"
@@ -45,6 +46,10 @@ void check(const MoEOptions& o) {
   if (!std::isfinite(o.bias_update_speed) || o.bias_update_speed < 0 || o.n_shared_experts < 0) {
     throw Error(fmt::format("moe::MoE: bias_update_speed = {}, n_shared_experts = {}; both must "
                             "be >= 0", o.bias_update_speed, o.n_shared_experts));
+  }
+  if (o.exchange_chunks < 1) {
+    throw Error(fmt::format("moe::MoE: exchange_chunks = {}; give the number of exchanges the local "
+                            "experts' rows are cut into (>= 1)", o.exchange_chunks));
   }
   if (o.expert_unit_size < 0) {
     throw Error(fmt::format("moe::MoE: expert_unit_size = {}; give the experts per streamed unit "
@@ -195,6 +200,7 @@ MoEOptions MoEOptions::from_config(const MoeConfig& c, int64_t hidden, int64_t f
   o.route_scale = c.route_scale;
   o.n_shared_experts = c.n_shared_experts;
   o.expert_unit_size = c.expert_unit_size;
+  o.exchange_chunks = c.exchange_chunks;
   o.ep_size = c.ep_size;
   // comm's expert layout refuses an ep_size that does not divide the world, naming both.
   o.ep_group = comm::expert_groups(world, static_cast<int>(c.ep_size)).expert_parallel;
@@ -229,6 +235,7 @@ std::string MoEOptions::differs_from(const MoeConfig& c) const {
       {"route_scale", c.route_scale, route_scale},
       {"n_shared_experts", c.n_shared_experts, n_shared_experts},
       {"expert_unit_size", c.expert_unit_size, expert_unit_size},
+      {"exchange_chunks", c.exchange_chunks, exchange_chunks},
   };
   for (const auto& [key, in_config, here] : keys)
     if (c.given.count(key) && in_config != here)
@@ -370,7 +377,7 @@ uint64_t MoEImpl::next_noise_index() {
 
 torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& used_token) {
   const auto& o = options_;
-  const int64_t d = o.hidden_size, E = o.num_experts, El = num_local_experts(), ep = o.ep_size;
+  const int64_t d = o.hidden_size, E = o.num_experts, ep = o.ep_size;
   if (input.dim() < 1 || input.size(-1) != d) {
     throw Error(fmt::format("moe::MoE (layer {}): input {} but hidden_size = {}; the last "
                             "dimension must be the model width", o.layer_id,
@@ -400,13 +407,14 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
     go.expert_bias = bias_on_device_;
     if (input.dim() >= 3) go.sequence_length = input.size(-2);  // [..., T, d]: sequences of T
   }
-  // All experts here and the grouped kernel: no capacity-padded buffer, so dropless needs no
-  // capacity either (no host sync for it).
+  // All experts here and the grouped kernel, or expert parallelism's variable-split exchange: no
+  // capacity-padded buffer, so dropless needs no capacity either (no host sync for it).
   const bool packed_routes = ep == 1 && experts->grouped(x);
-  go.uncapped = packed_routes && !o.drop_tokens;
+  go.uncapped = (packed_routes || ep > 1) && !o.drop_tokens;
   if (o.ep_group && ep > 1) {
-    // One capacity, so one buffer shape, over the group, also where the ranks' token counts
-    // differ: the counts' maxima in one all-reduce, on the host (no device sync).
+    // One capacity over the group (drop_tokens), also where the ranks' token counts differ: the
+    // token count's maximum in one all-reduce, on the host (no device sync). Dropless, the count
+    // alone (for min_capacity's check, on every rank alike).
     const auto group = o.ep_group;
     go.agree_over_group = [group](GroupCounts local) {
       auto t = torch::tensor({local.tokens, local.load}, torch::kLong);
@@ -446,7 +454,20 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
                                              every_route ? torch::Tensor() : g.kept, g.kept_counts);
     const auto y = out.permutation ? out.permutation->combine(out.rows, g.weight)
                                    : combine_tokens(out.rows, o.k, out.position, g.weight, g.kept);
-    record(g, C, {});
+    record(g, C, {E, C, d}, {});
+    return add_shared(x, mix_residual(x, y)).view(input.sizes());
+  }
+
+  if (ep > 1) {
+    // 2-3. Exactly the kept routes' rows to the experts' ranks and back (moe/exchange.h).
+    const auto ex = exchange_with_experts(x, o.k, g, *experts, o.ep_group, o.exchange_chunks);
+    // 4. Combine with the gate's weights (routes not sent add nothing).
+    const auto y = combine_tokens(ex.rows_back, o.k, ex.position, g.weight, g.kept);
+    record(g, C, {ex.sent_rows, d}, {ex.received_rows, d});
+    if (!recompute::recomputing()) {
+      last_.sent_to = ex.sent_to;
+      last_.received_from = ex.received_from;
+    }
     return add_shared(x, mix_residual(x, y)).view(input.sizes());
   }
 
@@ -454,28 +475,25 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& input, const torch::Tensor& 
   const auto position = (g.expert * C + g.slot).masked_fill(g.kept.logical_not(), E * C);
   const auto sent = dispatch_tokens(x, o.k, position, E * C);
 
-  // 3. To the experts' ranks and back: [ep, El, C, d] arrives, the experts see [El, ep * C, d].
-  auto expert_in = all_to_all(sent, o.ep_group).view({ep, El, C, d}).transpose(0, 1)
-                       .reshape({El, ep * C, d});
-  torch::Tensor filled;  // [El, ep] rows filled per (local expert, source rank)
+  // 3. One rank holds every expert: [E, C, d] is the experts' input.
+  auto expert_in = sent.view({E, C, d});
+  torch::Tensor filled;  // [E, 1] rows filled per expert
   if (experts->grouped(expert_in) || experts->streamed()) {
-    // Block (e, p) holds its first kept_counts rows (slots are dense from 0); the counts travel
-    // like the tokens, one small equal-split exchange on the device. (The grouped kernel packs
-    // the filled rows; streamed experts leave the units that receive none unread.)
-    filled = all_to_all(g.kept_counts, o.ep_group).view({ep, El}).t().contiguous();
+    // Slots are dense from 0: expert e's first kept_counts[e] rows are filled. (The grouped
+    // kernel packs the filled rows; streamed experts leave the units that receive none unread.)
+    filled = g.kept_counts.view({E, 1});
   }
-  auto expert_out = experts->forward(expert_in, filled);
-  expert_out = expert_out.view({El, ep, C, d}).transpose(0, 1).reshape({E * C, d});
-  const auto back = all_to_all(expert_out, o.ep_group);
+  const auto expert_out = experts->forward(expert_in, filled).reshape({E * C, d});
 
   // 4. Combine with the gate's weights (dropped routes add nothing).
-  const auto y = combine_tokens(back, o.k, position, g.weight, g.kept);
+  const auto y = combine_tokens(expert_out, o.k, position, g.weight, g.kept);
 
-  record(g, C, expert_in.sizes().vec());
+  record(g, C, {E, C, d}, expert_in.sizes().vec());
   return add_shared(x, mix_residual(x, y)).view(input.sizes());
 }
 
-void MoEImpl::record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape) {
+void MoEImpl::record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> dispatch_shape,
+                     std::vector<int64_t> expert_input_shape) {
   // In a checkpointed region, the losses the model reads through loss() are the region's side
   // outputs (their gradient flows through the recomputation); a recomputation leaves the real
   // forward's statistics (expert loads, drops) as they were.
@@ -487,7 +505,9 @@ void MoEImpl::record(const GateRoutes& g, int64_t capacity, std::vector<int64_t>
   last_.exp_counts = g.exp_counts;
   last_.dropped = g.dropped;
   last_.capacity = capacity;
-  last_.dispatch_shape = {options_.num_experts, capacity, options_.hidden_size};
+  last_.dispatch_shape = std::move(dispatch_shape);
+  last_.sent_to.clear();
+  last_.received_from.clear();
   last_.expert_input_shape = std::move(expert_input_shape);
 }
 

@@ -13,24 +13,24 @@
 //      Memory O(S * k * d + E * C * d), never [S, E, C]. With ep_size 1 and the experts'
 //      grouped kernel there is no padded buffer: the routes go straight into the kernel's packed
 //      rows (Experts::forward_routes), and steps 3 and the padding are skipped.
-//   3. expert parallelism (ep_size > 1): an equal-split all_to_all sends experts
-//      [p * E_local, (p + 1) * E_local) to rank p of the EP group, which receives
-//      [ep_size, E_local, C, d], runs its experts on [E_local, ep_size * C, d] as one grouped
-//      computation (moe/experts.h), and sends the results back by the reverse all_to_all
-//      (autograd flows through both). With the experts' grouped kernel (only filled rows
-//      computed) the per-expert kept counts travel the same way, as a small [E] exchange.
+//   3. expert parallelism (ep_size > 1): no padded buffer either. The variable-split exchange
+//      (moe/exchange.h) sends exactly the kept routes' rows to the ranks that hold their experts
+//      (counts first, one small exchange and one host read of them per layer), the experts run
+//      on exactly the rows they received as one grouped computation, and the outputs come back
+//      the same way (autograd flows through both). moe.exchange_chunks cuts it into chunks of
+//      local experts whose exchanges overlap the other chunks' experts on a GPU.
 //   4. combine: each kept route's output row times its combine weight, summed into its token
 //      over the k choices (route r = choice * S + token: a reduction, no index_add); dropped
 //      routes add nothing.
-// drop_tokens = false: C is the largest expert load, agreed by an all-reduce MAX over the EP
-// group (DeepSpeed's semantics), then the same padded layout and equal-split exchange; with
-// ep_size 1 and the grouped kernel there is no padded buffer and no capacity to agree: every
-// route is kept, sorted by expert, and one grouped product runs over the variable group sizes
-// (MoEStats::capacity then reports the S * k bound).
+// drop_tokens = false: at ep_size 1 with the batched kernel, C is the largest expert load (read
+// on the host) and the same padded layout; with the grouped kernel, and under expert parallelism,
+// there is no padded buffer and no capacity: every route is kept, sorted by expert, and one
+// grouped product runs over the variable group sizes (MoEStats::capacity then reports the S * k
+// bound).
 // The ranks of an EP group may route different numbers of tokens per call (a last short batch;
-// DeepSpeed needs equal counts): the same all-reduce, one per forward with ep_size > 1 (on the
-// host), agrees on the largest count, and the capacity is computed from it, so every rank's
-// buffers have one shape. A rank may route none (an empty micro-batch): it joins every
+// DeepSpeed needs equal counts): an all-reduce, one per forward with ep_size > 1 (on the host),
+// agrees on the largest count, and drop_tokens' capacity is computed from it, so every rank drops
+// alike. A rank may route none (an empty micro-batch): it joins every
 // collective with empty buffers, its output is empty and its l_aux and z-loss are 0.
 //
 // Host synchronisations on CUDA, forward and backward together (tests/moe/test_layer_gpu.cpp
@@ -38,8 +38,9 @@
 // noise policy: routes have a fixed size, counts are scatter_adds, the number dropped stays on
 // the device (MoEStats::dropped; dropped_count() reads it), and the gate's CPU-drawn noise is
 // copied through page-locked memory without a wait. With drop_tokens = false one: reading the
-// largest expert load for the capacity (the group's all-reduce runs on a host tensor), none at
-// ep_size 1 with the grouped kernel (no capacity needed). Streamed experts (expert_unit_size)
+// largest expert load for the capacity, none at ep_size 1 with the grouped kernel (no capacity
+// needed). Under expert parallelism one per forward, either way: the exchange's counts (NCCL
+// takes split sizes on the host). Streamed experts (expert_unit_size)
 // add one per forward: the routed rows per local expert, read so that unreached units are left
 // alone (moe/experts.h).
 //
@@ -132,6 +133,10 @@ struct MoEOptions {
   // which ZeRO-3 gathers, offloads and releases one at a time; a unit no route reaches is not
   // read. 0: one unit of all local experts. The config's moe.expert_unit_size.
   int64_t expert_unit_size = 0;
+  // Expert parallelism: the local experts' rows travel in this many exchanges, each overlapping
+  // the other chunks' experts on a GPU (moe/exchange.h); 1: one exchange each way. The config's
+  // moe.exchange_chunks.
+  int64_t exchange_chunks = 1;
 
   // The gate's options for one call (training flag and seed filled by the layer).
   GateOptions gate_options() const;
@@ -161,8 +166,14 @@ struct MoEStats {
   // never waits for the device; dropped_count() reads it (a host sync on CUDA).
   torch::Tensor dropped;
   int64_t capacity = 0;      // C
-  std::vector<int64_t> dispatch_shape;      // [E, C, d]: the padded buffer this rank sends
-  std::vector<int64_t> expert_input_shape;  // [E_local, ep_size * C, d]
+  // ep_size 1: [E, C, d], the padded buffer, and what the experts saw ([E, C, d]; empty on the
+  // packed-routes path). Expert parallelism: [rows sent, d] (the kept routes) and [rows the
+  // local experts received, d].
+  std::vector<int64_t> dispatch_shape;
+  std::vector<int64_t> expert_input_shape;
+  // Expert parallelism: the rows this rank sent to and received from each rank of its group
+  // (itself included) in the last forward's exchange; empty at ep_size 1.
+  std::vector<int64_t> sent_to, received_from;
 
   int64_t dropped_count() const;
 };
@@ -220,7 +231,8 @@ class MoEImpl : public torch::nn::Module {
   // n_shared_experts: y plus the shared experts' output on x.
   torch::Tensor add_shared(const torch::Tensor& x, const torch::Tensor& y);
   // Keeps what the last forward did (expert_input_shape empty: no padded buffer was built).
-  void record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> expert_input_shape);
+  void record(const GateRoutes& g, int64_t capacity, std::vector<int64_t> dispatch_shape,
+              std::vector<int64_t> expert_input_shape);
   // The bias back to float32 after a Module::to(dtype) cast it.
   void keep_bias_float32();
   // The c of this call's noise keys (and the counting that goes with it).

@@ -198,6 +198,8 @@ struct MoeConfig {
   // (0: one unit of all a rank's experts), at most expert_window units of them at once.
   int64_t expert_unit_size = 0;
   int64_t expert_window = 2;
+  // Expert parallelism: the exchanges the local experts' rows are cut into (moe/exchange.h).
+  int64_t exchange_chunks = 1;
   // The block's keys the file gave (canonical names). A program that builds its layers from its
   // own model fills the others from the model (examples/gpt_moe.cpp); the engine checks that the
   // model's MoE layers follow every given key (runtime/engine_experts.cpp).

@@ -84,6 +84,10 @@ Block make_moe() {
       .min(1)
       .describe("With expert_unit_size: the expert units on the device at once, at most (the one computing and "
                 "those ahead)");
+  b.add(&MoeConfig::exchange_chunks, "exchange_chunks")
+      .min(1)
+      .describe("Expert parallelism: the exchanges each layer's routed rows are cut into (by local experts), "
+                "each overlapping the other chunks' experts on a GPU; 1: one exchange each way");
   Block block = b.build();
   block.finish = [](void* obj, Ctx& ctx, const std::string& path) {
     auto& m = *static_cast<MoeConfig*>(obj);

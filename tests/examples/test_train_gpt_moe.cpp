@@ -289,6 +289,32 @@ TEST(TrainGptMoE, DeepSeekRouterGivesOneRanksLossesAtEveryEpSize) {
   expect_same_losses(one, resumed, "deepseek, saved at ep 2, resumed at ep 4 stage 3", 4);
 }
 
+// The variable-split exchange (issue 53) where features meet: exchange_chunks 2 (two chunks of
+// local experts at ep_size 2; one at ep_size 4, a chunk per expert), activation checkpointing of
+// every block (the exchange replays in the recomputation), 2 micro-batches of accumulation at
+// ep_size 2, stages 2 and 3, drops and dropless, and the DeepSeek-style router: one rank's losses.
+TEST(TrainGptMoE, ChunkedExchangeWithCheckpointingGivesOneRanksLosses) {
+  const std::string ac = "--activation-checkpointing every";
+  for (const bool drop : {true, false}) {
+    const std::string tag = drop ? "xc_drop" : "xc_nodrop";
+    const auto one = train(1, moe_config(1, drop, 0), tag + "_ep1");
+    for (const auto& [ep, stage] : {std::pair{2, 2}, std::pair{2, 3}, std::pair{4, 3}}) {
+      auto c = moe_config(ep, drop, stage);
+      c["moe"]["exchange_chunks"] = 2;
+      const auto name = tag + "_ep" + std::to_string(ep) + "_s" + std::to_string(stage);
+      expect_same_losses(one, train(ep, c, name, ac),
+                         name + " (chunks 2, checkpointing every)");
+    }
+  }
+  const auto one = train(1, deepseek_config(1, 2), "xc_ds_ep1");
+  for (const int ep : {2, 4}) {
+    auto c = deepseek_config(ep, 3);
+    c["moe"]["exchange_chunks"] = 2;
+    expect_same_losses(one, train(ep, c, "xc_ds_ep" + std::to_string(ep), ac),
+                       "deepseek, ep " + std::to_string(ep) + ", stage 3, chunks 2, checkpointing");
+  }
+}
+
 // Bad MoE set-ups are refused before training, by name.
 TEST(TrainGptMoE, MismatchedSetUpsAreClearErrors) {
   // ep_size that does not divide the world.

@@ -113,6 +113,13 @@ Description generate(uint64_t seed, int max_world) {
       p.expert_unit = 1 + int(stream_rng.below(3));  // 1-3 of a rank's 1, 2 or 4 experts
       p.expert_window = stream_rng.weighted<int>({{2, 0}, {1, 1}, {1, 2}, {1, 3}});
     }
+  // The expert exchange's chunks (issue 53), from a stream of its own for the same reason: a
+  // phase with expert parallelism cuts its exchange in 1-3 chunks of local experts (or leaves
+  // the key out).
+  Rng chunk_rng{seed * 0xbf58476d1ce4e5b9ull + 0x53};
+  for (auto& p : d.phases)
+    if (d.model == "tiny-moe" && p.ep_size > 1 && chunk_rng.chance(60))
+      p.exchange_chunks = 1 + int(chunk_rng.below(3));
   // Activation checkpointing (issue 32), from a stream of its own for the same reason. Each phase
   // draws its own: a resume may switch it on, off or to another store (checkpoints of training
   // state carry none of it).
@@ -187,7 +194,8 @@ nlohmann::json to_json(const Description& d) {
                       {"offload_optimizer", p.offload_optimizer}, {"offload_param", p.offload_param},
                       {"ep_size", p.ep_size}, {"threads", p.threads}, {"zero_init", p.zero_init},
                       {"adam_grain", p.adam_grain}, {"expert_unit", p.expert_unit},
-                      {"expert_window", p.expert_window}, {"checkpointing", p.checkpointing},
+                      {"expert_window", p.expert_window}, {"exchange_chunks", p.exchange_chunks},
+                      {"checkpointing", p.checkpointing},
                       {"checkpoint_store", p.checkpoint_store}});
   return {{"seed", d.seed}, {"model", d.model}, {"dropout", d.dropout}, {"masked", d.masked},
           {"dtype", d.dtype},
@@ -233,6 +241,7 @@ Description from_json(const nlohmann::json& j) {
     p.zero_init = pj.value("zero_init", false);
     p.expert_unit = pj.value("expert_unit", 0);
     p.expert_window = pj.value("expert_window", 0);
+    p.exchange_chunks = pj.value("exchange_chunks", 0);
     p.checkpointing = pj.value("checkpointing", std::string());
     p.checkpoint_store = pj.value("checkpoint_store", std::string());
     d.phases.push_back(p);
@@ -271,6 +280,7 @@ std::string summary(const Description& d) {
     if (p.zero_init) s << " zinit";
     if (p.expert_unit) s << " eu" << p.expert_unit;
     if (p.expert_window) s << " ew" << p.expert_window;
+    if (p.exchange_chunks) s << " xc" << p.exchange_chunks;
     if (!p.checkpointing.empty())
       s << " ac=" << p.checkpointing
         << (p.checkpoint_store.empty() ? "" : "/" + p.checkpoint_store);
@@ -297,6 +307,7 @@ int64_t complexity(const Description& d) {
     c += 3 * p.world + p.gas + p.stage + (p.offload_optimizer != "none") * 2 +
          (p.offload_param != "none") * 2 + p.ep_size + (p.threads != 0) + p.zero_init +
          (p.adam_grain != 0) + (p.expert_unit != 0) + (p.expert_window != 0) +
+         (p.exchange_chunks > 1) +
          (p.checkpointing.empty() ? 0 : p.checkpointing == "every" ? 1 : 2) +
          !p.checkpoint_store.empty();
   }
@@ -326,7 +337,8 @@ std::vector<Description> simplifications(const Description& d) {
     with([](Description& s) {
       s.model = "tiny";
       s.moe_padding = 0, s.expert_kernel.clear();
-      for (auto& p : s.phases) p.ep_size = 1, p.expert_unit = 0, p.expert_window = 0;
+      for (auto& p : s.phases)
+        p.ep_size = 1, p.expert_unit = 0, p.expert_window = 0, p.exchange_chunks = 0;
     });
   if (d.dtype != "fp32") with([](Description& s) { s.dtype = "fp32"; });
   if (d.dropout) with([](Description& s) { s.dropout = false; });
@@ -362,7 +374,8 @@ std::vector<Description> simplifications(const Description& d) {
         if (st < 3) q.offload_param = "none", q.zero_init = false, q.expert_unit = 0, q.expert_window = 0;
         if (st == 0) q.offload_optimizer = "none";
       });
-    if (p.ep_size > 1) on([](Phase& q) { q.ep_size = 1; });
+    if (p.ep_size > 1) on([](Phase& q) { q.ep_size = 1, q.exchange_chunks = 0; });
+    if (p.exchange_chunks) on([](Phase& q) { q.exchange_chunks = 0; });
     if (p.threads != 0) on([](Phase& q) { q.threads = 0; });
     if (p.adam_grain != 0) on([](Phase& q) { q.adam_grain = 0; });
     if (p.zero_init) on([](Phase& q) { q.zero_init = false; });

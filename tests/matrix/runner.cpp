@@ -228,6 +228,7 @@ nlohmann::json config_for(const Description& d, const Phase& p, const std::strin
                 {"noisy_gate_policy", d.noisy_gate_policy}, {"aux_loss_coef", 0.01}};
   if (d.model == "tiny-moe" && p.expert_unit > 0) c["moe"]["expert_unit_size"] = p.expert_unit;
   if (d.model == "tiny-moe" && p.expert_window > 0) c["moe"]["expert_window"] = p.expert_window;
+  if (d.model == "tiny-moe" && p.exchange_chunks > 0) c["moe"]["exchange_chunks"] = p.exchange_chunks;
   // The activation_checkpointing block (docs/activation_checkpointing.md). With a policy it
   // always asks for the profile, whose log lines show that checkpoints ran (the runner checks);
   // the block without a policy must change nothing.

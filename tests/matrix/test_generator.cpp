@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "tests/matrix/description.h"
@@ -283,6 +284,31 @@ TEST(MatrixTolerance, AutocastAtAWorldSizeNotAPowerOfTwoGetsBf16Bounds) {
   EXPECT_EQ(tolerance_for(d).loss, 2e-3);
   d.dtype = "fp32";
   EXPECT_EQ(tolerance_for(d).loss, 1e-5);  // fp32 rounds the same way at any world size
+}
+
+// The expert exchange's chunks (issue 53): drawn only with expert parallelism, 1-3 of them, with
+// every count and with drops and without, and carried through JSON.
+TEST(MatrixGenerator, DrawsTheExchangeChunksUnderExpertParallelism) {
+  std::map<int, int> by_chunks;
+  int with_drops = 0, dropless = 0, with_checkpointing = 0;
+  for (uint64_t s = 0; s < 2000; ++s) {
+    const auto d = generate(s, 4);
+    for (const auto& p : d.phases) {
+      if (p.exchange_chunks == 0) continue;
+      EXPECT_EQ(d.model, "tiny-moe") << summary(d);
+      EXPECT_GT(p.ep_size, 1) << summary(d);
+      EXPECT_LE(p.exchange_chunks, 3) << summary(d);
+      ++by_chunks[p.exchange_chunks];
+      ++(d.drop_tokens ? with_drops : dropless);
+      with_checkpointing += !p.checkpointing.empty();
+    }
+    EXPECT_EQ(to_json(from_json(to_json(d))), to_json(d));
+  }
+  EXPECT_EQ(by_chunks.size(), 3u);
+  for (const auto& [chunks, n] : by_chunks) EXPECT_GT(n, 10) << chunks << " chunks";
+  EXPECT_GT(with_drops, 10);
+  EXPECT_GT(dropless, 10);
+  EXPECT_GT(with_checkpointing, 10);
 }
 
 }  // namespace

@@ -8,12 +8,18 @@
 //     equals the reference's sum; l_aux per rank equals the reference's for its micro-batch.
 // With drop_tokens true and false, at k = 1 (RTS, Jitter) and k = 2 (2nd-expert sampling), and
 // with the grouped expert kernel (k = 2, drop_tokens). And ranks that route different numbers of
-// tokens (6 and 40: a last short batch): the capacity is computed from the group's largest count,
-// so every rank's buffers have one shape; with a capacity factor that drops nothing the outputs
+// tokens (6 and 40: a last short batch): drop_tokens' capacity is computed from the group's
+// largest count, so every rank drops alike; with a capacity factor that drops nothing the outputs
 // are the 1-rank layer's on each micro-batch.
+// The variable-split exchange (issue 53; moe_exchange below): ep_size 2 and 4, 1 and several
+// chunks, every route sent to the first rank's experts (the others' experts and ranks receive
+// nothing) and a rank without tokens; the bytes each rank hands to all_to_all, counted in the
+// communication layer, are exactly its routed rows' (plus the counts), beside what the padded
+// exchange sent.
 // Every rank computes the reference itself and checks its own share.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <tuple>
@@ -127,11 +133,11 @@ STRATA_SCENARIO(moe_ep2) {
     if (o.k == 1 && want[0].dropped + want[1].dropped == 0)
       throw Error("the drop_tokens case should drop routes");
   } else {
-    // DeepSpeed's semantics: the capacity is the largest load over the EP group.
-    const int64_t agreed = std::max(want[0].capacity, want[1].capacity);
-    if (got.capacity != agreed || got.dropped != 0)
-      throw Error(fmt::format("capacity {} (want {}), dropped {}", got.capacity, agreed,
-                              got.dropped));
+    // Dropless under expert parallelism: no capacity (the variable-split exchange sends every
+    // route's row); the reported bound is this rank's routes.
+    if (got.capacity != tokens[r] * o.k || got.dropped != 0)
+      throw Error(fmt::format("capacity {} (want {} routes), dropped {}", got.capacity,
+                              tokens[r] * o.k, got.dropped));
   }
   const auto rows = torch::indexing::Slice(2 * r, 2 * r + 2);
   check_close(m->experts->w1.grad(), ref->experts->w1.grad().index({rows}), "d w1");
@@ -196,6 +202,137 @@ STRATA_SCENARIO(moe_ep2_empty) {
     for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
     for (auto& p : ref->parameters()) p.mutable_grad() = torch::Tensor();
   }
+}
+
+// ep_size = world (2 or 4), 8 experts. Rank q routes 8 + 8q tokens (16 with drops), the last rank
+// none. With
+// MOE_SKEW every token's choices are the first rank's experts 0 and 1 (a gate that sees only
+// them), so the other experts and ranks receive nothing and, with drops, most routes are dropped
+// before the exchange.
+STRATA_SCENARIO(moe_exchange) {
+  auto world = comm::init_process_group();
+  const int r = world->rank(), ep = world->size();
+  constexpr int64_t E = 8;
+  const int64_t El = E / ep;
+  auto groups = comm::create_expert_groups(world, ep, E);
+  const bool skew = env_int("MOE_SKEW") != 0;
+  std::vector<torch::Tensor> xs, probes;
+  torch::manual_seed(300);
+  for (int q = 0; q < ep; ++q) {
+    // drop_tokens' capacity comes from the group's largest count, the reference's from its own:
+    // equal counts (but the empty rank) keep them one.
+    const int64_t n = q == ep - 1 ? 0 : env_int("MOE_DROP") ? 16 : 8 + 8 * q;
+    xs.push_back(torch::randn({n, kD}) + (skew ? 2.0 : 0.0));
+    probes.push_back(torch::randn({n, kD}));
+  }
+  auto o = options();
+  o.num_experts = E;
+  o.capacity_factor = 1.0;
+  o.noisy_gate_policy = NoisyGatePolicy::None;
+  auto skewed = [&](MoE& m) {
+    if (!skew) return;
+    torch::NoGradGuard no_grad;
+    m->gate->weight.zero_();
+    m->gate->weight[0].fill_(1.0);
+    m->gate->weight[1].fill_(0.8);
+  };
+  auto oe = o;
+  oe.ep_size = ep;
+  oe.ep_group = groups.expert_parallel;
+  oe.exchange_chunks = env_int("MOE_CHUNKS");
+  MoE m(oe);
+  skewed(m);
+  const auto before = groups.expert_parallel->all_to_all_traffic();
+  const Run got = step(m, xs[r], probes[r]);
+  const auto after = groups.expert_parallel->all_to_all_traffic();
+  MoE ref(o);
+  skewed(ref);
+  std::vector<Run> want;
+  for (int q = 0; q < ep; ++q) want.push_back(step(ref, xs[q], probes[q]));
+
+  const auto at = fmt::format("ep {} k {} drop {} chunks {} skew {}: ", ep, o.k, o.drop_tokens,
+                              oe.exchange_chunks, skew);
+  if (xs[r].size(0) > 0) {
+    check_close(got.y, want[r].y, at + "output");
+    check_close(got.x_grad, want[r].x_grad, at + "d input");
+  }
+  check_close(got.l_aux, want[r].l_aux, at + "l_aux");
+  const auto rows = torch::indexing::Slice(r * El, (r + 1) * El);
+  torch::Tensor ref_grads[] = {ref->experts->w1.grad(), ref->experts->b2.grad()};
+  torch::Tensor got_grads[] = {m->experts->w1.grad(), m->experts->b2.grad()};
+  for (int i = 0; i < 2; ++i) {
+    // The reference's expert gradients are summed over every rank's micro-batch.
+    check_close(got_grads[i], ref_grads[i].index({rows}), at + "d expert");
+  }
+  auto gate_grad = m->gate->weight.grad().clone();
+  world->all_reduce(gate_grad);
+  check_close(gate_grad, ref->gate->weight.grad(), at + "d gate (summed over ranks)");
+
+  // The bytes: the counts once ((E - El) x 8 to the others), then each row sent to another rank
+  // and each row received from one, twice each (forward, and its gradient in backward).
+  const auto& sent = m->last().sent_to;
+  const auto& recv = m->last().received_from;
+  int64_t rows_out = 0, rows_in = 0, sent_total = 0;
+  for (int p = 0; p < ep; ++p) {
+    sent_total += sent[size_t(p)];
+    if (p == r) continue;
+    rows_out += sent[size_t(p)];
+    rows_in += recv[size_t(p)];
+  }
+  const int64_t routes = xs[r].size(0) * o.k;
+  if (sent_total != routes - got.dropped)
+    throw Error(fmt::format("{}sent {} rows for {} routes of which {} dropped", at, sent_total,
+                            routes, got.dropped));
+  const int64_t row_bytes = kD * 4;
+  const int64_t expected = (E - El) * 8 + 2 * (rows_out + rows_in) * row_bytes;
+  const int64_t counted = after.bytes_to_others - before.bytes_to_others;
+  if (counted != expected)
+    throw Error(fmt::format("{}counted {} bytes to other ranks, expected {}", at, counted, expected));
+  const int64_t calls = after.calls - before.calls;
+  const int64_t chunks = std::min<int64_t>(oe.exchange_chunks, El);
+  if (calls != 1 + 4 * chunks)
+    throw Error(fmt::format("{}{} all_to_all calls, expected {}", at, calls, 1 + 4 * chunks));
+  // What the padded exchange sent for the same call: E x C rows each way, forward and backward,
+  // C the capacity (drop_tokens) or the group's largest load, of which (ep - 1) / ep to others.
+  auto load = torch::tensor({m->last().exp_counts.max().item<int64_t>()}, torch::kLong);
+  groups.expert_parallel->all_reduce(load, comm::ReduceOp::Max);
+  const int64_t C = o.drop_tokens ? got.capacity : load.item<int64_t>();
+  const int64_t padded = 4 * E * C * row_bytes * (ep - 1) / ep;
+  std::printf("MESSAGE: %srank %d sent %lld rows (%lld to others), received %lld from others: %lld bytes "
+              "to others counted = expected; the padded exchange: %lld\n",
+              at.c_str(), r, (long long)sent_total, (long long)rows_out, (long long)rows_in,
+              (long long)counted, (long long)padded);
+}
+
+Launched run_exchange(int ep, int k, bool drop, int chunks, bool skew) {
+  LaunchSpec spec;
+  spec.scenario = "moe_exchange";
+  spec.world = ep;
+  spec.env = {{"MOE_K", std::to_string(k)}, {"MOE_DROP", drop ? "1" : "0"},
+              {"MOE_GROUPED", "0"}, {"MOE_UNEVEN", "0"}, {"MOE_CHUNKS", std::to_string(chunks)},
+              {"MOE_SKEW", skew ? "1" : "0"}};
+  spec.timeout_s = 120;
+  Launched l = run_ranks(spec);
+  l.print_messages();
+  return l;
+}
+
+TEST(MoeExchange, ExactlyTheRoutedRowsTravelAtEpSizesTwoAndFour) {
+  for (const int ep : {2, 4})
+    for (const auto& [k, drop] : {std::tuple{1, true}, std::tuple{2, false}, std::tuple{2, true}})
+      for (const int chunks : {1, 2}) {
+        auto r = run_exchange(ep, k, drop, chunks, /*skew=*/false);
+        EXPECT_TRUE(r.all_ok()) << "ep " << ep << " k " << k << " drop " << drop << " chunks "
+                                << chunks << ": " << r.report();
+      }
+}
+
+TEST(MoeExchange, ExpertsAndRanksThatReceiveNothing) {
+  for (const int ep : {2, 4})
+    for (const bool drop : {true, false}) {
+      auto r = run_exchange(ep, 2, drop, 2, /*skew=*/true);
+      EXPECT_TRUE(r.all_ok()) << "ep " << ep << " drop " << drop << ": " << r.report();
+    }
 }
 
 Launched run_empty(int k, bool drop, bool grouped) {
