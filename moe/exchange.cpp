@@ -34,10 +34,14 @@ torch::Tensor block_permutation(const std::vector<int64_t>& from, const std::vec
     shift.push_back(from[b] - to[b]);
     repeats.push_back(length[b]);
   }
+  // Two small host vectors cross without a wait (page-locked, non-blocking); the rows' indices
+  // are made on the device (repeat_interleave told its output size reads nothing back).
   const auto i64 = torch::TensorOptions().dtype(torch::kLong);
-  const auto per_row = torch::repeat_interleave(torch::tensor(shift, i64), torch::tensor(repeats, i64),
-                                                /*dim=*/0, /*output_size=*/rows);
-  return (per_row + torch::arange(rows, i64)).to(device);
+  const auto per_row =
+      torch::repeat_interleave(host_to_device(torch::tensor(shift, i64), device),
+                               host_to_device(torch::tensor(repeats, i64), device),
+                               /*dim=*/0, /*output_size=*/rows);
+  return per_row + torch::arange(rows, i64.device(device));
 }
 
 }  // namespace
@@ -65,7 +69,6 @@ ExchangeResult exchange_with_experts(const torch::Tensor& x, int64_t k, const Ga
 
   // 2. Send order: (chunk, destination rank, local expert). Each expert's kept routes take the
   // rows [base, base + count) in its slot order.
-  std::vector<int64_t> order;  // global experts in send order
   std::vector<int64_t> base(static_cast<size_t>(E)), chunk_rows(static_cast<size_t>(nc), 0);
   std::vector<std::vector<int64_t>> send_split(size_t(nc), std::vector<int64_t>(size_t(ep), 0));
   std::vector<std::vector<int64_t>> recv_split = send_split;
@@ -81,7 +84,7 @@ ExchangeResult exchange_with_experts(const torch::Tensor& x, int64_t k, const Ga
         recv_split[size_t(c)][size_t(p)] += recv_count[p * El + e];
       }
   const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(dev);
-  const auto base_t = torch::tensor(base, torch::kLong).to(dev);
+  const auto base_t = host_to_device(torch::tensor(base, torch::kLong), dev);
   const auto position =
       (base_t.index_select(0, g.expert) + g.slot).masked_fill(g.kept.logical_not(), sent);
   const auto send = dispatch_tokens(x, k, position, sent);
