@@ -127,14 +127,25 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids) {
                             family_name(config_.family), c10::str(input_ids.sizes()),
                             c10::toString(input_ids.scalar_type())));
   auto x = embed_tokens(input_ids);
-  const auto [cos, sin] = rope_cos_sin(inverse_frequencies_, input_ids.size(1), x.device(),
-                                       x.scalar_type());
+  const auto [cos, sin] = rope(input_ids.size(1), x.device(), x.scalar_type());
   for (size_t i = 0; i < layers->size(); ++i) {
     auto layer = layers->ptr<DecoderLayerImpl>(i);
     const bool checkpointed = checkpoint_every_ > 0 && (int64_t(i) + 1) % checkpoint_every_ == 0;
     x = checkpointed ? ckpt::checkpoint(layer, x, cos, sin) : layer->forward(x, cos, sin);
   }
   return norm(x);
+}
+
+const std::pair<torch::Tensor, torch::Tensor>& DecoderModelImpl::rope(int64_t seq,
+                                                                      torch::Device device,
+                                                                      torch::ScalarType dtype) {
+  auto& c = rope_cache_;
+  if (c.seq != seq || c.device != device || c.dtype != dtype) {
+    // Computed on the host, where the frequencies are, and moved once.
+    auto [cos, sin] = rope_cos_sin(inverse_frequencies_, seq, torch::kCPU, dtype);
+    c = {seq, device, dtype, {cos.to(device), sin.to(device)}};
+  }
+  return c.cos_sin;
 }
 
 CausalLMImpl::CausalLMImpl(const DecoderConfig& c) : config_(c) {

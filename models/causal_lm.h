@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -81,9 +82,20 @@ class DecoderModelImpl : public torch::nn::Module {
   RMSNorm norm{nullptr};
 
  private:
+  // cos and sin for `seq` positions on `device` in `dtype`, computed once per shape (not a
+  // parameter or buffer: Hugging Face saves none, and a copy per forward would wait on the host).
+  const std::pair<torch::Tensor, torch::Tensor>& rope(int64_t seq, torch::Device device,
+                                                      torch::ScalarType dtype);
+
   DecoderConfig config_;
-  torch::Tensor inverse_frequencies_;  // not a parameter or buffer: Hugging Face saves none
-  int64_t checkpoint_every_ = 0;       // > 0: every K-th layer checkpointed
+  torch::Tensor inverse_frequencies_;  // float32, on the host
+  struct RopeCache {
+    int64_t seq = -1;
+    torch::Device device = torch::kCPU;
+    torch::ScalarType dtype = torch::kFloat;
+    std::pair<torch::Tensor, torch::Tensor> cos_sin;
+  } rope_cache_;
+  int64_t checkpoint_every_ = 0;  // > 0: every K-th layer checkpointed
 };
 TORCH_MODULE(DecoderModel);
 
