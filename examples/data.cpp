@@ -3,6 +3,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -96,6 +97,25 @@ TokenData::Batch TokenData::batch(uint64_t seed, int64_t step, int64_t first, in
     for (size_t j = 0; j < window; ++j) out[i * window + j] = bytes_[start + j];
   }
   return {buffer.narrow(1, 0, seq_len).contiguous(), buffer.narrow(1, 1, seq_len).contiguous()};
+}
+
+TokenFiles parse_token_files(const std::string& data) {
+  TokenFiles t;
+  for (const auto& [prefix, width] : {std::pair<std::string, int64_t>{"tokens:", 2}, {"tokens32:", 4}}) {
+    if (data.rfind(prefix, 0) != 0) continue;
+    t.token_bytes = width;
+    std::string rest = data.substr(prefix.size());
+    for (size_t at = 0; at <= rest.size();) {
+      const size_t comma = rest.find(',', at);
+      const auto file = rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      if (file.empty())
+        throw Error(fmt::format("--data {}: an empty file name; give {}A.bin[,B.bin...]", data, prefix));
+      t.files.push_back(file);
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+  }
+  return t;
 }
 
 }  // namespace strata::examples

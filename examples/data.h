@@ -34,6 +34,14 @@ class TokenData {
   std::string description_;
 };
 
+// train_gpt --data: "tokens:A.bin[,B.bin...]" names flat uint16 token files, "tokens32:..." uint32
+// ones (runtime/data/token_dataset.h); anything else is a text file read as bytes (token_bytes 0).
+struct TokenFiles {
+  int64_t token_bytes = 0;
+  std::vector<std::string> files;
+};
+TokenFiles parse_token_files(const std::string& data);
+
 // One sentence of the synthetic language at a time (exposed for tests).
 std::string synthetic_text(uint64_t seed, size_t bytes);
 

@@ -18,7 +18,8 @@ namespace {
 const char* kUsage =
     "usage: train_gpt --config FILE [--model tiny|small|tiny-tied|tiny-zoo|tiny-moe|dense-350M|dense-1.3B|moe-8x|moe-ds]\n"
     "                 [--steps N] [--seed S] [--seq-len N] [--zero-init] [--host-init] [--print-config]\n"
-    "                 [--data FILE] [--metrics-jsonl FILE] [--device cpu|cuda]\n"
+    "                 [--data FILE|tokens:A.bin,...|tokens32:A.bin,...] [--metrics-jsonl FILE]\n"
+    "                 [--device cpu|cuda]\n"
     "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n"
     "                 [--applied-steps N]  (stop after N optimizer steps not skipped for overflow)\n"
     "                 [--activation-checkpointing none|every|every:K|selective]\n"

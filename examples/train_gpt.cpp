@@ -24,6 +24,7 @@
 
 #include "comm/env.h"
 #include "examples/data.h"
+#include "runtime/data/token_dataset.h"
 #include "examples/gpt.h"
 #include "examples/gpt_moe.h"
 #include "examples/train_args.h"
@@ -51,7 +52,13 @@ int64_t default_steps(const strata::Config& config) {
 
 int run(const strata::examples::TrainArgs& args) {
   using namespace strata::examples;
-  const auto data = args.data.empty() ? TokenData::synthetic() : TokenData::from_file(args.data);
+  // --data tokens:A.bin[,B.bin...] (uint16 ids) or tokens32:... (uint32): pre-tokenized files
+  // (runtime/data/token_dataset.h), sampled in one global order; else bytes of a text file, or the
+  // built-in synthetic language.
+  const auto token_files = parse_token_files(args.data);
+  std::optional<TokenData> text;
+  if (token_files.token_bytes == 0)
+    text.emplace(args.data.empty() ? TokenData::synthetic() : TokenData::from_file(args.data));
   torch::Device device = torch::kCPU;
   if (args.device == "cuda" || (args.device.empty() && torch::cuda::is_available())) {
     // One GPU per rank. strata-run shows each rank only its own GPU (cuda:0 then); launchers
@@ -111,6 +118,16 @@ int run(const strata::examples::TrainArgs& args) {
     po.min_numel = config.zero_optimization.stage3_param_persistence_threshold.value;
     init.partitioned_init = strata::zero::PartitionedInit::create(init.group, po);
   }
+  std::unique_ptr<strata::data::TokenDataset> tokens;
+  if (!text) {
+    strata::data::TokenDatasetOptions o;
+    o.files = token_files.files;
+    o.token_bytes = token_files.token_bytes;
+    o.seq_len = model_config.seq_len;
+    o.vocab_size = model_config.vocab;
+    o.seed = args.seed;
+    tokens = std::make_unique<strata::data::TokenDataset>(o);
+  }
   GPT model = make_gpt(model_config, config.moe, args.seed, init.group);
   if (init.partitioned_init) init.partitioned_init->finish();
   const auto moe_layers = strata::moe::moe_layers(*model);
@@ -136,7 +153,11 @@ int run(const strata::examples::TrainArgs& args) {
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
   strata::log::info("train_gpt: model {} ({:.2f}M parameters) on {}, data: {}", args.model,
-                    parameters / 1e6, device.str(), data.description());
+                    parameters / 1e6, device.str(),
+                    text ? text->description()
+                         : fmt::format("{} token file(s), {} samples of {} tokens per epoch",
+                                       token_files.files.size(), tokens->samples_per_epoch(),
+                                       model_config.seq_len));
   strata::log::info(
       "train_gpt: {} steps of {} samples ({} micro x {} accumulation x {} ranks) x {} tokens",
       steps, engine->train_batch_size(), micro, gas, world, model_config.seq_len);
@@ -150,14 +171,22 @@ int run(const strata::examples::TrainArgs& args) {
 
   // Resuming: the checkpoint restores the model, optimizer, schedule and loss scale; its client
   // state says which step's data comes next (batches are a function of the step).
+  // Token files: the position of step 0's first sample in the dataset's global order. A resume
+  // continues at the position the checkpoint saved, whatever the new batch layout.
+  const int64_t global_batch = micro * world * gas;
+  int64_t data_start = 0;
   int64_t first_step = 0;
   if (!args.resume.empty()) {
-    first_step = engine->load_checkpoint(args.resume).at("next_step").get<int64_t>();
+    const auto client = engine->load_checkpoint(args.resume);
+    first_step = client.at("next_step").get<int64_t>();
+    if (tokens && client.contains("data_position"))
+      data_start = client.at("data_position").get<int64_t>() - first_step * global_batch;
     strata::log::info("train_gpt: resumed from {} at step {}", args.resume, first_step);
   }
   auto save = [&](int64_t next_step) {
-    engine->save_checkpoint(args.save_dir, fmt::format("step{}", next_step),
-                            {{"next_step", next_step}, {"seed", args.seed}});
+    nlohmann::json client = {{"next_step", next_step}, {"seed", args.seed}};
+    if (tokens) client["data_position"] = data_start + next_step * global_batch;
+    engine->save_checkpoint(args.save_dir, fmt::format("step{}", next_step), client);
   };
 
   const auto start = Clock::now();
@@ -179,10 +208,21 @@ int run(const strata::examples::TrainArgs& args) {
     // gathered stage-3 units, gradient buckets in flight and the loss's chunks.
     const auto memory_before = strata::device_memory(device);
     strata::reset_device_memory_peak(device);
+    // Token files: the samples this rank read, in its micro-batches' order.
+    std::vector<int64_t> sample_ids;
     for (int64_t m = 0; m < gas; ++m) {
       // Sample j of the global batch is the same whatever the world: ranks take slices.
       const int64_t first = (m * world + rank) * micro;
-      auto batch = data.batch(args.seed, step, first, micro, model_config.seq_len);
+      TokenData::Batch batch;
+      if (tokens) {
+        auto b = tokens->batch(strata::data::TokenDataset::first_position(step, m, rank, world,
+                                                                          micro, gas, data_start),
+                               micro);
+        batch = {b.tokens, b.targets};
+        sample_ids.insert(sample_ids.end(), b.ids.begin(), b.ids.end());
+      } else {
+        batch = text->batch(args.seed, step, first, micro, model_config.seq_len);
+      }
       // The engine keys the gates' noise by this global micro-batch (its chunk m * world + rank
       // of the step's batch), so any world size and accumulation draws the same for the same
       // samples, resumed or not.
@@ -198,6 +238,22 @@ int run(const strata::examples::TrainArgs& args) {
       engine->backward(loss);
       engine->step();
       loss_sum += loss.detach();
+    }
+    // Token files: the step's samples in global order (rank r's micro-batch m at chunk
+    // m * world + r), for the metrics.
+    std::vector<int64_t> step_ids;
+    if (tokens) {
+      auto mine = torch::tensor(sample_ids, torch::kLong);
+      auto all = torch::empty({world, gas * micro}, torch::kLong);
+      if (auto& group = engine->data_parallel_group(); group && world > 1)
+        group->all_gather(all, mine);
+      else
+        all[0].copy_(mine);
+      step_ids.resize(size_t(global_batch));
+      for (int64_t r = 0; r < world; ++r)
+        for (int64_t m = 0; m < gas; ++m)
+          for (int64_t i = 0; i < micro; ++i)
+            step_ids[size_t((m * world + r) * micro + i)] = all[r][m * micro + i].item<int64_t>();
     }
     // The global batch's mean loss (ranks' means averaged): one host sync per optimizer step.
     if (auto& group = engine->data_parallel_group()) {
@@ -230,6 +286,7 @@ int run(const strata::examples::TrainArgs& args) {
                             {"step_time_s", step_s}, {"samples", engine->global_samples()}};
       if (!std::isnan(engine->last_grad_norm())) row["grad_norm"] = engine->last_grad_norm();
       row["loss_scale"] = engine->loss_scale();
+      if (tokens) row["sample_ids"] = step_ids;
       row["skipped"] = engine->last_step_skipped();
       row["skipped_steps"] = engine->skipped_steps();  // in all, since step 1
       row["model_state_bytes"] = engine->model_state_bytes().total();
