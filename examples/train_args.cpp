@@ -214,7 +214,10 @@ void check_flags_match_config(const nlohmann::json& doc, const TrainArgs& args,
 AutoValues auto_values(const TrainArgs& args, const GPTConfig& model) {
   AutoValues a;
   a.micro_batch_per_gpu = args.micro_batch;
-  a.gradient_accumulation_steps = args.grad_accum;
+  // Accumulation only when the command line names it: a config that writes train_batch_size
+  // with "auto" factors then derives it (train_batch_size / (micro x world)), where train_gpt's
+  // default of 1 would contradict the written batch size at most world sizes.
+  if (args.given.count("--grad-accum")) a.gradient_accumulation_steps = args.grad_accum;
   a.lr = args.lr;
   a.beta1 = args.beta1;
   a.beta2 = args.beta2;

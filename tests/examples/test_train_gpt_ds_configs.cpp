@@ -1,8 +1,10 @@
 // The real DeepSpeed configs in ../shared/ds-configs (issue #34): every one that `strata-config
 // check` accepts and that does not enable fp16 trains 2 steps of --model tiny on the CPU with
 // finite losses, run as its program would run it (train_gpt fills "auto" from its flags and
-// passes its AdamW where the config names none). Only NVMe paths are rewritten, to a scratch
-// folder. The folder missing is a failure, not a skip: the test would prove nothing.
+// passes its AdamW where the config names none, and derives the accumulation where the config
+// writes train_batch_size with "auto" factors and no --grad-accum is given). Only NVMe paths are
+// rewritten, to a scratch folder. The corpus lives beside the repository (../shared/ds-configs),
+// not in it: where it is absent (a clone on a user's machine) the test skips, saying so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -39,20 +41,12 @@ void point_nvme_at(json& doc, const std::string& folder) {
   }
 }
 
-// The batch flags a user of the config would pass: a written train_batch_size with "auto"
-// factors is met by accumulation (the HF Trainer requires the product to match too).
-std::string batch_flags(const json& doc) {
-  const auto is_auto = [&](const char* k) { return doc.contains(k) && doc[k] == json("auto"); };
-  if (!doc.contains("train_batch_size") || !doc["train_batch_size"].is_number_integer()) return "";
-  if (!is_auto("train_micro_batch_size_per_gpu") || !is_auto("gradient_accumulation_steps")) return "";
-  const int64_t t = doc["train_batch_size"].get<int64_t>();
-  const int64_t micro = t % 8 == 0 ? 8 : 1;
-  return " --micro-batch " + std::to_string(micro) + " --grad-accum " + std::to_string(t / micro);
-}
-
 TEST(DsConfigsTrain, EveryAcceptedNonFp16ConfigTrainsTwoSteps) {
   const fs::path corpus = fs::path(STRATA_SOURCE_DIR) / ".." / "shared" / "ds-configs";
-  ASSERT_TRUE(fs::is_directory(corpus)) << "no corpus at " << corpus << " (../shared/ds-configs)";
+  if (!fs::is_directory(corpus))
+    GTEST_SKIP() << "no corpus at " << corpus
+                 << ": the real DeepSpeed configs sit beside the repository (../shared/ds-configs), "
+                    "not in a clone of it";
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(corpus))
     if (e.path().extension() == ".json") files.push_back(e.path());
@@ -78,7 +72,7 @@ TEST(DsConfigsTrain, EveryAcceptedNonFp16ConfigTrainsTwoSteps) {
     std::ofstream(copy) << doc.dump(2);
     const fs::path metrics = scratch / "metrics.jsonl";
     const auto run = train_gpt_runs::run("--config '" + copy.string() + "' --model tiny --steps 2 --metrics-jsonl '" +
-                                         metrics.string() + "'" + batch_flags(doc));
+                                         metrics.string() + "'");
     const auto known = kKnownRefusals.find(name);
     if (known != kKnownRefusals.end()) {
       ++refused;

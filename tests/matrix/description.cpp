@@ -182,6 +182,9 @@ Description generate(uint64_t seed, int max_world) {
     if (d.top_k == 1 && pad_rng.chance(50)) d.moe_padding = pad_rng.pick<int>({1, 8, 32});
     if (pad_rng.chance(50)) d.expert_kernel = "grouped";
   }
+  // Token files (issue 66), a stream of their own.
+  Rng data_rng{seed * 0x94d049bb133111ebull + 0x66};
+  d.token_data = data_rng.chance(25);
   return d;
 }
 
@@ -210,7 +213,8 @@ nlohmann::json to_json(const Description& d) {
           {"max_reuse_distance", d.max_reuse_distance}, {"sub_group_size", d.sub_group_size},
           {"top_k", d.top_k}, {"capacity_factor", d.capacity_factor},
           {"drop_tokens", d.drop_tokens}, {"noisy_gate_policy", d.noisy_gate_policy},
-          {"moe_padding", d.moe_padding}, {"expert_kernel", d.expert_kernel}};
+          {"moe_padding", d.moe_padding}, {"expert_kernel", d.expert_kernel},
+          {"token_data", d.token_data}};
 }
 
 Description from_json(const nlohmann::json& j) {
@@ -260,6 +264,7 @@ Description from_json(const nlohmann::json& j) {
   d.noisy_gate_policy = j.value("noisy_gate_policy", def.noisy_gate_policy);
   d.moe_padding = j.value("moe_padding", def.moe_padding);
   d.expert_kernel = j.value("expert_kernel", def.expert_kernel);
+  d.token_data = j.value("token_data", def.token_data);
   return d;
 }
 
@@ -292,6 +297,7 @@ std::string summary(const Description& d) {
       << " " << d.noisy_gate_policy << (d.moe_padding ? " pad" + std::to_string(d.moe_padding) : "")
       << (d.expert_kernel.empty() ? "" : " " + d.expert_kernel);
   if (d.sub_group_size) s << " sub=" << d.sub_group_size;
+  if (d.token_data) s << " tokens";
   return s.str();
 }
 
@@ -299,7 +305,7 @@ int64_t complexity(const Description& d) {
   int64_t c = d.steps + d.micro + d.per_step + 10 * int64_t(d.phases.size());
   c += d.model == "tiny" ? 0 : d.model == "tiny-tied" || d.model == "tiny-zoo" ? 1 : 3;
   c += d.dtype == "fp32" ? 0 : 2;
-  c += d.dropout + d.masked + (d.moe_padding != 0) + !d.expert_kernel.empty();
+  c += d.dropout + d.masked + (d.moe_padding != 0) + !d.expert_kernel.empty() + d.token_data;
   c += d.optimizer == "AdamW" ? 0 : 1;
   c += d.scheduler == "none" ? 0 : 1;
   c += d.clip == 0.0 ? 0 : 1;
@@ -341,6 +347,7 @@ std::vector<Description> simplifications(const Description& d) {
         p.ep_size = 1, p.expert_unit = 0, p.expert_window = 0, p.exchange_chunks = 0;
     });
   if (d.dtype != "fp32") with([](Description& s) { s.dtype = "fp32"; });
+  if (d.token_data) with([](Description& s) { s.token_data = false; });
   if (d.dropout) with([](Description& s) { s.dropout = false; });
   if (d.masked) with([](Description& s) { s.masked = false; });
   if (d.optimizer != "AdamW") with([](Description& s) { s.optimizer = "AdamW"; });

@@ -81,6 +81,10 @@ struct Description {
   // packed routes run at ep_size 1 in place of the padded buffer). The oracle runs the default
   // kernel, so the two paths are held against each other.
   std::string expert_kernel = "";
+  // train_gpt --data tokens:FILE (issue 66): a uint16 token file the runner writes from the seed,
+  // sampled in the dataset's global order (the oracle reads the same file); false: the built-in
+  // synthetic language.
+  bool token_data = false;
 };
 
 nlohmann::json to_json(const Description& d);

@@ -282,6 +282,27 @@ Runner::Runner(RunnerOptions options) : o_(std::move(options)) {
   capture("mkdir -p '" + o_.work + "/oracle' '" + o_.work + "/nvme'");
 }
 
+// 30,000 uint16 ids below the tiny models' vocabulary of 256, drawn from the seed: the same file
+// for a description and its oracle.
+std::string Runner::token_file(uint64_t seed) const {
+  const std::string path = o_.work + "/tokens_" + std::to_string(seed) + ".bin";
+  std::ifstream exists(path);
+  if (exists) return path;
+  const std::string part = path + ".part";
+  {
+    std::ofstream out(part, std::ios::binary);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int i = 0; i < 30000; ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+      const unsigned id = unsigned(x % 256);
+      out.put(char(id & 0xff));
+      out.put(char(id >> 8));
+    }
+  }
+  std::rename(part.c_str(), path.c_str());
+  return path;
+}
+
 Runner::Launch Runner::launch(const Description& d, const Phase& p, int index,
                               const std::string& folder, const std::string& jsonl,
                               const std::string& extra) {
@@ -298,6 +319,7 @@ Runner::Launch Runner::launch(const Description& d, const Phase& p, int index,
       << (p.checkpointing.empty() ? "" : " --activation-checkpointing " + p.checkpointing);
   if (d.model == "tiny-moe" && d.moe_padding > 0) cmd << " --moe-padding " << d.moe_padding;
   if (d.model == "tiny-moe" && !d.expert_kernel.empty()) cmd << " --expert-kernel " << d.expert_kernel;
+  if (d.token_data) cmd << " --data tokens:" << token_file(d.seed);
   cmd << extra;
   const auto r = capture(cmd.str());
   std::ofstream(folder + "/phase" + std::to_string(index) + ".log") << cmd.str() << "\n" << r.output;

@@ -68,6 +68,7 @@ class Runner {
     std::string command;
   };
   Verdict run_against_reference(const Description& d);
+  std::string token_file(uint64_t seed) const;  // the description's token file (token_data)
   Launch launch(const Description& d, const Phase& p, int index, const std::string& folder,
                 const std::string& jsonl, const std::string& extra);
   // The rows of d's reference (reference_of), run once per distinct one (cached under

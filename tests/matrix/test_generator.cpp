@@ -311,4 +311,21 @@ TEST(MatrixGenerator, DrawsTheExchangeChunksUnderExpertParallelism) {
   EXPECT_GT(with_checkpointing, 10);
 }
 
+// Token files (issue 66): a quarter of the descriptions read a token file, of every model.
+TEST(MatrixGenerator, DrawsTokenFileData) {
+  std::set<std::string> models;
+  int with = 0;
+  for (uint64_t s = 0; s < 1000; ++s) {
+    const auto d = generate(s, 4);
+    if (!d.token_data) continue;
+    ++with;
+    models.insert(d.model);
+    EXPECT_NE(summary(d).find("tokens"), std::string::npos);
+    EXPECT_EQ(to_json(from_json(to_json(d))), to_json(d));
+  }
+  EXPECT_GT(with, 150);
+  EXPECT_LT(with, 350);
+  EXPECT_EQ(models.size(), 4u);
+}
+
 }  // namespace
