@@ -35,10 +35,11 @@ tools=$(cd "$prefix/bin" && ls | sort | tr '\n' ' ')
 if found=$(cd "$prefix" && find . -type f \( -name '*test*' -o -name '*gtest*' \) | grep .); then
   fail "the installed tree holds test files: $found"
 fi
-# Every installed header is reached from <strata/strata.h> through quoted includes.
+# Every installed header is reached from <strata/strata.h> or <strata/models.h> through quoted
+# includes.
 inc=$prefix/include
 declare -A reached=()
-todo=("strata/strata.h")
+todo=("strata/strata.h" "strata/models.h")
 while ((${#todo[@]})); do
   h=${todo[0]}; todo=("${todo[@]:1}")
   [[ -n "${reached[$h]:-}" ]] && continue
@@ -51,9 +52,9 @@ while ((${#todo[@]})); do
   done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$file")
 done
 while read -r h; do
-  [[ -n "${reached[$h]:-}" ]] || fail "include/$h is installed but <strata/strata.h> does not need it"
+  [[ -n "${reached[$h]:-}" ]] || fail "include/$h is installed but neither <strata/strata.h> nor <strata/models.h> needs it"
 done < <(cd "$inc" && find . -type f | sed 's|^\./||')
-echo "installed tree: ${#reached[@]} headers, all reached from <strata/strata.h>; tools: $tools"
+echo "installed tree: ${#reached[@]} headers, all reached from <strata/strata.h> and <strata/models.h>; tools: $tools"
 [[ -f "$prefix/lib/cmake/Strata/StrataConfig.cmake" || -f "$prefix/lib64/cmake/Strata/StrataConfig.cmake" ]] ||
   fail "no StrataConfig.cmake"
 

@@ -22,7 +22,7 @@ const std::string kSecret = "hostile-peers-test-secret-0123456789";
 std::vector<std::string> train_gpt_job(const std::string& metrics, int port) {
   return {"--nproc-per-node", "2", "--master-port", std::to_string(port), "--", kTrainGpt,
           "--device", "cpu", "--model", "tiny", "--config",
-          std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json", "--steps", "40", "--seed",
+          std::string(STRATA_SOURCE_DIR) + "/configs/gpt_tiny_dp.json", "--steps", "150", "--seed",
           "3", "--metrics-jsonl", metrics};
 }
 
@@ -84,7 +84,7 @@ TEST(StoreUnderAttack, TwoRankTrainGptEndsWithTheLossesOfAnUndisturbedRun) {
   Finished quiet = run_launcher(train_gpt_job(dir + "/quiet.jsonl", free_port()), env, 300);
   ASSERT_EQ(quiet.code, 0) << quiet.out << quiet.err;
   const std::vector<std::string> reference = metrics_losses(dir + "/quiet.jsonl");
-  ASSERT_EQ(reference.size(), 40u);
+  ASSERT_EQ(reference.size(), 150u);
 
   const int port = free_port();
   LauncherProcess launcher(train_gpt_job(dir + "/attacked.jsonl", port), env);
@@ -97,9 +97,11 @@ TEST(StoreUnderAttack, TwoRankTrainGptEndsWithTheLossesOfAnUndisturbedRun) {
   Finished r = launcher.wait(300);
   attacker.join();
   std::printf("hostile peers: came after step 1, silent client dropped after %.2f s, all "
-              "dropped by step %zu of 40; the job took %.1f s\n",
+              "dropped by step %zu of 150; the job took %.1f s\n",
               a.silent_seconds, steps_by_then, r.seconds);
-  EXPECT_LT(steps_by_then, 40u) << "the job had ended: the peers did not meet a running job";
+  // Long enough that the peers meet a running job on a 16-core machine too (40 steps ended
+  // before the last peer was dropped there).
+  EXPECT_LT(steps_by_then, 150u) << "the job had ended: the peers did not meet a running job";
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(metrics_losses(dir + "/attacked.jsonl"), reference);
   ASSERT_TRUE(a.reached);

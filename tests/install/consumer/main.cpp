@@ -1,8 +1,13 @@
 // The README's ten lines around a plain LibTorch model: fits y = x·w with a small MLP for 20
 // steps and exits 0 when the loss fell (mean of the last five steps below half the first five).
+// Then a one-layer Llama from a config.json text through <strata/models.h> (the installed
+// models library links and runs): one forward's loss is finite.
 //   consumer CONFIG.json
+#include <strata/models.h>
 #include <strata/strata.h>
 #include <torch/torch.h>
+
+#include <cmath>
 
 #include <cstdio>
 
@@ -42,6 +47,16 @@ int main(int argc, char** argv) {
       std::printf("step %2lld loss %.4f\n", static_cast<long long>(step + 1), l);
     }
     std::printf("loss %.4f -> %.4f over %lld steps\n", first, last, static_cast<long long>(steps));
+    const auto llama = strata::models::parse_hf_config(
+        nlohmann::json::parse(R"({"model_type": "llama", "vocab_size": 32, "hidden_size": 16,
+                                  "intermediate_size": 32, "num_hidden_layers": 1,
+                                  "num_attention_heads": 2, "num_key_value_heads": 1})"),
+        "consumer's llama");
+    strata::models::CausalLM lm(llama);
+    const auto ids = torch::randint(0, 32, {2, 8});
+    const double lm_loss = lm->forward(ids, ids).item<double>();
+    std::printf("llama: loss %.4f\n", lm_loss);
+    if (!std::isfinite(lm_loss)) return 1;
     return last < 0.5 * first ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "consumer: error: %s\n", e.what());
