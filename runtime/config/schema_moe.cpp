@@ -86,8 +86,8 @@ Block make_moe() {
                 "those ahead)");
   b.add(&MoeConfig::exchange_chunks, "exchange_chunks")
       .min(1)
-      .describe("Expert parallelism: the exchanges each layer's routed rows are cut into (by local experts), "
-                "each overlapping the other chunks' experts on a GPU; 1: one exchange each way");
+      .describe("Expert parallelism: exchanges a layer's routed rows are cut into (by local experts), each "
+                "overlapping other chunks' experts");
   Block block = b.build();
   block.finish = [](void* obj, Ctx& ctx, const std::string& path) {
     auto& m = *static_cast<MoeConfig*>(obj);

@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "../sanitized.h"
 #include "train_gpt_runs.h"
 
 namespace {
@@ -295,7 +296,9 @@ TEST(TrainGptMoE, DeepSeekRouterGivesOneRanksLossesAtEveryEpSize) {
 // ep_size 2, stages 2 and 3, drops and dropless, and the DeepSeek-style router: one rank's losses.
 TEST(TrainGptMoE, ChunkedExchangeWithCheckpointingGivesOneRanksLosses) {
   const std::string ac = "--activation-checkpointing every";
+  // Under a sanitizer (CI's suite, 3-25x slower) drops only, and the DeepSeek router at ep 2.
   for (const bool drop : {true, false}) {
+    if (strata::test::kSanitized && !drop) continue;
     const std::string tag = drop ? "xc_drop" : "xc_nodrop";
     const auto one = train(1, moe_config(1, drop, 0), tag + "_ep1");
     for (const auto& [ep, stage] : {std::pair{2, 2}, std::pair{2, 3}, std::pair{4, 3}}) {
@@ -308,6 +311,7 @@ TEST(TrainGptMoE, ChunkedExchangeWithCheckpointingGivesOneRanksLosses) {
   }
   const auto one = train(1, deepseek_config(1, 2), "xc_ds_ep1");
   for (const int ep : {2, 4}) {
+    if (strata::test::kSanitized && ep == 4) continue;
     auto c = deepseek_config(ep, 3);
     c["moe"]["exchange_chunks"] = 2;
     expect_same_losses(one, train(ep, c, "xc_ds_ep" + std::to_string(ep), ac),
