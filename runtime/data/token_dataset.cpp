@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include <fmt/format.h>
 
@@ -34,6 +35,58 @@ uint64_t feistel(uint64_t x, int h, uint64_t key) {
     right = next;
   }
   return (left << h) | right;
+}
+
+// Megatron-LM's indexed dataset (megatron/core/datasets/indexed_dataset.py): PREFIX.bin holds the
+// tokens, PREFIX.idx = "MMIDIDX\0\0", u64 version 1, u8 dtype code, u64 sequences, u64 documents,
+// i32 lengths[sequences], i64 byte pointers[sequences], i64 document indices[documents]. Checked
+// against its .bin: the width its dtype names, pointers that follow the lengths, lengths that
+// cover the .bin exactly. The tokens are then read as any flat file (documents concatenated, as
+// Megatron's GPT dataset samples across them).
+void check_megatron_index(const std::string& idx, const std::string& bin, int64_t bin_bytes,
+                          int64_t token_bytes) {
+  std::ifstream in(idx, std::ios::binary);
+  if (!in) throw Error(fmt::format("token dataset: {}: cannot open the index", idx));
+  auto fail = [&](const std::string& what) {
+    throw Error(fmt::format("token dataset: {} does not match {}: {}", idx, bin, what));
+  };
+  char magic[9];
+  uint64_t version = 0, sequences = 0, documents = 0;
+  uint8_t code = 0;
+  in.read(magic, 9);
+  if (!in || std::string(magic, 9) != std::string("MMIDIDX\0\0", 9))
+    fail("no Megatron index header (MMIDIDX) at byte offset 0");
+  in.read(reinterpret_cast<char*>(&version), 8);
+  in.read(reinterpret_cast<char*>(&code), 1);
+  in.read(reinterpret_cast<char*>(&sequences), 8);
+  in.read(reinterpret_cast<char*>(&documents), 8);
+  if (!in) fail("the header is truncated (before byte offset 34)");
+  if (version != 1) fail(fmt::format("index version {} (byte offset 9); version 1 is read", version));
+  // Megatron's DType codes: 8 uint16, 4 int32 (token ids); others are not token widths here.
+  const int64_t width = code == 8 ? 2 : code == 4 ? 4 : 0;
+  if (width == 0) fail(fmt::format("dtype code {} (byte offset 17): token files are uint16 (8) or int32 (4)", code));
+  if (width != token_bytes)
+    fail(fmt::format("its dtype is {}-byte tokens, the dataset reads {}-byte ones", width, token_bytes));
+  struct stat st {};
+  const int64_t need = 34 + int64_t(sequences) * 12 + int64_t(documents) * 8;
+  if (::stat(idx.c_str(), &st) != 0 || int64_t(st.st_size) < need || sequences > (uint64_t{1} << 40))
+    fail(fmt::format("{} sequences and {} documents need {} bytes of index; it has {}", sequences,
+                     documents, need, int64_t(st.st_size)));
+  std::vector<int32_t> lengths(sequences);
+  std::vector<int64_t> pointers(sequences);
+  in.read(reinterpret_cast<char*>(lengths.data()), std::streamsize(sequences * 4));
+  in.read(reinterpret_cast<char*>(pointers.data()), std::streamsize(sequences * 8));
+  if (!in) fail("the index is truncated in its arrays");
+  int64_t at = 0;
+  for (uint64_t i = 0; i < sequences; ++i) {
+    if (lengths[i] < 0 || pointers[i] != at)
+      fail(fmt::format("sequence {} (index byte offset {}) starts at byte {} of {} where the lengths "
+                       "before it end at byte {}", i, 34 + sequences * 4 + i * 8, pointers[i], bin,
+                       at));
+    at += int64_t(lengths[i]) * width;
+  }
+  if (at != bin_bytes)
+    fail(fmt::format("its sequences cover {} bytes, {} has {}", at, bin, bin_bytes));
 }
 
 }  // namespace
@@ -75,6 +128,12 @@ TokenDataset::TokenDataset(TokenDatasetOptions options) : options_(std::move(opt
                               "offset {}", path, f->size, o.token_bytes,
                               f->size - f->size % o.token_bytes));
     f->tokens = f->size / o.token_bytes;
+    // A Megatron index beside a .bin (PREFIX.idx): checked against it.
+    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0) {
+      const auto idx = path.substr(0, path.size() - 4) + ".idx";
+      struct stat is {};
+      if (::stat(idx.c_str(), &is) == 0) check_megatron_index(idx, path, f->size, o.token_bytes);
+    }
     if (f->size > 0) {
       f->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (f->fd < 0) throw Error(fmt::format("token dataset: {}: {}", path, std::strerror(errno)));

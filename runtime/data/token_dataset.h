@@ -20,6 +20,10 @@
 // r holds the batch's chunk m * world + r), so a run's data does not depend on the number of ranks,
 // the micro-batch or the accumulation, and a resume continues at the position it saved.
 //
+// Megatron-LM's preprocessed data (PREFIX.bin with PREFIX.idx): a .idx beside a .bin is read and
+// held against it (dtype, pointers, lengths covering the .bin exactly); the tokens are then read as
+// a flat file (documents concatenated, as Megatron's GPT dataset samples across them).
+//
 // Bad files are refused by name and byte offset: a size that is not a multiple of the token width,
 // a file too short for one sample (with every file so), an id at or above vocab_size (checked as
 // each sample is read: the message names the file and the byte offset of the id).

@@ -194,4 +194,52 @@ TEST_F(TokenFiles, BadFilesAreRefusedByNameAndOffset) {
   EXPECT_NE(refusal(o).find("token width"), std::string::npos);
 }
 
+// Megatron-LM's PREFIX.idx beside PREFIX.bin: read and held against the .bin.
+std::string megatron_index(const std::vector<int32_t>& lengths, uint8_t code, int width,
+                           int64_t shift_pointer = -1) {
+  std::string out("MMIDIDX\0\0", 9);
+  auto put = [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  const uint64_t version = 1, sequences = lengths.size(), documents = lengths.size() + 1;
+  put(&version, 8);
+  put(&code, 1);
+  put(&sequences, 8);
+  put(&documents, 8);
+  put(lengths.data(), lengths.size() * 4);
+  int64_t at = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int64_t p = int64_t(i) == shift_pointer ? at + width : at;
+    put(&p, 8);
+    at += int64_t(lengths[i]) * width;
+  }
+  for (uint64_t d = 0; d < documents; ++d) {
+    const int64_t v = int64_t(d);
+    put(&v, 8);
+  }
+  return out;
+}
+
+TEST_F(TokenFiles, AMegatronIndexBesideItsBinIsHeldAgainstIt) {
+  TokenDatasetOptions o;
+  o.seq_len = 16;
+  o.files = {write("corpus.bin", 350, 2)};
+  const auto idx = dir_ + "/corpus.idx";
+  written_.push_back(idx);
+  auto with_index = [&](const std::string& bytes) {
+    std::ofstream(idx, std::ios::binary) << bytes;
+    return refusal(o);
+  };
+  EXPECT_EQ(with_index(megatron_index({100, 200, 50}, 8, 2)), "");
+  auto m = with_index(megatron_index({100, 200, 50}, 4, 4));  // int32 for uint16 data
+  EXPECT_NE(m.find("corpus.idx does not match"), std::string::npos) << m;
+  EXPECT_NE(m.find("4-byte tokens"), std::string::npos) << m;
+  m = with_index(megatron_index({100, 200, 49}, 8, 2));  // one token short of the .bin
+  EXPECT_NE(m.find("cover 698 bytes"), std::string::npos) << m;
+  m = with_index(megatron_index({100, 200, 50}, 8, 2, /*shift_pointer=*/1));
+  EXPECT_NE(m.find("sequence 1"), std::string::npos) << m;
+  m = with_index("MMIDIDX");  // truncated
+  EXPECT_NE(m.find("byte offset 0"), std::string::npos) << m;
+  m = with_index(megatron_index({100, 200, 50}, 8, 2).substr(0, 60));  // arrays cut off
+  EXPECT_NE(m.find("need"), std::string::npos) << m;
+}
+
 }  // namespace
