@@ -332,6 +332,7 @@ TEST(MoeExchange, ExactlyTheRoutedRowsTravelAtEpSizesTwoAndFour) {
 TEST(MoeExchange, ExpertsAndRanksThatReceiveNothing) {
   for (const int ep : {2, 4})
     for (const bool drop : {true, false}) {
+      if (kSanitized && ep == 2) continue;  // CI's sanitized suite: ep 4 (three idle ranks)
       auto r = run_exchange(ep, 2, drop, 2, /*skew=*/true);
       EXPECT_TRUE(r.all_ok()) << "ep " << ep << " drop " << drop << ": " << r.report();
     }
