@@ -68,7 +68,7 @@ OpProfile::~OpProfile() {
   if (g_spans == &state_->spans) g_spans = nullptr;
 }
 
-void OpProfile::print(int top, int steps) {
+double OpProfile::print(int top, int steps, double wall_ms) {
   at::removeCallback(state_->handle);
   state_->handle = 0;
   {
@@ -76,12 +76,28 @@ void OpProfile::print(int top, int steps) {
     g_spans = nullptr;
   }
   std::map<std::string, std::pair<double, int64_t>> by_name;
+  std::vector<std::pair<double, double>> intervals;  // ms after the first op's start
   for (const auto& s : state_->spans) {
     s.end->synchronize();
     auto& entry = by_name[s.name];
     entry.first += s.start->elapsed_time(*s.end);
     entry.second += 1;
+    const auto& origin = *state_->spans.front().start;
+    intervals.emplace_back(origin.elapsed_time(*s.start), origin.elapsed_time(*s.end));
   }
+  // The union of the intervals: the time some recorded op was running.
+  std::sort(intervals.begin(), intervals.end());
+  double busy = 0, lo = 0, hi = -1;
+  for (const auto& [a, b] : intervals) {
+    if (a > hi) {
+      if (hi > lo) busy += hi - lo;
+      lo = a;
+      hi = b;
+    } else {
+      hi = std::max(hi, b);
+    }
+  }
+  if (hi > lo) busy += hi - lo;
   std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(by_name.begin(), by_name.end());
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
@@ -89,6 +105,11 @@ void OpProfile::print(int top, int steps) {
   for (int i = 0; i < top && i < static_cast<int>(rows.size()); ++i)
     std::printf("  %9.3f ms %7.1f  %s\n", rows[i].second.first / steps,
                 double(rows[i].second.second) / steps, rows[i].first.c_str());
+  if (wall_ms <= 0) return -1;
+  const double idle = std::max(0.0, 1.0 - busy / wall_ms);
+  std::printf("GPU busy %.1f of %.1f ms per step: idle share %.3f\n", busy / steps, wall_ms / steps,
+              idle);
+  return idle;
 }
 
 #else
@@ -96,7 +117,10 @@ void OpProfile::print(int top, int steps) {
 struct OpProfile::State {};
 OpProfile::OpProfile() = default;
 OpProfile::~OpProfile() = default;
-void OpProfile::print(int, int) { std::printf("op profile: GPU builds only\n"); }
+double OpProfile::print(int, int, double) {
+  std::printf("op profile: GPU builds only\n");
+  return -1;
+}
 
 #endif
 

@@ -15,7 +15,11 @@ class OpProfile {
   OpProfile();  // starts recording
   ~OpProfile();
   // Stops recording, waits for the device, prints the `top` names by total time (ms) per step.
-  void print(int top, int steps);
+  // Given the wall time the profiled steps took (ms, device synchronized at both ends), also
+  // prints and returns the share of it the GPU ran none of the recorded ops: the union of the
+  // ops' intervals is the time it was busy (ops on other streams, NCCL's and the offloaded
+  // step's copies, are not counted as work). Returns -1 where there is no GPU.
+  double print(int top, int steps, double wall_ms = 0);
 
  private:
   struct State;

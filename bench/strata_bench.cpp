@@ -351,10 +351,15 @@ int run(const Args& args) {
   for (const auto& l : losses) loss_values.push_back(l.item<double>());
   r["losses"] = loss_values;
   if (args.profile > 0 && engine->data_parallel_rank() == 0) {
+    synchronize(device);
+    const auto t0 = std::chrono::steady_clock::now();
     strata::bench::OpProfile profile;
     for (int64_t i = 0; i < args.profile; ++i) step();
     synchronize(device);
-    profile.print(40, static_cast<int>(args.profile));
+    const double wall_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double idle = profile.print(40, static_cast<int>(args.profile), wall_ms);
+    if (idle >= 0) r["gpu_idle_share"] = idle;
   } else if (args.profile > 0) {
     for (int64_t i = 0; i < args.profile; ++i) step();
   }

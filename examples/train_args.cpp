@@ -22,6 +22,7 @@ const char* kUsage =
     "                 [--device cpu|cuda]\n"
     "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n"
     "                 [--applied-steps N]  (stop after N optimizer steps not skipped for overflow)\n"
+    "                 [--state-digest]  (metrics: a hash of each rank's optimizer state per step)\n"
     "                 [--activation-checkpointing none|every|every:K|selective]\n"
     "                 [--moe-padding K]  (MoE: the last K positions of each sequence take no expert)\n"
     "                 [--expert-kernel auto|batched|grouped]  (the MoE experts' kernel)\n"
@@ -102,6 +103,10 @@ TrainArgs parse_train_args(int argc, char** argv) {
     }
     if (flag == "--print-config") {
       args.print_config = true;
+      continue;
+    }
+    if (flag == "--state-digest") {
+      args.state_digest = true;
       continue;
     }
     if (i + 1 >= argc) throw Error(fmt::format("{}: missing value\n{}", flag, kUsage));

@@ -44,6 +44,10 @@ struct TrainArgs {
   bool zero_init = false;          // build the model in shards (stage 3)
   bool host_init = false;          // build it in host memory; the engine moves it (InitOptions::device)
   bool print_config = false;       // print the resolved config, as DeepSpeed logs it
+  // Metrics: "state_digest", each rank's hash of its optimizer's parameters (the fp32 master
+  // where there is one) and state after the step: two runs that must train alike compare bit
+  // for bit (the speculative offloaded step against the synchronous one, tests).
+  bool state_digest = false;
   // Stop once this many optimizer steps have been applied in all (steps skipped for an fp16
   // gradient overflow do not count); --steps still bounds the run.
   std::optional<int64_t> applied_steps;

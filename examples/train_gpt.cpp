@@ -29,6 +29,7 @@
 #include "examples/gpt_moe.h"
 #include "examples/train_args.h"
 #include "runtime/log.h"
+#include "runtime/optim/state_io.h"
 
 namespace {
 
@@ -39,6 +40,25 @@ std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
   return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
                    : fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+// --state-digest: FNV-1a over the bytes of every parameter the optimizer steps (the fp32 master
+// under ZeRO) and of its state tensors, in order.
+uint64_t state_digest(const torch::optim::Optimizer& optimizer) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const torch::Tensor& t) {
+    const auto c = t.detach().to(torch::kCPU).contiguous();
+    const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+    for (size_t i = 0, n = size_t(c.numel()) * c.element_size(); i < n; ++i)
+      h = (h ^ p[i]) * 1099511628211ull;
+  };
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) {
+      mix(p);
+      if (const auto state = strata::optim::export_param_state(optimizer, p))
+        for (const auto& [name, t] : state->tensors) mix(t);
+    }
+  return h;
 }
 
 // Steps to run when --steps is not given: the schedule's length when it has one.
@@ -279,6 +299,21 @@ int run(const strata::examples::TrainArgs& args) {
         format_duration(elapsed / (step + 1 - first_step) * (steps - step - 1))));
     engine->write_monitor_events(
         {{"Train/Samples/tokens_per_s", tokens_per_s, engine->global_samples()}});
+    // --state-digest: every rank's hash, gathered (a collective: every rank takes part).
+    std::vector<std::string> digests;
+    if (args.state_digest) {
+      uint64_t h = state_digest(engine->optimizer());
+      if (auto* experts = engine->expert_optimizer()) h = h * 1099511628211ull ^ state_digest(*experts);
+      auto mine = torch::tensor({static_cast<int64_t>(h)}, torch::kLong).to(device);
+      auto all = torch::empty({world}, torch::kLong).to(device);
+      if (auto& group = engine->data_parallel_group(); group && world > 1)
+        group->all_gather(all, mine);
+      else
+        all.copy_(mine);
+      const auto host = all.cpu();
+      for (int64_t r = 0; r < world; ++r)
+        digests.push_back(fmt::format("{:016x}", static_cast<uint64_t>(host[r].item<int64_t>())));
+    }
     if (metrics.is_open()) {
       nlohmann::json row = {{"step", step + 1},      {"loss", loss},
                             {"lr", lr},              {"lrs", lrs},
@@ -287,9 +322,15 @@ int run(const strata::examples::TrainArgs& args) {
       if (!std::isnan(engine->last_grad_norm())) row["grad_norm"] = engine->last_grad_norm();
       row["loss_scale"] = engine->loss_scale();
       if (tokens) row["sample_ids"] = step_ids;
+      if (args.state_digest) row["state_digest"] = digests;
       row["skipped"] = engine->last_step_skipped();
       row["skipped_steps"] = engine->skipped_steps();  // in all, since step 1
       row["model_state_bytes"] = engine->model_state_bytes().total();
+      if (const auto* t = engine->last_offload_times(); t && t->speculated > 0) {
+        // super_offload: steps begun during backward, and those redone or dropped after it.
+        row["speculated_steps"] = t->speculated;
+        row["redone_steps"] = t->redone;
+      }
       row["live_param_bytes_peak"] = engine->live_param_bytes_peak();
       if (const auto m = strata::device_memory(device); m && memory_before)
         row["activation_bytes_peak"] = m->peak - memory_before->allocated;  // CUDA only

@@ -154,21 +154,54 @@ inline void store_scalar(void* out, int64_t i, float value) {
   if constexpr (T == int(Float::kF16)) static_cast<uint16_t*>(out)[i] = f32_to_f16(value);
 }
 
+// The step reads p, m, v from `in` and writes them to `out` (the same arrays for a step in place;
+// apart for the speculative step, zero/speculative_step.h, which keeps the old state).
+struct Arrays {
+  const float *pi, *mi, *vi;
+  float *po, *mo, *vo;
+};
+
 template <int G, int O>
-void scalar_range(float* p, float* m, float* v, const void* g, void* out, int64_t begin,
-                  int64_t end, const AdamScalars& s) {
+void scalar_range(const Arrays& a, const void* g, void* out, int64_t begin, int64_t end,
+                  const AdamScalars& s) {
   for (int64_t i = begin; i < end; ++i) {
-    optim::adam_update(p[i], m[i], v[i], load_scalar<G>(g, i), s);
-    if constexpr (O != kNoOut) store_scalar<O>(out, i, p[i]);
+    float p = a.pi[i], m = a.mi[i], v = a.vi[i];
+    optim::adam_update(p, m, v, load_scalar<G>(g, i), s);
+    a.po[i] = p, a.mo[i] = m, a.vo[i] = v;
+    if constexpr (O != kNoOut) store_scalar<O>(out, i, p);
+  }
+}
+
+// The vector paths' last elements, one at a time with the vector lanes' operations (fused
+// multiply-adds where they use them): an element's result does not depend on where a range
+// ends, so a partition stepped in other pieces (a bucket's chunk at a time) gets the same bits.
+template <int G, int O>
+__attribute__((target("fma"))) void fma_range(const Arrays& a, const void* g, void* out,
+                                              int64_t begin, int64_t end, const AdamScalars& s) {
+  const bool decays = s.weight_decay != 0.f;
+  for (int64_t i = begin; i < end; ++i) {
+    float gv = load_scalar<G>(g, i) * s.grad_scale;
+    float p = a.pi[i], m = a.mi[i], v = a.vi[i];
+    if (decays) {
+      if (s.adam_w_mode)
+        p = p * s.decay_factor;
+      else
+        gv = __builtin_fmaf(s.weight_decay, p, gv);
+    }
+    m = __builtin_fmaf(m, s.beta1, gv * s.one_minus_beta1);
+    v = __builtin_fmaf(v, s.beta2, s.one_minus_beta2 * (gv * gv));
+    const float denom = __builtin_sqrtf(v) / s.sqrt_c2 + s.eps;
+    p = __builtin_fmaf(-s.step_size, m / denom, p);
+    a.po[i] = p, a.mo[i] = m, a.vo[i] = v;
+    if constexpr (O != kNoOut) store_scalar<O>(out, i, p);
   }
 }
 
 // --- AVX2 + FMA: 8 elements ---------------------------------------------------------------------
 
 template <int G, int O>
-__attribute__((target("avx2,fma,f16c"))) void avx2_range(float* p, float* m, float* v,
-                                                          const void* g, void* out,
-                                                          int64_t begin, int64_t end,
+__attribute__((target("avx2,fma,f16c"))) void avx2_range(const Arrays& a, const void* g,
+                                                          void* out, int64_t begin, int64_t end,
                                                           const AdamScalars& s) {
   const __m256 gs = _mm256_set1_ps(s.grad_scale), b1 = _mm256_set1_ps(s.beta1),
                omb1 = _mm256_set1_ps(s.one_minus_beta1), b2 = _mm256_set1_ps(s.beta2),
@@ -190,7 +223,7 @@ __attribute__((target("avx2,fma,f16c"))) void avx2_range(float* p, float* m, flo
         gv = _mm256_cvtph_ps(h);
     }
     gv = _mm256_mul_ps(gv, gs);
-    __m256 pv = _mm256_loadu_ps(p + i), mv = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
+    __m256 pv = _mm256_loadu_ps(a.pi + i), mv = _mm256_loadu_ps(a.mi + i), vv = _mm256_loadu_ps(a.vi + i);
     if (decays) {
       if (adam_w)
         pv = _mm256_mul_ps(pv, decay);
@@ -201,9 +234,9 @@ __attribute__((target("avx2,fma,f16c"))) void avx2_range(float* p, float* m, flo
     vv = _mm256_fmadd_ps(vv, b2, _mm256_mul_ps(omb2, _mm256_mul_ps(gv, gv)));
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), sqc2), eps);
     pv = _mm256_fmadd_ps(neg_step, _mm256_div_ps(mv, denom), pv);
-    _mm256_storeu_ps(p + i, pv);
-    _mm256_storeu_ps(m + i, mv);
-    _mm256_storeu_ps(v + i, vv);
+    _mm256_storeu_ps(a.po + i, pv);
+    _mm256_storeu_ps(a.mo + i, mv);
+    _mm256_storeu_ps(a.vo + i, vv);
     if constexpr (O == int(Float::kF32)) {
       _mm256_storeu_ps(static_cast<float*>(out) + i, pv);
     } else if constexpr (O == int(Float::kBF16)) {
@@ -220,15 +253,14 @@ __attribute__((target("avx2,fma,f16c"))) void avx2_range(float* p, float* m, flo
                        _mm256_cvtps_ph(pv, _MM_FROUND_TO_NEAREST_INT));
     }
   }
-  scalar_range<G, O>(p, m, v, g, out, i, end, s);
+  fma_range<G, O>(a, g, out, i, end, s);
 }
 
 // --- AVX-512: 16 elements -----------------------------------------------------------------------
 
 template <int G, int O>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void avx512_range(
-    float* p, float* m, float* v, const void* g, void* out, int64_t begin, int64_t end,
-    const AdamScalars& s) {
+    const Arrays& a, const void* g, void* out, int64_t begin, int64_t end, const AdamScalars& s) {
   const __m512 gs = _mm512_set1_ps(s.grad_scale), b1 = _mm512_set1_ps(s.beta1),
                omb1 = _mm512_set1_ps(s.one_minus_beta1), b2 = _mm512_set1_ps(s.beta2),
                omb2 = _mm512_set1_ps(s.one_minus_beta2), eps = _mm512_set1_ps(s.eps),
@@ -249,7 +281,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void avx512_r
         gv = _mm512_cvtph_ps(h);
     }
     gv = _mm512_mul_ps(gv, gs);
-    __m512 pv = _mm512_loadu_ps(p + i), mv = _mm512_loadu_ps(m + i), vv = _mm512_loadu_ps(v + i);
+    __m512 pv = _mm512_loadu_ps(a.pi + i), mv = _mm512_loadu_ps(a.mi + i), vv = _mm512_loadu_ps(a.vi + i);
     if (decays) {
       if (adam_w)
         pv = _mm512_mul_ps(pv, decay);
@@ -260,9 +292,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void avx512_r
     vv = _mm512_fmadd_ps(vv, b2, _mm512_mul_ps(omb2, _mm512_mul_ps(gv, gv)));
     const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), sqc2), eps);
     pv = _mm512_fmadd_ps(neg_step, _mm512_div_ps(mv, denom), pv);
-    _mm512_storeu_ps(p + i, pv);
-    _mm512_storeu_ps(m + i, mv);
-    _mm512_storeu_ps(v + i, vv);
+    _mm512_storeu_ps(a.po + i, pv);
+    _mm512_storeu_ps(a.mo + i, mv);
+    _mm512_storeu_ps(a.vo + i, vv);
     if constexpr (O == int(Float::kF32)) {
       _mm512_storeu_ps(static_cast<float*>(out) + i, pv);
     } else if constexpr (O == int(Float::kBF16)) {
@@ -278,11 +310,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void avx512_r
                           _mm512_cvtps_ph(pv, _MM_FROUND_TO_NEAREST_INT));
     }
   }
-  scalar_range<G, O>(p, m, v, g, out, i, end, s);
+  fma_range<G, O>(a, g, out, i, end, s);
 }
 
-using RangeFn = void (*)(float*, float*, float*, const void*, void*, int64_t, int64_t,
-                         const AdamScalars&);
+using RangeFn = void (*)(const Arrays&, const void*, void*, int64_t, int64_t, const AdamScalars&);
 
 template <int G, int O>
 RangeFn pick(Isa isa) {
@@ -330,13 +361,20 @@ int64_t cpu_adam_grain() {
 
 void cpu_adam_step(float* p, float* m, float* v, const void* g, Float g_type, void* out,
                    Float out_type, int64_t n, const optim::AdamScalars& s, int threads) {
+  cpu_adam_step_to({p, m, v}, {p, m, v}, g, g_type, out, out_type, n, s, threads);
+}
+
+void cpu_adam_step_to(const AdamArrays& in, const AdamArrays& to, const void* g, Float g_type,
+                      void* out, Float out_type, int64_t n, const optim::AdamScalars& s,
+                      int threads) {
   if (n <= 0) return;
+  const Arrays a{in.p, in.m, in.v, to.p, to.m, to.v};
   const Isa isa = chosen_isa();
   RangeFn fn = g_type == Float::kF32    ? pick_out<int(Float::kF32)>(isa, out, out_type)
                : g_type == Float::kBF16 ? pick_out<int(Float::kBF16)>(isa, out, out_type)
                                         : pick_out<int(Float::kF16)>(isa, out, out_type);
   split_over_threads(n, threads, cpu_adam_grain(), [&](int, int64_t begin, int64_t end) {
-    fn(p, m, v, g, out, begin, end, s);
+    fn(a, g, out, begin, end, s);
   });
 }
 

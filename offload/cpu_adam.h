@@ -27,6 +27,18 @@ const char* cpu_adam_isa();
 void cpu_adam_step(float* p, float* m, float* v, const void* g, Float g_type, void* out,
                    Float out_type, int64_t n, const optim::AdamScalars& s, int threads);
 
+// The same step reading p, m, v from `in` and writing the new values to `to` (arrays of n fp32
+// each; `to` may be `in`): the speculative step keeps the state it started from
+// (zero/speculative_step.h). An element's result does not depend on n or the threads: the vector
+// paths' last elements take the vector lanes' operations, so a partition stepped in other pieces
+// gets the same bits.
+struct AdamArrays {
+  float *p, *m, *v;
+};
+void cpu_adam_step_to(const AdamArrays& in, const AdamArrays& to, const void* g, Float g_type,
+                      void* out, Float out_type, int64_t n, const optim::AdamScalars& s,
+                      int threads);
+
 // The least elements per thread of cpu_adam_step: 65536, or the environment variable
 // STRATA_CPU_ADAM_GRAIN (a positive integer, read once), which tests lower so that small models
 // take the threaded split too (the differential matrix draws it, docs/matrix.md).

@@ -350,7 +350,7 @@ void Engine::backward(const torch::Tensor& loss) {
     const auto l = loss.detach().to(torch::kFloat).reshape({});
     window_loss_ = window_loss_.defined() ? window_loss_ + l : l;
   }
-  for (const auto& g : groups_) g->begin_backward(boundary, loss);
+  for (const auto& g : groups_) g->begin_backward(boundary, loss, scaler_.cur_scale());
   // fp16: the loss scale; accumulation: 1/gas, so the window's gradients sum to the mean.
   const double factor = scaler_.cur_scale() / static_cast<double>(gradient_accumulation_steps());
   std::vector<zero::ParamCoordinator::Scope> scopes;

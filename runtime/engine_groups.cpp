@@ -49,8 +49,8 @@ void use_flat_adam(zero::PartitionedOptimizer& partitioned,
              int64_t tile_numel, const zero::PartitionedOptimizer::TileDone& after_tile) {
         adam->step_flat(grad, grad_scale, copy_out, tile_numel, after_tile);
       });
-  partitioned.use_overlapped_step([adam](double grad_scale) {
-    auto parts = adam->begin_flat_step(grad_scale);
+  partitioned.use_overlapped_step([adam](double grad_scale, bool advance) {
+    auto parts = adam->begin_flat_step(grad_scale, advance);
     return zero::PartitionedOptimizer::AdamTiles{parts.scalars, parts.exp_avg, parts.exp_avg_sq};
   });
 }

@@ -51,6 +51,7 @@ zero::OffloadOptions Engine::optimizer_offload_options() {
   o.enabled = oo.device == "cpu" || oo.device == "nvme";
   o.pin_memory = oo.pin_memory;
   o.tile_numel = zero.sub_group_size;
+  o.speculative = oo.super_offload;
   if (oo.device != "nvme") return o;
   // The schema allows NVMe at stage 3 only (as DeepSpeed). One store: MoE experts' optimizer
   // keeps its files beside the others' under its own swap name.
@@ -186,6 +187,16 @@ void Engine::finish_optimizer_offload() {
     return fmt::format("{}'s own step (LibTorch, {} thread(s); not Strata's SIMD Adam)", type,
                        at::get_num_threads());
   };
+  // super_offload speculates Strata's Adam: its numbers can be taken before the step and its
+  // state is two flat arrays the speculation can keep a second set of.
+  if (zero.offload_optimizer.super_offload)
+    for (const auto& g : groups_)
+      if (!g->partitioned()->speculates())
+        throw Error(fmt::format(
+            "{}: zero_optimization.offload_optimizer.super_offload speculates Strata's CPU Adam "
+            "(optimizer.type \"Adam\" or \"AdamW\", one param group); {} is another optimizer. "
+            "Use Adam/AdamW, or set super_offload false",
+            config_.source, whose(*g, "this optimizer")));
   // Without an "optimizer" block the optimizers are the program's (InitOptions).
   const bool client = !config_.optimizer.present;
   std::string steps;
@@ -195,12 +206,17 @@ void Engine::finish_optimizer_offload() {
                      g.get() == expert_group() ? "InitOptions::expert_optimizer_builder"
                                                : "InitOptions::optimizer_builder");
   log::info("[strata] optimizer offload: fp32 master and optimizer state of {} elements in host "
-            "memory{}, stepped on the CPU by {} in tiles of up to {} elements{}",
+            "memory{}, stepped on the CPU by {} in tiles of up to {} elements{}{}",
             numel,
             dense_partitioned->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
             steps, zero.sub_group_size,
             dense_partitioned->overlaps_step()
                 ? "; each step overlaps the next forward, whose ops wait for the tiles they read"
+                : "",
+            dense_partitioned->speculates()
+                ? "; super_offload: each step starts during backward, speculatively, as gradients "
+                  "land (a second fp32 master and moments in host memory; steps that clipping, an "
+                  "overflow or a new learning rate invalidates are redone exactly)"
                 : "");
 }
 

@@ -13,7 +13,7 @@ PlainGroup::PlainGroup(std::string name, std::vector<torch::Tensor> params,
     reducer_ = zero::GradientReducer::create(params_, group, reducer_options);
 }
 
-void PlainGroup::begin_backward(bool boundary, const torch::Tensor& loss) {
+void PlainGroup::begin_backward(bool boundary, const torch::Tensor& loss, double) {
   if (reducer_) reducer_->begin_backward(boundary, loss);
 }
 
@@ -64,7 +64,7 @@ PartitionedGroup::PartitionedGroup(std::string name,
 
 zero::ModelStateBytes PartitionedGroup::state_bytes() const {
   auto bytes = partitioned_->state_bytes();
-  bytes.optimizer = optim::optimizer_state_bytes(*partitioned_->inner());
+  bytes.optimizer += optim::optimizer_state_bytes(*partitioned_->inner());
   return bytes;
 }
 

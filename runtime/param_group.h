@@ -57,7 +57,8 @@ class ParamGroup {
 
   // Around each micro-step's backward (boundary: the accumulation window's last micro-step;
   // loss: what backward starts from, whose graph tells the parameters it will not reach).
-  virtual void begin_backward(bool boundary, const torch::Tensor& loss) = 0;
+  // loss_scale: the factor backward's gradients carry (fp16's loss scale).
+  virtual void begin_backward(bool boundary, const torch::Tensor& loss, double loss_scale) = 0;
   virtual void end_micro_step() = 0;
   // At the boundary: the gradients reduced, whether any overflowed, and their norm (of the
   // unscaled gradient). `need_norm` false lets the plain fp32 path skip it (the norm is NaN then).
@@ -95,7 +96,7 @@ class PlainGroup final : public ParamGroup {
   PlainGroup(std::string name, std::vector<torch::Tensor> params,
              std::shared_ptr<torch::optim::Optimizer> optimizer, const comm::GroupPtr& group,
              const zero::GradientReducer::Options& reducer_options);
-  void begin_backward(bool boundary, const torch::Tensor& loss) override;
+  void begin_backward(bool boundary, const torch::Tensor& loss, double loss_scale) override;
   void end_micro_step() override {}
   zero::GradientSummary prepare(double loss_scale, bool need_norm) override;
   void apply(double clip_coef) override;
@@ -114,8 +115,8 @@ class PlainGroup final : public ParamGroup {
 class PartitionedGroup : public ParamGroup {
  public:
   PartitionedGroup(std::string name, std::unique_ptr<zero::PartitionedOptimizer> partitioned);
-  void begin_backward(bool boundary, const torch::Tensor& loss) override {
-    partitioned_->begin_backward(boundary, loss);
+  void begin_backward(bool boundary, const torch::Tensor& loss, double loss_scale) override {
+    partitioned_->begin_backward(boundary, loss, loss_scale);
   }
   void end_micro_step() override { partitioned_->end_micro_step(); }
   zero::GradientSummary prepare(double loss_scale, bool) override {

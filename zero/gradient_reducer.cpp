@@ -336,6 +336,9 @@ void GradientReducer::deliver(Bucket& bucket) {
           at::linalg_vector_norm(out, 2, c10::nullopt, false, torch::kFloat).to(torch::kDouble).pow(2));
     if (options_.send_chunk)
       options_.send_chunk(bucket.partition_offset, out);
+    else if (options_.on_copied)
+      options_.on_copied(bucket.partition_offset, bucket.out_numel,
+                         copy_to_host_tracked(bucket.accumulator, out));
     else
       copy_to_host_async(bucket.accumulator, out);
   } else if (options_.mode == Mode::kPartition) {

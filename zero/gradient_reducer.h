@@ -67,6 +67,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     // With copy_to_partition: a device scalar (double) each reduced chunk's sum of squares is
     // added to, so that a one-micro-step window's gradient norm needs no pass on the host.
     torch::Tensor sum_squares;
+    // With copy_to_partition into partition_grad: told of each chunk as its copy is queued, with
+    // a wait for that copy (empty: done already), so that the host may use it before the step
+    // (the speculative CPU step, zero/speculative_step.h).
+    std::function<void(int64_t offset, int64_t numel, std::function<void()> landed)> on_copied;
     // With copy_to_partition: where each reduced chunk goes instead of partition_grad (then
     // undefined), given its offset in the partition (ZeRO-Infinity's gradient swap file).
     std::function<void(int64_t offset, const torch::Tensor& chunk)> send_chunk;

@@ -1,7 +1,8 @@
 // PartitionedOptimizer's offloaded step (offload_optimizer): the CPU Adam over the host master in
 // tiles, each tile's new weights sent back as it is written; on one data-parallel rank at stages
 // 1-2 the step runs on a worker thread overlapped with the next forward (weight_arrival.h); with
-// the state in NVMe swap files, the tiles stream through the swapper.
+// the state in NVMe swap files, the tiles stream through the swapper; with super_offload it starts
+// during backward, speculatively (speculative_step.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -65,33 +66,40 @@ bool PartitionedOptimizer::overlaps_step() const {
   return overlapped_step_ && offloads() && !swapper_ && !units_ && flat_ && shards_.parts() == 1;
 }
 
+bool PartitionedOptimizer::speculates() const {
+  return options_.offload.speculative && overlapped_step_ && offloads() && !swapper_;
+}
+
+std::vector<SpeculativeStep::Item> PartitionedOptimizer::step_items() const {
+  // Partition [part, part + n) holds flat [flat, flat + n) with one partition (stage 1: the
+  // identity; stage 2: each bucket's chunk, the buckets laid out last parameter first); with
+  // several, `flat` is only the order.
+  std::vector<SpeculativeStep::Item> items;
+  const int64_t tile = options_.offload.tile_numel > 0 ? options_.offload.tile_numel
+                                                       : shards_.partition_numel();
+  auto cut = [&](int64_t part, int64_t lo, int64_t n) {
+    for (int64_t o = 0; o < n; o += tile) items.push_back({part + o, lo + o, std::min(tile, n - o)});
+  };
+  if (shards_.is_contiguous()) {
+    cut(0, 0, shards_.partition_numel());
+  } else {
+    auto buckets = shards_.buckets();
+    std::sort(buckets.begin(), buckets.end(), [](const auto& a, const auto& b) { return a.lo < b.lo; });
+    for (const auto& b : buckets) cut(b.base, b.lo, b.chunk);
+  }
+  return items;
+}
+
 void PartitionedOptimizer::start_overlapped_step(double clip_coef) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto& flat = flat_->data();
   if (!host_out_.defined()) host_out_ = host_buffer(shards_.partition_numel(), flat.scalar_type());
   if (!arrival_) arrival_ = std::make_unique<WeightArrival>(flat);
-  // Tiles in flat order: partition [part, part + n) holds flat [flat, flat + n) (stage 1: the
-  // identity; stage 2: each bucket's chunk, the buckets laid out last parameter first).
-  struct Tile {
-    int64_t part, flat, n;
-  };
-  std::vector<Tile> tiles;
-  const int64_t tile = options_.offload.tile_numel > 0 ? options_.offload.tile_numel
-                                                       : shards_.partition_numel();
-  auto cut = [&](int64_t part, int64_t lo, int64_t n) {
-    for (int64_t o = 0; o < n; o += tile) tiles.push_back({part + o, lo + o, std::min(tile, n - o)});
-  };
-  if (shards_.is_contiguous()) {
-    cut(0, 0, flat_->numel());
-  } else {
-    auto buckets = shards_.buckets();
-    std::sort(buckets.begin(), buckets.end(), [](const auto& a, const auto& b) { return a.lo < b.lo; });
-    for (const auto& b : buckets) cut(b.base, b.lo, b.hi - b.lo);
-  }
+  const auto tiles = step_items();  // in flat order
   std::vector<int64_t> ends;
   for (const auto& t : tiles) ends.push_back(t.flat + t.n);
   // The step's numbers are taken here, before the caller moves the LR schedule on.
-  const auto adam = overlapped_step_(grad_scale_ * std::min(clip_coef, 1.0));
+  const auto adam = overlapped_step_(grad_scale_ * std::min(clip_coef, 1.0), /*advance=*/true);
   for (const auto* m : {&adam.exp_avg, &adam.exp_avg_sq})
     if (!m->is_cpu() || m->scalar_type() != torch::kFloat || !m->is_contiguous() ||
         m->numel() != master_.numel())
@@ -123,11 +131,113 @@ void PartitionedOptimizer::settle() {
   std::exception_ptr failure;
   try {
     arrival_->finish();
+    if (speculative_ && speculative_->committed()) {  // the tiles it delivered were speculated
+      speculative_->finish();
+      offload_times_.step_ms = speculative_->last_step_ms();
+    }
   } catch (...) {
     failure = std::current_exception();
   }
   zero_gradients();  // the step read them until now
   if (failure) std::rethrow_exception(failure);
+}
+
+void PartitionedOptimizer::begin_speculation(double loss_scale) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = shards_.partition_numel();
+  const auto dtype = flat_ ? flat_->data().scalar_type() : units_->partition().scalar_type();
+  if (!speculative_) {
+    speculative_ = std::make_unique<SpeculativeStep>(step_items());
+    spec_out_ = host_buffer(n, dtype);
+  }
+  if (options_.stage <= 1 && !host_grad_.defined())
+    throw Error("super_offload: stage 1 keeps no host gradient buffer here");
+  // The step's numbers as they will be if nothing clips: prepare()'s factor with no clipping.
+  const auto adam = overlapped_step_(options_.gradient_factor / loss_scale, /*advance=*/false);
+  SpeculativeStep::Arrays a;
+  a.master = master_;
+  a.exp_avg = adam.exp_avg;
+  a.exp_avg_sq = adam.exp_avg_sq;
+  a.grad = options_.stage >= 2 && host_accum_.defined() ? host_accum_ : host_grad_;
+  if (options_.stage >= 2 && host_accum_.defined()) a.arriving = host_grad_;
+  a.out = spec_out_;
+  // The caller's thread keeps a core to run backward on a GPU meanwhile.
+  const int threads = std::max(1, at::get_num_threads() - (device_.is_cuda() ? 1 : 0));
+  speculative_->begin(a, adam.scalars, threads);
+  ++offload_times_.speculated;
+}
+
+void PartitionedOptimizer::arrive_stage1_gradient() {
+  // Stage 1 reduces whole gradients at the end of backward: the pieces go to host memory now.
+  if (!accumulates_wide()) own_local_gradients();
+  const auto gradient = partition_gradient();
+  for (const auto& item : speculative_->items())
+    speculative_->arrive(item.part, item.n,
+                         copy_to_host_tracked(host_grad_.narrow(0, item.part, item.n),
+                                              gradient.narrow(0, item.part, item.n)));
+}
+
+namespace {
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+// Every number the step uses, compared bit for bit.
+bool same_scalars(const optim::AdamScalars& a, const optim::AdamScalars& b) {
+  return same_bits(a.grad_scale, b.grad_scale) && same_bits(a.lr, b.lr) &&
+         same_bits(a.beta1, b.beta1) && same_bits(a.beta2, b.beta2) && same_bits(a.eps, b.eps) &&
+         same_bits(a.weight_decay, b.weight_decay) &&
+         same_bits(a.one_minus_beta1, b.one_minus_beta1) &&
+         same_bits(a.one_minus_beta2, b.one_minus_beta2) &&
+         same_bits(a.decay_factor, b.decay_factor) && same_bits(a.step_size, b.step_size) &&
+         same_bits(a.sqrt_c2, b.sqrt_c2) && a.adam_w_mode == b.adam_w_mode;
+}
+
+}  // namespace
+
+bool PartitionedOptimizer::commit_speculation(double clip_coef, const torch::Tensor& mine) {
+  const double scale = grad_scale_ * std::min(clip_coef, 1.0);
+  if (!same_scalars(overlapped_step_(scale, /*advance=*/false).scalars, speculative_->assumed())) {
+    // Clipping applied, or the learning rate (or another number) changed since backward began:
+    // the ordinary step runs from the state the speculation left untouched.
+    speculative_->cancel();
+    ++offload_times_.redone;
+    return false;
+  }
+  overlapped_step_(scale, /*advance=*/true);  // counts the step
+  speculative_->commit();
+  if (!mine.defined()) {
+    // One partition of the flat buffer: each tile goes to the device as soon as it is stepped,
+    // and the next forward's ops wait for the tiles they read (weight_arrival.h).
+    const auto& flat = flat_->data();
+    if (!arrival_) arrival_ = std::make_unique<WeightArrival>(flat);
+    const auto& tiles = speculative_->items();
+    std::vector<int64_t> ends;
+    for (const auto& t : tiles) ends.push_back(t.flat + t.n);
+    auto deliver = [this, flat, out = spec_out_](size_t k) {
+      const auto& t = speculative_->items()[k];
+      speculative_->wait_item(k);
+      flat.narrow(0, t.flat, t.n).copy_(out.narrow(0, t.part, t.n), /*non_blocking=*/out.is_pinned());
+    };
+    arrival_->start(std::move(ends), std::move(deliver));
+    return true;
+  }
+  speculative_->finish();
+  offload_times_.step_ms = speculative_->last_step_ms();
+  send_weights(mine, 0, shards_.partition_numel());
+  return true;
+}
+
+void PartitionedOptimizer::send_weights(const torch::Tensor& mine, int64_t lo, int64_t n) {
+  const auto from = spec_out_.narrow(0, lo, n);
+  if (units_ && units_->partition_offload() != "none") {
+    const auto host_params = units_->writable_host_partition();
+    if (host_params.defined())
+      host_params.narrow(0, lo, n).copy_(from);
+    else  // to the parameters' swap file
+      units_->write_partition(lo, from);
+    return;
+  }
+  mine.narrow(0, lo, n).copy_(from, /*non_blocking=*/from.is_pinned());
 }
 
 void PartitionedOptimizer::step_swapped(double grad_scale,

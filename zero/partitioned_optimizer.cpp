@@ -191,6 +191,11 @@ void PartitionedOptimizer::place_partition_gradients(GradientReducer::Options& r
   } else {
     host_grad_ = host_buffer(n, options_.comm_dtype);
     r.partition_grad = host_grad_;
+    // super_offload: each chunk of the boundary's backward goes to the speculative step.
+    r.on_copied = [this](int64_t offset, int64_t numel, std::function<void()> landed) {
+      if (speculative_ && speculative_->pending() && boundary_)
+        speculative_->arrive(offset, numel, std::move(landed));
+    };
   }
   if (options_.accumulation_steps > 1)
     host_accum_ = torch::zeros({n}, torch::kFloat);
@@ -240,20 +245,26 @@ const FlatParams& PartitionedOptimizer::flat() const {
   return *flat_;
 }
 
-void PartitionedOptimizer::begin_backward(bool boundary, const torch::Tensor& loss) {
+void PartitionedOptimizer::begin_backward(bool boundary, const torch::Tensor& loss,
+                                          double loss_scale) {
   if (arrival_ && arrival_->in_flight()) {
     settle();  // the forward that just ran overlapped the step
     offload_times_.forward_waits = arrival_->waits();
   }
+  // A speculative step no step() took (a backward again before it): dropped.
+  if (speculative_ && speculative_->pending()) speculative_->cancel();
   boundary_ = boundary;
+  if (boundary && speculates()) begin_speculation(loss_scale);
   if (reducer_) reducer_->begin_backward(boundary, loss);
 }
 
 void PartitionedOptimizer::end_micro_step() {
   settle();
   if (reducer_) reducer_->finish();
-  if (offloads() && options_.stage >= 2 && host_accum_.defined()) {
-    // This micro-step's chunks have landed in host_grad_: fold them into the fp32 sum.
+  const bool speculating = speculative_ && speculative_->pending() && boundary_;
+  if (offloads() && options_.stage >= 2 && host_accum_.defined() && !speculating) {
+    // This micro-step's chunks have landed in host_grad_: fold them into the fp32 sum (the
+    // speculative step's worker does it chunk by chunk as they land).
     torch::NoGradGuard no_grad;
     wait_for_device();
     host_accum_.add_(host_grad_);
@@ -274,6 +285,7 @@ void PartitionedOptimizer::end_micro_step() {
       }
     }
   }
+  if (speculating && options_.stage <= 1) arrive_stage1_gradient();
   boundary_ = false;
 }
 
@@ -326,7 +338,11 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
     grad_swap_->flush();
     gradient = torch::empty({0}, torch::TensorOptions().dtype(grad_swap_->dtype()));
   }
-  if (offloads() && options_.stage <= 1) {
+  if (speculative_ && speculative_->pending()) {
+    // The speculative step's worker has the pieces landed (and summed, over several micro-steps).
+    speculative_->wait_gradient();
+    if (options_.stage <= 1) gradient = host_grad_;
+  } else if (offloads() && options_.stage <= 1) {
     host_grad_.copy_(gradient);
     gradient = host_grad_;
   } else if (offloads()) {
@@ -382,7 +398,9 @@ void PartitionedOptimizer::apply(double clip_coef) {
   torch::NoGradGuard no_grad;
   if (!grad_.defined()) throw Error("PartitionedOptimizer::apply without prepare");
   if (overlaps_step()) {
-    start_overlapped_step(clip_coef);  // gradients are zeroed when it settles
+    // Gradients are zeroed when it settles.
+    if (!(speculative_ && speculative_->pending() && commit_speculation(clip_coef, {})))
+      start_overlapped_step(clip_coef);
     return;
   }
   const int64_t n = shards_.partition_numel();
@@ -397,7 +415,8 @@ void PartitionedOptimizer::apply(double clip_coef) {
               : shards_.is_contiguous() ? shards_.range(flat_->data(), partition_index())
                                         : torch::empty({n}, flat_->data().options());
   if (offloads()) {
-    apply_offloaded(clip_coef, mine);
+    if (!(speculative_ && speculative_->pending() && commit_speculation(clip_coef, mine)))
+      apply_offloaded(clip_coef, mine);
   } else if (flat_step_) {
     flat_step_(grad_, grad_scale_ * std::min(clip_coef, 1.0), mine, 0, {});
   } else {
@@ -432,6 +451,10 @@ void PartitionedOptimizer::apply(double clip_coef) {
 
 void PartitionedOptimizer::discard() {
   settle();
+  if (speculative_ && speculative_->pending()) {  // an overflow: nothing of it is kept
+    speculative_->cancel();
+    ++offload_times_.redone;
+  }
   torch::NoGradGuard no_grad;
   zero_gradients();
 }
@@ -448,6 +471,8 @@ ModelStateBytes PartitionedOptimizer::state_bytes() const {
     bytes.master = nbytes(master_);
   }
   if (units_ && units_->partition_offload() == "nvme") bytes.nvme += nbytes(units_->partition());
+  // super_offload: the second set of master and moments, and its new weights on their way.
+  if (speculative_) bytes.optimizer += speculative_->shadow_bytes() + nbytes(spec_out_);
   return bytes;
 }
 

@@ -44,6 +44,7 @@
 #include "zero/gradient_reducer.h"
 #include "zero/param_units.h"
 #include "zero/shard_map.h"
+#include "zero/speculative_step.h"
 #include "zero/weight_arrival.h"
 
 namespace strata::zero {
@@ -70,6 +71,10 @@ struct OffloadOptions {
   std::shared_ptr<offload::NvmeStore> nvme;
   std::string swap_name = "optimizer";  // the swap files' names in the store
   bool pipeline_read = false, pipeline_write = false;
+  // offload_optimizer.super_offload (host memory, Strata's Adam): the boundary micro-step's CPU
+  // step starts during backward, speculatively, and is kept only where exact
+  // (zero/speculative_step.h).
+  bool speculative = false;
 };
 
 // Where the last offloaded step's host time went (ms): waiting for the device's gradient copies,
@@ -78,6 +83,10 @@ struct OffloadTimes {
   double wait_ms = 0, norm_ms = 0, step_ms = 0;
   // An overlapped step: the next forward's ops that waited for a tile still being stepped.
   int64_t forward_waits = 0;
+  // super_offload, counted since the start: steps begun speculatively during backward, and those
+  // of them redone after backward (clipping applied or the learning rate changed) or dropped (an
+  // overflow). The speculative step's CPU Adam time is step_ms.
+  int64_t speculated = 0, redone = 0;
 };
 
 struct PartitionedOptions {
@@ -139,7 +148,8 @@ class PartitionedOptimizer {
   PartitionedOptimizer(std::shared_ptr<ParamUnits> units, comm::GroupPtr group,
                        PartitionedOptions options, const InnerBuilder& make_inner);
 
-  void begin_backward(bool boundary, const torch::Tensor& loss = {});
+  // loss_scale: what the loss is multiplied by in this backward (the speculative step's factor).
+  void begin_backward(bool boundary, const torch::Tensor& loss = {}, double loss_scale = 1.0);
   // After every micro-step's backward: completes that micro-step's gradient reduction.
   void end_micro_step();
   // Use the inner optimizer's fused flat step from now on (set before the first step).
@@ -149,8 +159,9 @@ class PartitionedOptimizer {
   using SwappedScalars = std::function<optim::AdamScalars(double grad_scale)>;
   void use_swapped_step(SwappedScalars scalars) { swapped_scalars_ = std::move(scalars); }
   bool uses_flat_step() const { return static_cast<bool>(flat_step_); }
-  // Optimizer offload with Strata's Adam: the next step's scalars (its count advanced) and the
-  // moments of master(), taken on the caller's thread. Given this, a one-partition offloaded
+  // Optimizer offload with Strata's Adam: the next step's scalars (its count advanced unless
+  // `advance` is false: a speculative step's) and the moments of master(), taken on the caller's
+  // thread. Given this, a one-partition offloaded
   // step (stages 1-2 on one data-parallel rank) runs on a worker thread while the caller goes
   // on to the next forward, whose ops wait for the tiles they read (weight_arrival.h); the
   // tiles are stepped in the flat layout's order, the order a forward reads the weights in.
@@ -158,7 +169,7 @@ class PartitionedOptimizer {
     optim::AdamScalars scalars;
     torch::Tensor exp_avg, exp_avg_sq;  // fp32, master()'s shape, in host memory
   };
-  using OverlappedStep = std::function<AdamTiles(double grad_scale)>;
+  using OverlappedStep = std::function<AdamTiles(double grad_scale, bool advance)>;
   void use_overlapped_step(OverlappedStep begin) { overlapped_step_ = std::move(begin); }
   // Waits for an overlapped step still running: afterwards every new weight is in place (the
   // caller's current stream included) and a failure of the step is thrown. The methods below
@@ -167,6 +178,9 @@ class PartitionedOptimizer {
   void settle();
   // Whether the offloaded step runs overlapped (see above).
   bool overlaps_step() const;
+  // Whether the boundary's step starts speculatively during backward (OffloadOptions::speculative
+  // with Strata's Adam given through use_overlapped_step).
+  bool speculates() const;
   // At the accumulation boundary: the gradients carry `loss_scale`.
   GradientSummary prepare(double loss_scale);
   // The prepared step: scale the gradient by clip_coef (1 = no clipping), step, share results.
@@ -229,6 +243,17 @@ class PartitionedOptimizer {
   // Writes the new weights into `mine` (on the device) from the host step.
   void apply_offloaded(double clip_coef, const torch::Tensor& mine);
   void start_overlapped_step(double clip_coef);
+  // The offloaded step's pieces: each bucket's chunk (one range at stage 1) cut into tiles,
+  // in flat order (the order a forward reads the weights).
+  std::vector<SpeculativeStep::Item> step_items() const;
+  // The speculative step: begun before the boundary's backward; given the pieces of the gradient
+  // as they land (stage 1: all of them at the end of backward); kept by apply() where the
+  // step's scalars are those assumed, else dropped.
+  void begin_speculation(double loss_scale);
+  void arrive_stage1_gradient();
+  bool commit_speculation(double clip_coef, const torch::Tensor& mine);
+  // Sends the new weights in host_out_ [lo, lo + n) to where the partition's weights live.
+  void send_weights(const torch::Tensor& mine, int64_t lo, int64_t n);
 
   PartitionedOptions options_;
   comm::GroupPtr group_;
@@ -261,6 +286,8 @@ class PartitionedOptimizer {
   int64_t pinned_bytes_ = 0;
   OffloadTimes offload_times_;
   OverlappedStep overlapped_step_;
+  torch::Tensor spec_out_;  // super_offload: the speculative step's new weights (host)
+  std::unique_ptr<SpeculativeStep> speculative_;  // super_offload (joined before the buffers go)
   std::unique_ptr<WeightArrival> arrival_;  // the overlapped step in flight (declared last: it
                                             // is joined before the buffers it reads go)
 };

@@ -62,8 +62,11 @@ Block make_offload_optimizer() {
       .range(0, 1).ignored("Strata offloads all optimizer states")
       .describe("Fraction of the optimizer states updated by the CPU optimizer (partial offload, ZeRO-3 only)");
   b.add(&OffloadOptimizerConfig::super_offload, "super_offload")
-      .ignored("a Grace-Hopper path of DeepSpeed")
-      .describe("SuperOffload: CPU offloading tuned for superchips (Grace Hopper), ZeRO-3 only");
+      .describe("SuperOffload's speculative step (device cpu, stages 1-3): each gradient partition's "
+                "CPU Adam starts as its reduction lands during backward, into a second copy of the "
+                "fp32 master and moments (12 more bytes of host memory per parameter); a step that "
+                "clipping, an overflow or a changed learning rate invalidates is redone from the "
+                "kept state, so results equal the synchronous step's bit for bit");
   b.add(&OffloadOptimizerConfig::convert_grad_on_cpu, "convert_grad_on_cpu")
       .ignored("Strata's CPU step reads the 16-bit gradients as they arrive and converts them on the CPU")
       .describe("Convert offloaded gradients to fp32 on the CPU rather than on the device before copying them");
@@ -126,6 +129,16 @@ void finish_zero(void* obj, Ctx& ctx, const std::string& path) {
                              "\"none\"", oo, z.offload_optimizer.device));
     z.offload_optimizer.device = "none";
   }
+  if (z.offload_optimizer.super_offload && z.offload_optimizer.device == "none") {
+    ctx.warn(oo + ".super_offload", fmt::format("{}.super_offload has no effect without optimizer "
+                                                "offload ({}.device \"none\"): read as false", oo, oo));
+    z.offload_optimizer.super_offload = false;
+  }
+  if (z.offload_optimizer.super_offload && z.offload_optimizer.device == "nvme")
+    ctx.error(oo + ".super_offload",
+              fmt::format("{}.super_offload speculates the CPU step on state in host memory; with "
+                          "device \"nvme\" the state streams through swap files. Use device \"cpu\", "
+                          "or set super_offload false", oo));
   if (z.offload_optimizer.device == "nvme" && z.stage < 3)
     ctx.error(oo + ".device", fmt::format("{}.device = \"nvme\" needs stage 3 (stage is {}); use "
                                           "\"cpu\" or set stage 3", oo, z.stage));

@@ -89,7 +89,9 @@ class Adam : public torch::optim::Optimizer {
     AdamScalars scalars;
     torch::Tensor exp_avg, exp_avg_sq;
   };
-  FlatStepParts begin_flat_step(double grad_scale);
+  // advance false: the same numbers without counting the step (a speculative step, committed
+  // later with set_flat_steps(flat_steps() + 1), or dropped).
+  FlatStepParts begin_flat_step(double grad_scale, bool advance = true);
   int64_t flat_steps() const;
   void set_flat_steps(int64_t steps);
   void save(torch::serialize::OutputArchive& archive) const override;

@@ -215,10 +215,11 @@ int64_t Adam::flat_steps() const {
 
 void Adam::set_flat_steps(int64_t steps) { count_of(flat_param()).step(steps); }
 
-Adam::FlatStepParts Adam::begin_flat_step(double grad_scale) {
+Adam::FlatStepParts Adam::begin_flat_step(double grad_scale, bool advance) {
   auto& state = state_of(flat_param());  // flat_param() checks the shape of the groups
-  state.step(state.step() + 1);
-  return {scalars_for(state.step(), grad_scale), state.exp_avg(), state.exp_avg_sq()};
+  if (advance) state.step(state.step() + 1);
+  return {scalars_for(state.step() + (advance ? 0 : 1), grad_scale), state.exp_avg(),
+          state.exp_avg_sq()};
 }
 
 void Adam::step_flat(const torch::Tensor& grad, double grad_scale, const torch::Tensor& copy_out,
