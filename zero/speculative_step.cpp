@@ -100,7 +100,7 @@ void SpeculativeStep::arrive(int64_t part, int64_t n, std::function<void()> land
 
 void SpeculativeStep::run() {
   torch::NoGradGuard no_grad;
-  at::set_num_threads(threads_);  // this thread's own intra-op threads (the accumulation's add)
+  // (No at::set_num_threads here: it sets the process's count, not this thread's.)
   // Raw pointers taken now: commit() swaps the tensors' storages while the worker goes on.
   float* in_p = arrays_.master.data_ptr<float>();
   float* in_m = arrays_.exp_avg.data_ptr<float>();
