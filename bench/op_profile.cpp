@@ -62,6 +62,13 @@ OpProfile::OpProfile() : state_(std::make_unique<State>()) {
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
 }
 
+void OpProfile::reattach() {
+  if (state_->handle) at::removeCallback(state_->handle);
+  state_->handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(&on_start, &on_end)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+}
+
 OpProfile::~OpProfile() {
   if (state_->handle) at::removeCallback(state_->handle);
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -117,6 +124,7 @@ double OpProfile::print(int top, int steps, double wall_ms) {
 struct OpProfile::State {};
 OpProfile::OpProfile() = default;
 OpProfile::~OpProfile() = default;
+void OpProfile::reattach() {}
 double OpProfile::print(int, int, double) {
   std::printf("op profile: GPU builds only\n");
   return -1;

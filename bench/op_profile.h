@@ -14,6 +14,11 @@ class OpProfile {
  public:
   OpProfile();  // starts recording
   ~OpProfile();
+  // Registers the callback again, so that it runs after every op callback registered since (the
+  // global callbacks run in registration order): an op that an offloaded step's weight arrival
+  // (zero/weight_arrival.h) holds on the host is then timed from when it is released, and the
+  // wait counts as idle. Call it after each engine step.
+  void reattach();
   // Stops recording, waits for the device, prints the `top` names by total time (ms) per step.
   // Given the wall time the profiled steps took (ms, device synchronized at both ends), also
   // prints and returns the share of it the GPU ran none of the recorded ops: the union of the

@@ -354,7 +354,10 @@ int run(const Args& args) {
     synchronize(device);
     const auto t0 = std::chrono::steady_clock::now();
     strata::bench::OpProfile profile;
-    for (int64_t i = 0; i < args.profile; ++i) step();
+    for (int64_t i = 0; i < args.profile; ++i) {
+      step();
+      profile.reattach();  // after the callback the step's weight arrival installed
+    }
     synchronize(device);
     const double wall_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -470,7 +473,9 @@ int run(const Args& args) {
   }
   if (const auto* t = engine->last_offload_times())
     r["offload_ms"] = {{"wait", t->wait_ms}, {"norm", t->norm_ms}, {"cpu_step", t->step_ms},
-                       {"forward_waits", t->forward_waits}};
+                       {"forward_waits", t->forward_waits}, {"speculated", t->speculated},
+                       {"redone", t->redone}};
+  r["grad_norm"] = engine->last_grad_norm();
   if (const auto* swapper = engine->optimizer_swapper()) {
     // The step's pass read and wrote the master and both moments once: 24 bytes per element.
     const auto& t = swapper->last_times();

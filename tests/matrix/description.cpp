@@ -120,6 +120,13 @@ Description generate(uint64_t seed, int max_world) {
   for (auto& p : d.phases)
     if (d.model == "tiny-moe" && p.ep_size > 1 && chunk_rng.chance(60))
       p.exchange_chunks = 1 + int(chunk_rng.below(3));
+  // The speculative offloaded step (issue 55), from a stream of its own for the same reason: half
+  // the phases whose optimizer is Strata's Adam in host memory speculate it.
+  Rng spec_rng{seed * 0x94d049bb133111ebull + 0x55};
+  for (auto& p : d.phases)
+    if (p.offload_optimizer == "cpu" && (d.optimizer == "Adam" || d.optimizer == "AdamW") &&
+        spec_rng.chance(50))
+      p.super_offload = true;
   // Activation checkpointing (issue 32), from a stream of its own for the same reason. Each phase
   // draws its own: a resume may switch it on, off or to another store (checkpoints of training
   // state carry none of it).
@@ -198,6 +205,7 @@ nlohmann::json to_json(const Description& d) {
                       {"ep_size", p.ep_size}, {"threads", p.threads}, {"zero_init", p.zero_init},
                       {"adam_grain", p.adam_grain}, {"expert_unit", p.expert_unit},
                       {"expert_window", p.expert_window}, {"exchange_chunks", p.exchange_chunks},
+                      {"super_offload", p.super_offload},
                       {"checkpointing", p.checkpointing},
                       {"checkpoint_store", p.checkpoint_store}});
   return {{"seed", d.seed}, {"model", d.model}, {"dropout", d.dropout}, {"masked", d.masked},
@@ -246,6 +254,7 @@ Description from_json(const nlohmann::json& j) {
     p.expert_unit = pj.value("expert_unit", 0);
     p.expert_window = pj.value("expert_window", 0);
     p.exchange_chunks = pj.value("exchange_chunks", 0);
+    p.super_offload = pj.value("super_offload", false);
     p.checkpointing = pj.value("checkpointing", std::string());
     p.checkpoint_store = pj.value("checkpoint_store", std::string());
     d.phases.push_back(p);
@@ -278,6 +287,7 @@ std::string summary(const Description& d) {
     s << (i == 0 ? " | " : " | resume@" + std::to_string(d.save_at) + " ") << "w" << p.world
       << " gas" << p.gas << " z" << p.stage;
     if (p.offload_optimizer != "none") s << " oo=" << p.offload_optimizer;
+    if (p.super_offload) s << "+so";
     if (p.offload_param != "none") s << " op=" << p.offload_param;
     if (d.model == "tiny-moe") s << " ep" << p.ep_size;
     if (p.threads) s << " t" << p.threads;
@@ -313,7 +323,7 @@ int64_t complexity(const Description& d) {
     c += 3 * p.world + p.gas + p.stage + (p.offload_optimizer != "none") * 2 +
          (p.offload_param != "none") * 2 + p.ep_size + (p.threads != 0) + p.zero_init +
          (p.adam_grain != 0) + (p.expert_unit != 0) + (p.expert_window != 0) +
-         (p.exchange_chunks > 1) +
+         (p.exchange_chunks > 1) + p.super_offload +
          (p.checkpointing.empty() ? 0 : p.checkpointing == "every" ? 1 : 2) +
          !p.checkpoint_store.empty();
   }
@@ -372,14 +382,15 @@ std::vector<Description> simplifications(const Description& d) {
       if (d.per_step % w == 0 && d.per_step / w <= 3)
         on([&](Phase& q) { q.world = w, q.gas = d.per_step / w, q.ep_size = w % q.ep_size ? 1 : q.ep_size; });
     if (p.offload_param != "none") on([](Phase& q) { q.offload_param = "none"; });
-    if (p.offload_optimizer != "none") on([](Phase& q) { q.offload_optimizer = "none"; });
+    if (p.offload_optimizer != "none") on([](Phase& q) { q.offload_optimizer = "none", q.super_offload = false; });
+    if (p.super_offload) on([](Phase& q) { q.super_offload = false; });
     if (p.offload_optimizer == "nvme") on([](Phase& q) { q.offload_optimizer = "cpu"; });
     if (p.offload_param == "nvme") on([](Phase& q) { q.offload_param = "cpu"; });
     for (int st = 0; st < p.stage; ++st)
       on([st](Phase& q) {
         q.stage = st;
         if (st < 3) q.offload_param = "none", q.zero_init = false, q.expert_unit = 0, q.expert_window = 0;
-        if (st == 0) q.offload_optimizer = "none";
+        if (st == 0) q.offload_optimizer = "none", q.super_offload = false;
       });
     if (p.ep_size > 1) on([](Phase& q) { q.ep_size = 1, q.exchange_chunks = 0; });
     if (p.exchange_chunks) on([](Phase& q) { q.exchange_chunks = 0; });

@@ -28,6 +28,7 @@ struct Phase {
   int expert_unit = 0;     // moe.expert_unit_size (tiny-moe at stage 3; 0: not streamed)
   int expert_window = 0;   // moe.expert_window (0: left out)
   int exchange_chunks = 0; // moe.exchange_chunks (tiny-moe at ep_size > 1; 0: left out)
+  bool super_offload = false;  // offload_optimizer.super_offload (device cpu, Adam/AdamW)
   // Activation checkpointing: train_gpt --activation-checkpointing (every | every:2 | selective;
   // "": none) and where the checkpointed inputs wait (the activation_checkpointing block):
   // "" as they are, "cpu" (cpu_checkpointing), "nvme" (nvme_path), "contiguous"

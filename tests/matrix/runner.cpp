@@ -215,6 +215,7 @@ nlohmann::json config_for(const Description& d, const Phase& p, const std::strin
   if (p.offload_optimizer != "none") {
     z["offload_optimizer"] = {{"device", p.offload_optimizer}};
     if (p.offload_optimizer == "nvme") z["offload_optimizer"]["nvme_path"] = nvme_path;
+    if (p.super_offload) z["offload_optimizer"]["super_offload"] = true;
   }
   if (p.offload_param != "none") {
     z["offload_param"] = {{"device", p.offload_param}};

@@ -311,6 +311,31 @@ TEST(MatrixGenerator, DrawsTheExchangeChunksUnderExpertParallelism) {
   EXPECT_GT(with_checkpointing, 10);
 }
 
+// The speculative offloaded step (issue 55): drawn only for optimizer offload to host memory with
+// Adam/AdamW, at every stage that offloads and with resumes, carried through JSON.
+TEST(MatrixGenerator, DrawsSuperOffloadWhereItApplies) {
+  std::set<int> stages;
+  int with = 0, resumed = 0, gas = 0;
+  for (uint64_t s = 0; s < 2000; ++s) {
+    const auto d = generate(s, 4);
+    for (size_t i = 0; i < d.phases.size(); ++i) {
+      const auto& p = d.phases[i];
+      if (!p.super_offload) continue;
+      EXPECT_EQ(p.offload_optimizer, "cpu") << summary(d);
+      EXPECT_TRUE(d.optimizer == "Adam" || d.optimizer == "AdamW") << summary(d);
+      ++with;
+      stages.insert(p.stage);
+      resumed += i > 0;
+      gas += p.gas > 1;
+    }
+    EXPECT_EQ(to_json(from_json(to_json(d))), to_json(d));
+  }
+  EXPECT_EQ(stages, (std::set<int>{1, 2, 3}));
+  EXPECT_GT(with, 50);
+  EXPECT_GT(resumed, 10);
+  EXPECT_GT(gas, 10);
+}
+
 // Token files (issue 66): a quarter of the descriptions read a token file, of every model.
 TEST(MatrixGenerator, DrawsTokenFileData) {
   std::set<std::string> models;
