@@ -62,11 +62,7 @@ Block make_offload_optimizer() {
       .range(0, 1).ignored("Strata offloads all optimizer states")
       .describe("Fraction of the optimizer states updated by the CPU optimizer (partial offload, ZeRO-3 only)");
   b.add(&OffloadOptimizerConfig::super_offload, "super_offload")
-      .describe("SuperOffload's speculative step (device cpu, stages 1-3): each gradient partition's "
-                "CPU Adam starts as its reduction lands during backward, into a second copy of the "
-                "fp32 master and moments (12 more bytes of host memory per parameter); a step that "
-                "clipping, an overflow or a changed learning rate invalidates is redone from the "
-                "kept state, so results equal the synchronous step's bit for bit");
+      .describe("SuperOffload: each partition's CPU optimizer step starts during backward, speculatively, and is redone if invalid");
   b.add(&OffloadOptimizerConfig::convert_grad_on_cpu, "convert_grad_on_cpu")
       .ignored("Strata's CPU step reads the 16-bit gradients as they arrive and converts them on the CPU")
       .describe("Convert offloaded gradients to fp32 on the CPU rather than on the device before copying them");
