@@ -419,7 +419,12 @@ void Engine::write_monitor_events(const std::vector<monitor::Event>& events) {
 }
 
 void Engine::settle_step() {
-  for (const auto& g : groups_) g->settle();
+  for (const auto& g : groups_) {
+    g->settle();
+    // offload_optimizer.ratio: the device share's state into the host master and moments, which
+    // the caller is about to read.
+    if (auto* p = g->partitioned()) p->store_device_share();
+  }
 }
 
 void Engine::optimizer_step() {

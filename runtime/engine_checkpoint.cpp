@@ -383,6 +383,10 @@ json Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
     states->copy_to(model);
   for (const auto& i : installs)
     if (i.install) i.install();
+  // offload_optimizer.ratio: the device share takes its state from the host master and moments
+  // the checkpoint wrote.
+  for (const auto& g : groups_)
+    if (auto* p = g->partitioned()) p->load_device_share();
   global_steps_ = global_steps;
   micro_steps_ = micro_steps;
   skipped_steps_ = skipped_steps;

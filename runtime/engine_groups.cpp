@@ -11,6 +11,7 @@
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "runtime/optim/adam.h"
+#include "runtime/optim/fused_adam.h"
 
 namespace strata {
 namespace {
@@ -49,6 +50,11 @@ void use_flat_adam(zero::PartitionedOptimizer& partitioned,
              int64_t tile_numel, const zero::PartitionedOptimizer::TileDone& after_tile) {
         adam->step_flat(grad, grad_scale, copy_out, tile_numel, after_tile);
       });
+  partitioned.use_device_step([](const torch::Tensor& p, const torch::Tensor& m,
+                                 const torch::Tensor& v, const torch::Tensor& grad,
+                                 const torch::Tensor& out, const optim::AdamScalars& s) {
+    optim::fused_adam_step(p, m, v, grad, out, s);
+  });
   partitioned.use_overlapped_step([adam](double grad_scale, bool advance) {
     auto parts = adam->begin_flat_step(grad_scale, advance);
     return zero::PartitionedOptimizer::AdamTiles{parts.scalars, parts.exp_avg, parts.exp_avg_sq};

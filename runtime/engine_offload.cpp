@@ -52,6 +52,7 @@ zero::OffloadOptions Engine::optimizer_offload_options() {
   o.pin_memory = oo.pin_memory;
   o.tile_numel = zero.sub_group_size;
   o.speculative = oo.super_offload;
+  o.device_share = 1.0 - oo.ratio;
   if (oo.device != "nvme") return o;
   // The schema allows NVMe at stage 3 only (as DeepSpeed). One store: MoE experts' optimizer
   // keeps its files beside the others' under its own swap name.
@@ -188,15 +189,25 @@ void Engine::finish_optimizer_offload() {
                        at::get_num_threads());
   };
   // super_offload speculates Strata's Adam: its numbers can be taken before the step and its
-  // state is two flat arrays the speculation can keep a second set of.
-  if (zero.offload_optimizer.super_offload)
-    for (const auto& g : groups_)
-      if (!g->partitioned()->speculates())
-        throw Error(fmt::format(
-            "{}: zero_optimization.offload_optimizer.super_offload speculates Strata's CPU Adam "
-            "(optimizer.type \"Adam\" or \"AdamW\", one param group); {} is another optimizer. "
-            "Use Adam/AdamW, or set super_offload false",
-            config_.source, whose(*g, "this optimizer")));
+  // state is two flat arrays the speculation can keep a second set of. A ratio below 1 steps a
+  // share of that state on the device with the same numbers.
+  for (const auto& g : groups_) {
+    auto adam = std::dynamic_pointer_cast<optim::Adam>(g->optimizer());
+    const bool strata_adam = adam && adam->can_step_flat();
+    if (zero.offload_optimizer.super_offload && !strata_adam)
+      throw Error(fmt::format(
+          "{}: zero_optimization.offload_optimizer.super_offload speculates Strata's CPU Adam "
+          "(optimizer.type \"Adam\" or \"AdamW\", one param group); {} is another optimizer. "
+          "Use Adam/AdamW, or set super_offload false",
+          config_.source, whose(*g, "this optimizer")));
+    const auto range = g->partitioned()->device_range();
+    if (range.second > range.first && !strata_adam)
+      throw Error(fmt::format(
+          "{}: zero_optimization.offload_optimizer.ratio {} keeps a share of the optimizer on the "
+          "device, stepped by Strata's fused Adam (optimizer.type \"Adam\" or \"AdamW\"); {} is "
+          "another optimizer. Use Adam/AdamW, or set ratio 1",
+          config_.source, zero.offload_optimizer.ratio, whose(*g, "this optimizer")));
+  }
   // Without an "optimizer" block the optimizers are the program's (InitOptions).
   const bool client = !config_.optimizer.present;
   std::string steps;
@@ -206,12 +217,20 @@ void Engine::finish_optimizer_offload() {
                      g.get() == expert_group() ? "InitOptions::expert_optimizer_builder"
                                                : "InitOptions::optimizer_builder");
   log::info("[strata] optimizer offload: fp32 master and optimizer state of {} elements in host "
-            "memory{}, stepped on the CPU by {} in tiles of up to {} elements{}{}",
+            "memory{}, stepped on the CPU by {} in tiles of up to {} elements{}{}{}",
             numel,
             dense_partitioned->pinned_host_bytes() > 0 ? ", transfers through page-locked buffers" : "",
             steps, zero.sub_group_size,
             dense_partitioned->overlaps_step()
                 ? "; each step overlaps the next forward, whose ops wait for the tiles they read"
+                : "",
+            dense_partitioned->device_range().second > dense_partitioned->device_range().first
+                ? fmt::format("; ratio {}: {} of this rank's partition elements keep their master "
+                              "and moments on the {} and step there",
+                              zero.offload_optimizer.ratio,
+                              dense_partitioned->device_range().second -
+                                  dense_partitioned->device_range().first,
+                              device_.str())
                 : "",
             dense_partitioned->speculates()
                 ? "; super_offload: each step starts during backward, speculatively, as gradients "

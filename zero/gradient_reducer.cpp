@@ -117,7 +117,12 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
       // In place: rank r's chunk of the bucket receives its reduction (NCCL's in-place form).
       bucket.out_offset = group_ ? group_->rank() * shard.chunk : 0;
       bucket.partition_offset = shard.base;
-      if (!options_.send_chunk)
+      bucket.on_device = options_.copy_to_partition && shard.base >= options_.device_lo &&
+                         shard.base + shard.chunk <= options_.device_hi;
+      if (bucket.on_device)
+        bucket.accumulator = options_.device_partition_grad.narrow(0, shard.base - options_.device_lo,
+                                                                   shard.chunk);
+      else if (!options_.send_chunk)
         bucket.accumulator = options_.partition_grad.narrow(0, shard.base, shard.chunk);
     } else {
       bucket.numel = bucket.filled = bucket.out_numel = fill;
@@ -328,7 +333,14 @@ void GradientReducer::deliver(Bucket& bucket) {
   if (!bucket.flat.defined()) return;  // delivered already (one process, out of order)
   if (bucket.work) bucket.work->wait();
   const auto out = bucket.flat.narrow(0, bucket.out_offset, bucket.out_numel);
-  if (options_.mode == Mode::kPartition && options_.copy_to_partition) {
+  if (options_.mode == Mode::kPartition && options_.copy_to_partition && bucket.on_device) {
+    // The share of the partition whose optimizer stays on the device: summed there.
+    if (options_.sum_squares.defined())
+      options_.sum_squares.add_(
+          at::linalg_vector_norm(out, 2, c10::nullopt, false, torch::kFloat).to(torch::kDouble).pow(2));
+    bucket.fresh ? bucket.accumulator.copy_(out) : bucket.accumulator.add_(out);
+    bucket.fresh = false;
+  } else if (options_.mode == Mode::kPartition && options_.copy_to_partition) {
     // The reduced chunk's sum of squares stays on the device (a window of one micro-step: it is
     // the gradient norm's share, with no pass over the host copy).
     if (options_.sum_squares.defined())

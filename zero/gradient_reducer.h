@@ -64,6 +64,12 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     // each reduced chunk is copied into, asynchronously, instead of being added to; the owner
     // sums micro-steps on the host once the copies are done.
     bool copy_to_partition = false;
+    // With copy_to_partition: partition elements [device_lo, device_hi) are not copied to host
+    // memory but summed on the device into device_partition_grad (hi - lo elements), as without
+    // copy_to_partition (offload_optimizer.ratio: that share of the optimizer stays on the
+    // device). Whole buckets only.
+    int64_t device_lo = 0, device_hi = 0;
+    torch::Tensor device_partition_grad;
     // With copy_to_partition: a device scalar (double) each reduced chunk's sum of squares is
     // added to, so that a one-micro-step window's gradient norm needs no pass on the host.
     torch::Tensor sum_squares;
@@ -141,6 +147,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     size_t expected = 0;  // parameters this backward reaches (begin_backward's walk)
     bool staged_when_complete = false;  // Options::staged_when_complete
     bool fresh = true;  // kPartition: the accumulator's place holds no contribution of this window
+    bool on_device = false;  // copy_to_partition, but summed on the device (Options::device_lo)
     comm::WorkPtr work;
   };
   static constexpr size_t kInFlight = 2;  // launched buckets not yet delivered, at most

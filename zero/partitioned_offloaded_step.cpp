@@ -45,7 +45,24 @@ void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor
     else
       mine.narrow(0, lo, n).copy_(host_out_.narrow(0, lo, n), /*non_blocking=*/host_out_.is_pinned());
   };
-  if (swapper_) {
+  if (splits()) {
+    // The device share steps on the device; the CPU steps the rest a tile at a time (Strata's
+    // Adam: the flat step would step the whole host master).
+    const auto adam = overlapped_step_(grad_scale_ * std::min(clip_coef, 1.0), /*advance=*/true);
+    step_device_share(adam.scalars, mine);
+    const int threads = at::get_num_threads();
+    const auto g_type = host_float(grad_), out_type = host_float(host_out_);
+    const int64_t g_size = grad_.element_size(), out_size = host_out_.element_size();
+    for (const auto& t : step_items()) {
+      if (in_device_share(t.part)) continue;
+      offload::cpu_adam_step(master_.data_ptr<float>() + t.part, adam.exp_avg.data_ptr<float>() + t.part,
+                             adam.exp_avg_sq.data_ptr<float>() + t.part,
+                             static_cast<const char*>(grad_.data_ptr()) + t.part * g_size, g_type,
+                             static_cast<char*>(host_out_.data_ptr()) + t.part * out_size, out_type,
+                             t.n, adam.scalars, threads);
+      send(t.part, t.n);
+    }
+  } else if (swapper_) {
     step_swapped(grad_scale_ * std::min(clip_coef, 1.0), send);
   } else if (flat_step_) {
     flat_step_(grad_, grad_scale_ * std::min(clip_coef, 1.0), host_out_,
@@ -78,7 +95,14 @@ std::vector<SpeculativeStep::Item> PartitionedOptimizer::step_items() const {
   const int64_t tile = options_.offload.tile_numel > 0 ? options_.offload.tile_numel
                                                        : shards_.partition_numel();
   auto cut = [&](int64_t part, int64_t lo, int64_t n) {
-    for (int64_t o = 0; o < n; o += tile) items.push_back({part + o, lo + o, std::min(tile, n - o)});
+    for (int64_t o = 0; o < n;) {
+      int64_t len = std::min(tile, n - o);
+      // No tile straddles the device share's bounds.
+      for (const int64_t b : {device_lo_, device_hi_})
+        if (splits() && part + o < b && part + o + len > b) len = b - (part + o);
+      items.push_back({part + o, lo + o, len});
+      o += len;
+    }
   };
   if (shards_.is_contiguous()) {
     cut(0, 0, shards_.partition_numel());
@@ -100,6 +124,8 @@ void PartitionedOptimizer::start_overlapped_step(double clip_coef) {
   for (const auto& t : tiles) ends.push_back(t.flat + t.n);
   // The step's numbers are taken here, before the caller moves the LR schedule on.
   const auto adam = overlapped_step_(grad_scale_ * std::min(clip_coef, 1.0), /*advance=*/true);
+  // The device share first, on the caller's stream: its tiles (the lowest) arrive at once.
+  step_device_share(adam.scalars, {});
   for (const auto* m : {&adam.exp_avg, &adam.exp_avg_sq})
     if (!m->is_cpu() || m->scalar_type() != torch::kFloat || !m->is_contiguous() ||
         m->numel() != master_.numel())
@@ -111,6 +137,7 @@ void PartitionedOptimizer::start_overlapped_step(double clip_coef) {
   auto step_tile = [this, tiles, adam, threads, t0, flat, master = master_, grad = grad_,
                     out = host_out_](size_t k) {
     const auto& t = tiles[k];
+    if (in_device_share(t.part)) return;  // stepped on the device before the worker started
     const int64_t g_size = grad.element_size(), out_size = out.element_size();
     offload::cpu_adam_step(master.data_ptr<float>() + t.part, adam.exp_avg.data_ptr<float>() + t.part,
                            adam.exp_avg_sq.data_ptr<float>() + t.part,
@@ -147,7 +174,10 @@ void PartitionedOptimizer::begin_speculation(double loss_scale) {
   const int64_t n = shards_.partition_numel();
   const auto dtype = flat_ ? flat_->data().scalar_type() : units_->partition().scalar_type();
   if (!speculative_) {
-    speculative_ = std::make_unique<SpeculativeStep>(step_items());
+    std::vector<SpeculativeStep::Item> items;  // the CPU's: the device share is not speculated
+    for (const auto& t : step_items())
+      if (!in_device_share(t.part)) items.push_back(t);
+    speculative_ = std::make_unique<SpeculativeStep>(std::move(items));
     spec_out_ = host_buffer(n, dtype);
   }
   if (options_.stage <= 1 && !host_grad_.defined())
@@ -203,19 +233,27 @@ bool PartitionedOptimizer::commit_speculation(double clip_coef, const torch::Ten
     ++offload_times_.redone;
     return false;
   }
-  overlapped_step_(scale, /*advance=*/true);  // counts the step
+  const auto adam = overlapped_step_(scale, /*advance=*/true);  // counts the step
   speculative_->commit();
+  step_device_share(adam.scalars, mine);  // the device share is stepped now, on the device
   if (!mine.defined()) {
     // One partition of the flat buffer: each tile goes to the device as soon as it is stepped,
-    // and the next forward's ops wait for the tiles they read (weight_arrival.h).
+    // and the next forward's ops wait for the tiles they read (weight_arrival.h). The device
+    // share's tiles (the lowest) are in place already.
     const auto& flat = flat_->data();
     if (!arrival_) arrival_ = std::make_unique<WeightArrival>(flat);
-    const auto& tiles = speculative_->items();
-    std::vector<int64_t> ends;
-    for (const auto& t : tiles) ends.push_back(t.flat + t.n);
-    auto deliver = [this, flat, out = spec_out_](size_t k) {
-      const auto& t = speculative_->items()[k];
-      speculative_->wait_item(k);
+    auto tiles = step_items();
+    std::vector<int64_t> ends, speculated;  // speculated[k]: tile k's item in the speculation
+    int64_t next = 0;
+    for (const auto& t : tiles) {
+      ends.push_back(t.flat + t.n);
+      speculated.push_back(in_device_share(t.part) ? -1 : next++);
+    }
+    auto deliver = [this, flat, out = spec_out_, tiles = std::move(tiles),
+                    speculated = std::move(speculated)](size_t k) {
+      if (speculated[k] < 0) return;
+      const auto& t = tiles[k];
+      speculative_->wait_item(size_t(speculated[k]));
       flat.narrow(0, t.flat, t.n).copy_(out.narrow(0, t.part, t.n), /*non_blocking=*/out.is_pinned());
     };
     arrival_->start(std::move(ends), std::move(deliver));
@@ -223,7 +261,7 @@ bool PartitionedOptimizer::commit_speculation(double clip_coef, const torch::Ten
   }
   speculative_->finish();
   offload_times_.step_ms = speculative_->last_step_ms();
-  send_weights(mine, 0, shards_.partition_numel());
+  for (const auto& t : speculative_->items()) send_weights(mine, t.part, t.n);
   return true;
 }
 

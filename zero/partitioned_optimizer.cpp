@@ -51,6 +51,8 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
   const auto plan = GradientReducer::plan(flat_->params(), options_.reduce_bucket_numel);
   shards_ = shard_map_for(*flat_, options_.stage, plan);
   init_master(shards_.gather(flat_->data(), partition_index()), make_inner);
+  if (options_.offload.enabled && options_.offload.device_share > 0 && !options_.offload.nvme)
+    plan_device_share();
 
   GradientReducer::Options r;
   r.settle_unreached = options_.settle_unreached;
@@ -99,6 +101,9 @@ PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
     options_.offload.tile_numel = (options_.offload.tile_numel + grain - 1) / grain * grain;
   if (units_->trainable_params().empty())
     throw Error("ZeRO-3: the model has no parameter that requires a gradient");
+  if (options_.offload.device_share > 0)
+    throw Error("offload_optimizer.ratio below 1 keeps a share of the optimizer on the device at "
+                "stages 1-2 only; at stage 3 set ratio 1");
   shards_ = units_->shards();
   // The units' device and dtype (the partition may be in host memory already: offload_param).
   const auto on_device = torch::empty({0}, units_->options());
@@ -191,6 +196,14 @@ void PartitionedOptimizer::place_partition_gradients(GradientReducer::Options& r
   } else {
     host_grad_ = host_buffer(n, options_.comm_dtype);
     r.partition_grad = host_grad_;
+    if (splits()) {  // the device share's gradient stays on the device, summed over the window
+      r.device_lo = device_lo_;
+      r.device_hi = device_hi_;
+      r.device_partition_grad = device_grad_ = torch::zeros(
+          {device_hi_ - device_lo_},
+          params.options().dtype(options_.accumulation_steps > 1 ? options_.accum_dtype
+                                                                 : options_.comm_dtype));
+    }
     // super_offload: each chunk of the boundary's backward goes to the speculative step.
     r.on_copied = [this](int64_t offset, int64_t numel, std::function<void()> landed) {
       if (speculative_ && speculative_->pending() && boundary_)
@@ -319,6 +332,7 @@ void PartitionedOptimizer::zero_gradients() {
     if (reducer_) reducer_->begin_window();
     else grad_partition_.zero_();
   }
+  if (device_grad_.defined() && reducer_) reducer_->begin_window();  // the device share's, too
   if (host_accum_.defined()) host_accum_.zero_();
   if (device_sum_squares_.defined()) device_sum_squares_.zero_();
   master_.mutable_grad() = torch::Tensor();  // the fp32 gradient lives only during a step
@@ -343,7 +357,13 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
     speculative_->wait_gradient();
     if (options_.stage <= 1) gradient = host_grad_;
   } else if (offloads() && options_.stage <= 1) {
-    host_grad_.copy_(gradient);
+    if (splits()) {  // the CPU's part only: [0, lo) and [hi, n)
+      const int64_t n = gradient.numel();
+      host_grad_.narrow(0, 0, device_lo_).copy_(gradient.narrow(0, 0, device_lo_));
+      host_grad_.narrow(0, device_hi_, n - device_hi_).copy_(gradient.narrow(0, device_hi_, n - device_hi_));
+    } else {
+      host_grad_.copy_(gradient);
+    }
     gradient = host_grad_;
   } else if (offloads()) {
     wait_for_device();  // the last micro-step's copies (one window: they are the gradient)
@@ -373,9 +393,12 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
     sum_squares = device_sum_squares_.clone();
     factor = (f * f) / (loss_scale * loss_scale);
   } else if (offloads()) {
-    sum_squares = torch::tensor(offload::cpu_sum_squares(grad_.data_ptr(), host_float(grad_),
-                                                         grad_.numel(), at::get_num_threads()),
-                                torch::kDouble);
+    sum_squares = torch::tensor(host_sum_squares(grad_), torch::kDouble);
+    if (splits())  // the device share's gradient, where it is
+      sum_squares += at::linalg_vector_norm(device_share_gradient(), 2, c10::nullopt, false, torch::kFloat)
+                         .to(torch::kDouble)
+                         .pow(2)
+                         .cpu();
   }
   if (group_ && shards_.parts() > 1) {
     sum_squares = sum_squares.to(device_);  // the group's collectives run on the model's device
@@ -473,6 +496,10 @@ ModelStateBytes PartitionedOptimizer::state_bytes() const {
   if (units_ && units_->partition_offload() == "nvme") bytes.nvme += nbytes(units_->partition());
   // super_offload: the second set of master and moments, and its new weights on their way.
   if (speculative_) bytes.optimizer += speculative_->shadow_bytes() + nbytes(spec_out_);
+  // The device share: its master, moments and gradient on the device (the host keeps their shape).
+  bytes.master += nbytes(device_master_);
+  bytes.optimizer += nbytes(device_exp_avg_) + nbytes(device_exp_avg_sq_);
+  bytes.grads += nbytes(device_grad_);
   return bytes;
 }
 

@@ -75,6 +75,11 @@ struct OffloadOptions {
   // step starts during backward, speculatively, and is kept only where exact
   // (zero/speculative_step.h).
   bool speculative = false;
+  // 1 - offload_optimizer.ratio (stages 1-2, Strata's Adam): this share of the partition, the
+  // buckets backward reaches last (the first layers), keeps its fp32 master and moments on the
+  // model's device and is stepped there, at once after backward, while the CPU steps the rest
+  // (SuperOffload's split, DeepSpeed's Twin-Flow partial offload).
+  double device_share = 0.0;
 };
 
 // Where the last offloaded step's host time went (ms): waiting for the device's gradient copies,
@@ -171,6 +176,18 @@ class PartitionedOptimizer {
   };
   using OverlappedStep = std::function<AdamTiles(double grad_scale, bool advance)>;
   void use_overlapped_step(OverlappedStep begin) { overlapped_step_ = std::move(begin); }
+  // OffloadOptions::device_share: the fused Adam over device tensors (master, moments, gradient,
+  // new weights in the model's dtype) with the step's scalars.
+  using DeviceStep = std::function<void(const torch::Tensor& p, const torch::Tensor& m,
+                                        const torch::Tensor& v, const torch::Tensor& grad,
+                                        const torch::Tensor& out, const optim::AdamScalars& s)>;
+  void use_device_step(DeviceStep step) { device_step_ = std::move(step); }
+  // The partition elements whose optimizer stays on the device: [first, second) (empty: none).
+  std::pair<int64_t, int64_t> device_range() const { return {device_lo_, device_hi_}; }
+  // With a device share: its master and moments into master() and the inner optimizer's host
+  // state (before they are read: checkpoints), and back (after they were written).
+  void store_device_share();
+  void load_device_share();
   // Waits for an overlapped step still running: afterwards every new weight is in place (the
   // caller's current stream included) and a failure of the step is thrown. The methods below
   // that change state call it; a caller that reads master(), the inner optimizer's state or the
@@ -252,8 +269,19 @@ class PartitionedOptimizer {
   void begin_speculation(double loss_scale);
   void arrive_stage1_gradient();
   bool commit_speculation(double clip_coef, const torch::Tensor& mine);
-  // Sends the new weights in host_out_ [lo, lo + n) to where the partition's weights live.
+  // Sends the new weights in spec_out_ [lo, lo + n) to where the partition's weights live.
   void send_weights(const torch::Tensor& mine, int64_t lo, int64_t n);
+  // The device share (partitioned_device_share.cpp): its range chosen from the buckets, its
+  // gradient (stage 1: a range of the flat gradient; stage 2: device_grad_), its step with the
+  // step's scalars writing the new weights into the device buffer `mine` (stage 1-2 with several
+  // partitions: the partition's weights) or straight into the flat buffer (one partition).
+  void plan_device_share();
+  bool splits() const { return device_hi_ > device_lo_; }
+  bool in_device_share(int64_t part) const { return part >= device_lo_ && part < device_hi_; }
+  torch::Tensor device_share_gradient() const;
+  void step_device_share(const optim::AdamScalars& s, const torch::Tensor& mine);
+  // The CPU's part of the partition's gradient copied to host_grad_ (stage 1), its sum of squares.
+  double host_sum_squares(const torch::Tensor& grad) const;
 
   PartitionedOptions options_;
   comm::GroupPtr group_;
@@ -286,6 +314,11 @@ class PartitionedOptimizer {
   int64_t pinned_bytes_ = 0;
   OffloadTimes offload_times_;
   OverlappedStep overlapped_step_;
+  int64_t device_lo_ = 0, device_hi_ = 0;  // the device share's partition range
+  torch::Tensor device_master_, device_exp_avg_, device_exp_avg_sq_;  // on device_
+  torch::Tensor device_grad_;  // stage 2: the device share's gradient, summed over the window
+  torch::Tensor device_out_;   // its new weights in the model's dtype (stage 2, one partition)
+  DeviceStep device_step_;
   torch::Tensor spec_out_;  // super_offload: the speculative step's new weights (host)
   std::unique_ptr<SpeculativeStep> speculative_;  // super_offload (joined before the buffers go)
   std::unique_ptr<WeightArrival> arrival_;  // the overlapped step in flight (declared last: it

@@ -45,7 +45,8 @@ class SpeculativeStep {
   struct Item {
     int64_t part, flat, n;
   };
-  // `items` cover the partition, in the order the step prefers among arrived ones.
+  // `items` cover the partition (or the part of it the CPU steps), in the order the step prefers
+  // among arrived ones.
   explicit SpeculativeStep(std::vector<Item> items);
   ~SpeculativeStep();  // cancels a step in flight
   SpeculativeStep(const SpeculativeStep&) = delete;

@@ -59,7 +59,7 @@ Block make_offload_optimizer() {
       .ignored("Strata writes the initial NVMe state tile by tile in one pass either way")
       .describe("Initialize the optimizer faster when its states are offloaded to NVMe");
   b.add(&OffloadOptimizerConfig::ratio, "ratio")
-      .range(0, 1).ignored("Strata offloads all optimizer states")
+      .range(0, 1)
       .describe("Fraction of the optimizer states updated by the CPU optimizer (partial offload, ZeRO-3 only)");
   b.add(&OffloadOptimizerConfig::super_offload, "super_offload")
       .describe("SuperOffload: each partition's CPU optimizer step starts during backward, speculatively, and is redone if invalid");
@@ -124,6 +124,18 @@ void finish_zero(void* obj, Ctx& ctx, const std::string& path) {
     ctx.warn(oo, fmt::format("{}.device = \"{}\" has no effect at stage 0 (ZeRO is off): read as "
                              "\"none\"", oo, z.offload_optimizer.device));
     z.offload_optimizer.device = "none";
+  }
+  // ratio: Strata keeps the rest of the optimizer on the device at stages 1-2 (its share at
+  // stage 3 would be the units' shards, which the gathers read: not built).
+  if (z.offload_optimizer.ratio < 1.0 && (z.offload_optimizer.device != "cpu" || z.stage == 3)) {
+    ctx.warn(oo + ".ratio",
+             fmt::format("{}.ratio = {} has no effect {}: read as 1 (the whole optimizer offloaded)",
+                         oo, z.offload_optimizer.ratio,
+                         z.offload_optimizer.device != "cpu"
+                             ? fmt::format("with {}.device \"{}\"", oo, z.offload_optimizer.device)
+                             : std::string("at stage 3 (Strata keeps a share of the optimizer on the "
+                                           "device at stages 1-2)")));
+    z.offload_optimizer.ratio = 1.0;
   }
   if (z.offload_optimizer.super_offload && z.offload_optimizer.device == "none") {
     ctx.warn(oo + ".super_offload", fmt::format("{}.super_offload has no effect without optimizer "
