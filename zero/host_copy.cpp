@@ -130,6 +130,18 @@ std::function<void()> copy_to_host_tracked(const torch::Tensor& host, const torc
   return {};
 }
 
+std::function<void()> queued_work_done(c10::Device device) {
+#if STRATA_ZERO_HAS_CUDA
+  if (device.is_cuda()) {
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(c10::cuda::getCurrentCUDAStream(device.index()));
+    return [done] { done->synchronize(); };
+  }
+#endif
+  (void)device;
+  return {};
+}
+
 void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source) {
   if (source.is_cuda() && host.is_pinned()) {
     SideStream side(source.device(), SideStream::Direction::kToHost);

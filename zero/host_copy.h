@@ -27,6 +27,10 @@ void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source);
 // copy is done (empty when the copy was synchronous and is done already).
 std::function<void()> copy_to_host_tracked(const torch::Tensor& host, const torch::Tensor& source);
 
+// A wait (for any thread) until the work queued so far on `device`'s current stream is done (empty
+// for a CPU device): before the host rewrites memory a queued copy reads.
+std::function<void()> queued_work_done(c10::Device device);
+
 class SideStream {
  public:
   enum class Direction { kToHost, kToDevice };  // one copy stream each: both copy engines work

@@ -109,7 +109,8 @@ std::vector<SpeculativeStep::Item> PartitionedOptimizer::step_items() const {
   } else {
     auto buckets = shards_.buckets();
     std::sort(buckets.begin(), buckets.end(), [](const auto& a, const auto& b) { return a.lo < b.lo; });
-    for (const auto& b : buckets) cut(b.base, b.lo, b.chunk);
+    // One partition: a chunk past the bucket's end is padding outside the flat buffer.
+    for (const auto& b : buckets) cut(b.base, b.lo, shards_.parts() == 1 ? b.hi - b.lo : b.chunk);
   }
   return items;
 }
@@ -161,6 +162,8 @@ void PartitionedOptimizer::settle() {
     if (speculative_ && speculative_->committed()) {  // the tiles it delivered were speculated
       speculative_->finish();
       offload_times_.step_ms = speculative_->last_step_ms();
+      // Its copies out of spec_out_ may still be queued: the next speculation waits for them.
+      spec_out_free_ = arrival_->copies_done();
     }
   } catch (...) {
     failure = std::current_exception();
@@ -193,7 +196,8 @@ void PartitionedOptimizer::begin_speculation(double loss_scale) {
   a.out = spec_out_;
   // The caller's thread keeps a core to run backward on a GPU meanwhile.
   const int threads = std::max(1, at::get_num_threads() - (device_.is_cuda() ? 1 : 0));
-  speculative_->begin(a, adam.scalars, threads);
+  speculative_->begin(a, adam.scalars, threads, std::move(spec_out_free_));
+  spec_out_free_ = nullptr;
   ++offload_times_.speculated;
 }
 
@@ -262,6 +266,7 @@ bool PartitionedOptimizer::commit_speculation(double clip_coef, const torch::Ten
   speculative_->finish();
   offload_times_.step_ms = speculative_->last_step_ms();
   for (const auto& t : speculative_->items()) send_weights(mine, t.part, t.n);
+  spec_out_free_ = queued_work_done(device_);  // those copies may be asynchronous
   return true;
 }
 

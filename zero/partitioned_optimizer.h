@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <memory>
 #include <vector>
 
@@ -320,6 +321,7 @@ class PartitionedOptimizer {
   torch::Tensor device_out_;   // its new weights in the model's dtype (stage 2, one partition)
   DeviceStep device_step_;
   torch::Tensor spec_out_;  // super_offload: the speculative step's new weights (host)
+  std::function<void()> spec_out_free_;  // waits for the copies that read spec_out_ last step
   std::unique_ptr<SpeculativeStep> speculative_;  // super_offload (joined before the buffers go)
   std::unique_ptr<WeightArrival> arrival_;  // the overlapped step in flight (declared last: it
                                             // is joined before the buffers it reads go)

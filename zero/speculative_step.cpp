@@ -48,7 +48,8 @@ int64_t SpeculativeStep::shadow_bytes() const {
   return shadow_master_.defined() ? 3 * shadow_master_.numel() * 4 : 0;
 }
 
-void SpeculativeStep::begin(const Arrays& arrays, const optim::AdamScalars& assumed, int threads) {
+void SpeculativeStep::begin(const Arrays& arrays, const optim::AdamScalars& assumed, int threads,
+                            std::function<void()> out_free) {
   cancel();
   const int64_t n = arrays.master.numel();
   for (const auto* t : {&arrays.master, &arrays.exp_avg, &arrays.exp_avg_sq})
@@ -61,12 +62,16 @@ void SpeculativeStep::begin(const Arrays& arrays, const optim::AdamScalars& assu
     throw Error(fmt::format("SpeculativeStep: items cover {} elements, the partition has {}",
                             covered, n));
   if (!shadow_master_.defined() || shadow_master_.numel() != n) {
-    shadow_master_ = torch::empty({n}, torch::kFloat);
-    shadow_exp_avg_ = torch::empty({n}, torch::kFloat);
-    shadow_exp_avg_sq_ = torch::empty({n}, torch::kFloat);
+    // Copies, not empty arrays: elements no item covers (a bucket's padding past its end, the
+    // share kept on the device) are never written by the step, and after a commit they are the
+    // state's: padding stays zero; the device share's host copy is refreshed before it is read.
+    shadow_master_ = arrays.master.clone();
+    shadow_exp_avg_ = arrays.exp_avg.clone();
+    shadow_exp_avg_sq_ = arrays.exp_avg_sq.clone();
   }
   arrays_ = arrays;
   assumed_ = assumed;
+  out_free_ = std::move(out_free);
   threads_ = std::max(1, threads);
   std::fill(state_.begin(), state_.end(), State::kWaiting);
   std::fill(landed_.begin(), landed_.end(), std::function<void()>());
@@ -142,6 +147,10 @@ void SpeculativeStep::run() {
         if (arrays_.arriving.defined())
           arrays_.grad.narrow(0, item.part, item.n).add_(arrays_.arriving.narrow(0, item.part, item.n));
       } else {
+        if (out_free_) {  // last step's copies out of `out` are done before it is rewritten
+          out_free_();
+          out_free_ = nullptr;
+        }
         const auto t0 = std::chrono::steady_clock::now();
         const int64_t o = item.part;
         offload::cpu_adam_step_to({in_p + o, in_m + o, in_v + o}, {to_p + o, to_m + o, to_v + o},

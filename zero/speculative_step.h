@@ -58,8 +58,11 @@ class SpeculativeStep {
     torch::Tensor arriving;  // defined: each piece lands here and is added into `grad` first
     torch::Tensor out;       // the new weights in the model's dtype
   };
-  // Starts a speculative step with the assumed scalars on `threads` CPU threads.
-  void begin(const Arrays& arrays, const optim::AdamScalars& assumed, int threads);
+  // Starts a speculative step with the assumed scalars on `threads` CPU threads. `out_free`, when
+  // given, returns once the copies that read `out` last step are done (asynchronous copies to a
+  // GPU): the worker waits for it before it writes there.
+  void begin(const Arrays& arrays, const optim::AdamScalars& assumed, int threads,
+             std::function<void()> out_free = {});
   // Partition elements [part, part + n) of the gradient are on their way: in host memory once
   // `landed` returns (empty: already). Called by the thread that runs backward.
   void arrive(int64_t part, int64_t n, std::function<void()> landed);
@@ -97,6 +100,7 @@ class SpeculativeStep {
   Arrays arrays_;
   torch::Tensor shadow_master_, shadow_exp_avg_, shadow_exp_avg_sq_;
   optim::AdamScalars assumed_;
+  std::function<void()> out_free_;
   int threads_ = 1;
   bool running_ = false, committed_ = false;
 

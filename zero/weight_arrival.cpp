@@ -206,6 +206,17 @@ void WeightArrival::wait_for_tile(int64_t tile) {
   waited_ = tile;
 }
 
+std::function<void()> WeightArrival::copies_done() {
+#if STRATA_ZERO_HAS_CUDA
+  if (side_) {
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(side_->stream);
+    return [done] { done->synchronize(); };
+  }
+#endif
+  return {};
+}
+
 void WeightArrival::finish() {
   if (!worker_.joinable()) return;
   worker_.join();

@@ -43,6 +43,9 @@ class WeightArrival {
   // ops, and rethrows what the worker threw. Does nothing when no step is in flight.
   void finish();
   bool in_flight() const { return worker_.joinable(); }
+  // A wait (for any thread) until the copies queued so far are done: before the host rewrites the
+  // buffer they read. Empty where copies are synchronous (CPU).
+  std::function<void()> copies_done();
   // Times an op had to wait for a tile still being stepped, since the last start().
   int64_t waits() const;
 

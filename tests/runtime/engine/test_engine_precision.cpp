@@ -9,6 +9,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/error.h"
+#include "tests/runtime/engine/speculative_run.h"
 
 namespace {
 
@@ -208,6 +209,15 @@ TEST_P(OffloadedOptimizer, StepsLikeTheDeviceStep) {
 INSTANTIATE_TEST_SUITE_P(Stages, OffloadedOptimizer,
                          testing::Combine(testing::Values(1, 2, 3), testing::Values("AdamW", "SGD"),
                                           testing::Values(1, 2)));
+
+// offload_optimizer.super_offload, in one process on the CPU: the speculative step's state equals
+// the synchronous step's bit for bit after every step, with an fp16 overflow (Half kernels on the
+// CPU for this model only) or a huge loss, and clipping at some steps (speculative_run.h).
+TEST(OffloadedOptimizer, SpeculativeStepEqualsTheSynchronousStepBitForBit) {
+  for (const std::string precision : {"fp16", "bf16", "fp32"})
+    for (int64_t stage : {1, 2, 3})
+      speculative_run::expect_speculation_exact(torch::kCPU, stage, precision, cpu_fp16());
+}
 
 TEST(MixedPrecision, ClientOptimizerInstanceIsRefusedWithZero) {
   auto [net, ref] = twin_nets();
