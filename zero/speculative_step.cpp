@@ -50,7 +50,9 @@ int64_t SpeculativeStep::shadow_bytes() const {
 
 void SpeculativeStep::begin(const Arrays& arrays, const optim::AdamScalars& assumed, int threads,
                             std::function<void()> out_free) {
-  cancel();
+  // A committed step is the state now: it is finished, never cut short.
+  if (committed()) finish();
+  else cancel();
   const int64_t n = arrays.master.numel();
   for (const auto* t : {&arrays.master, &arrays.exp_avg, &arrays.exp_avg_sq})
     if (!t->is_cpu() || t->scalar_type() != torch::kFloat || !t->is_contiguous() || t->numel() != n)

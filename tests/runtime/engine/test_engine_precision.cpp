@@ -10,6 +10,7 @@
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "tests/runtime/engine/speculative_run.h"
+#include "tests/sanitized.h"
 
 namespace {
 
@@ -215,8 +216,12 @@ INSTANTIATE_TEST_SUITE_P(Stages, OffloadedOptimizer,
 // CPU for this model only) or a huge loss, and clipping at some steps (speculative_run.h).
 TEST(OffloadedOptimizer, SpeculativeStepEqualsTheSynchronousStepBitForBit) {
   for (const std::string precision : {"fp16", "bf16", "fp32"})
-    for (int64_t stage : {1, 2, 3})
+    for (int64_t stage : {1, 2, 3}) {
+      // Under a sanitizer (CI's time): each precision at one stage, each stage once.
+      if (strata::test::kSanitized && stage != (precision == "fp16" ? 2 : precision == "bf16" ? 3 : 1))
+        continue;
       speculative_run::expect_speculation_exact(torch::kCPU, stage, precision, cpu_fp16());
+    }
 }
 
 TEST(MixedPrecision, ClientOptimizerInstanceIsRefusedWithZero) {
