@@ -81,11 +81,11 @@ std::vector<nlohmann::json> train(const Case& c, bool speculative, const std::st
 }
 
 TEST(TrainGptSuperOffload, EqualsTheSynchronousStepBitForBit) {
-  // Under a sanitizer (CI's time) three of them: stage 2 on 2 ranks, stage 3 with offload_param,
-  // stage 1 on one rank (the tiles go to the next forward).
+  // Under a sanitizer (CI's time) one of them: stage 2 on 2 ranks (the in-process test covers the
+  // stages, OffloadedOptimizer.SpeculativeStepEqualsTheSynchronousStepBitForBit).
   const std::vector<Case> cases =
       strata::test::kSanitized
-          ? std::vector<Case>{{2, 2, "bf16", "none"}, {3, 2, "fp32", "cpu"}, {1, 1, "fp32", "none"}}
+          ? std::vector<Case>{{2, 2, "bf16", "none"}}
           : std::vector<Case>{{1, 2, "fp32", "none"}, {1, 2, "bf16", "none"}, {2, 2, "fp32", "none"},
                               {2, 2, "bf16", "none"}, {3, 2, "fp32", "none"}, {3, 2, "bf16", "none"},
                               {3, 2, "bf16", "cpu"},  {3, 2, "fp32", "nvme"}, {1, 1, "fp32", "none"},
@@ -119,7 +119,7 @@ TEST(TrainGptSuperOffload, EqualsTheSynchronousStepBitForBit) {
 // gives the straight run's losses (the share's state goes through the host master on save).
 TEST(TrainGptSuperOffload, RatioKeepsAShareOnTheDeviceAndResumesWithout) {
   for (int stage : {1, 2}) {
-    if (strata::test::kSanitized && stage == 1) continue;  // CI's time: stage 2 and the resume
+    if (strata::test::kSanitized) break;  // CI's time: the resume only
     const std::string name = "ratio_s" + std::to_string(stage);
     const Case whole{stage, 2, "fp32", "none"};
     Case half = whole;
