@@ -14,6 +14,7 @@
 #include "examples/gpt.h"
 #include "examples/gpt_moe.h"
 #include "train_gpt_runs.h"
+#include "../sanitized.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/engine.h"
 
@@ -195,6 +196,8 @@ TEST(TrainGpt, OptimizerOffloadToCpuGivesTheLossesWithout) {
   };
   for (int stage : {1, 2, 3}) {
     for (int ranks : {1, 2}) {
+      // Under a sanitizer (CI's time): stages 1 and 3 on 2 ranks, stage 2 on one (overlapped).
+      if (strata::test::kSanitized && ranks != (stage == 2 ? 1 : 2)) continue;
       const std::string what = "stage " + std::to_string(stage) + ", " + std::to_string(ranks) + " rank(s)";
       const std::string ref = testing::TempDir() + "/train_gpt_offref_" + tag + ".jsonl";
       const std::string off = testing::TempDir() + "/train_gpt_off_" + tag + ".jsonl";

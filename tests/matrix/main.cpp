@@ -40,7 +40,7 @@ struct Args {
 // The CI sample: descriptions on at most 2 ranks (CI's 2 cores), a fixed seed. Release: 10
 // descriptions, measured 3-4 minutes on 2 cores; under ASan (CI's suite, about 3x slower to start
 // and run) 3, to stay inside CI's hour with the rest of the suite. Stopped early at the budget.
-constexpr int kCiCount = strata::test::kSanitized ? 12 : 40;
+constexpr int kCiCount = strata::test::kSanitized ? 9 : 40;
 constexpr double kCiBudgetS = strata::test::kSanitized ? 360 : 300;
 
 int usage(const char* why) {
