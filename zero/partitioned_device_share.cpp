@@ -52,10 +52,8 @@ void PartitionedOptimizer::plan_device_share() {
 }
 
 torch::Tensor PartitionedOptimizer::device_share_gradient() const {
-  if (device_grad_.defined()) return device_grad_;
-  const auto gradient = accumulates_wide() ? shards_.range(grad_accum_, partition_index())
-                                           : shards_.range(grad_flat_, partition_index());
-  return gradient.narrow(0, device_lo_, device_hi_ - device_lo_);
+  if (device_grad_.defined()) return device_grad_;  // stage 2: the reducer sums it there
+  return partition_gradient().narrow(0, device_lo_, device_hi_ - device_lo_);  // stage 1
 }
 
 double PartitionedOptimizer::host_sum_squares(const torch::Tensor& grad) const {
