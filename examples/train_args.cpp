@@ -26,6 +26,8 @@ const char* kUsage =
     "                 [--activation-checkpointing none|every|every:K|selective]\n"
     "                 [--moe-padding K]  (MoE: the last K positions of each sequence take no expert)\n"
     "                 [--expert-kernel auto|batched|grouped]  (the MoE experts' kernel)\n"
+    "                 [--hf-model DIR]  (a Hugging Face Llama-3 / Qwen3 folder instead of --model)\n"
+    "                 [--hf-export DIR]  (a Hugging Face folder DIR/step<N> at each save)\n"
     "  for \"auto\" and a config without optimizer (as Hugging Face's Trainer; defaults shown):\n"
     "                 [--lr 5e-5] [--weight-decay 0] [--betas 0.9,0.999] [--eps 1e-8]\n"
     "                 [--clip 1.0] [--micro-batch 8] [--grad-accum 1] [--warmup-steps 0]\n"
@@ -123,6 +125,8 @@ TrainArgs parse_train_args(int argc, char** argv) {
     else if (flag == "--save-dir") args.save_dir = value;
     else if (flag == "--save-every") args.save_every = parse_int(flag, value, 1);
     else if (flag == "--resume") args.resume = value;
+    else if (flag == "--hf-model") args.hf_model = value;
+    else if (flag == "--hf-export") args.hf_export = value;
     else if (flag == "--activation-checkpointing") args.activation_checkpointing = value;
     else if (flag == "--moe-padding") args.moe_padding = parse_int(flag, value, 0);
     else if (flag == "--expert-kernel") {
@@ -149,6 +153,14 @@ TrainArgs parse_train_args(int argc, char** argv) {
   if (args.config.empty()) throw Error(fmt::format("--config FILE is required\n{}", kUsage));
   if (args.save_every > 0 && args.save_dir.empty())
     throw Error("--save-every needs --save-dir DIR");
+  if (!args.hf_export.empty() && args.save_dir.empty())
+    throw Error("--hf-export needs --save-dir DIR (each export is written from the checkpoint "
+                "saved there)");
+  if (!args.hf_export.empty() && args.hf_model.empty())
+    throw Error("--hf-export writes a Hugging Face folder of a model given by --hf-model DIR");
+  if (!args.hf_model.empty() && args.given.count("--model"))
+    throw Error("--model and --hf-model: choose one (--hf-model DIR trains the Hugging Face model "
+                "of that folder)");
   return args;
 }
 

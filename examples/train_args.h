@@ -58,6 +58,12 @@ struct TrainArgs {
   // The built-in experts' kernel on every MoE layer (moe/experts.h): auto, batched or grouped
   // (forced, also where LibTorch has no native grouped product: a loop over the groups).
   std::string expert_kernel = "auto";
+  // A Hugging Face model folder (config.json and safetensors weights: Llama-3, Qwen3) to train
+  // instead of the example GPT, its weights imported at any stage (with --zero-init, each rank
+  // reads only its shards); and where to export a Hugging Face folder at each save (needs
+  // --save-dir: HF_EXPORT/step<N>, from the checkpoint just written).
+  std::string hf_model;
+  std::string hf_export;
 
   // The Trainer's hyper-parameters (HF TrainingArguments' defaults).
   double lr = 5e-5;

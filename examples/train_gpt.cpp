@@ -7,16 +7,24 @@
 //                       [--applied-steps N]
 //                       [--activation-checkpointing none|every|every:K|selective]
 //                       [--moe-padding K] [--expert-kernel auto|batched|grouped]
+//                       [--hf-model DIR [--hf-export DIR]]
 //                       [--lr ... --precision fp32|bf16|fp16: examples/train_args.h]
 //
 // A Hugging Face or Megatron-DeepSpeed config runs as its program would run it: "auto" filled
 // from the flags and the model, and a client AdamW where the config names no optimizer.
+// --hf-model DIR trains a Hugging Face model instead (models/causal_lm.h, from the folder's
+// config.json), its weights imported from the folder's safetensors (runtime/checkpoint/
+// import_weights.h; with --zero-init each rank reads only its shards), its loss Hugging Face's
+// (labels = the inputs, shifted inside); --hf-export writes a Hugging Face folder at each save.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <functional>
 #include <optional>
+
+#include <unistd.h>
 
 #include <c10/core/DeviceGuard.h>
 #include <strata/strata.h>
@@ -28,6 +36,9 @@
 #include "examples/gpt.h"
 #include "examples/gpt_moe.h"
 #include "examples/train_args.h"
+#include "models/causal_lm.h"
+#include "runtime/checkpoint/hf_export.h"
+#include "runtime/checkpoint/import_weights.h"
 #include "runtime/log.h"
 #include "runtime/optim/state_io.h"
 
@@ -59,6 +70,39 @@ uint64_t state_digest(const torch::optim::Optimizer& optimizer) {
         for (const auto& [name, t] : state->tensors) mix(t);
     }
   return h;
+}
+
+// --hf-model: the example GPT's shape fields a Hugging Face config fills (the data's vocabulary,
+// the "auto" values from the hidden size, the log line); sequences default to 256 tokens.
+strata::examples::GPTConfig hf_shape(const strata::models::DecoderConfig& c, const std::string& dir) {
+  strata::examples::GPTConfig g;
+  g.name = dir;
+  g.vocab = c.vocab_size;
+  g.d_model = c.hidden_size;
+  g.layers = c.num_hidden_layers;
+  g.heads = c.num_attention_heads;
+  g.ffn = c.intermediate_size;
+  g.seq_len = std::min<int64_t>(256, c.max_position_embeddings);
+  return g;
+}
+
+// The process's resident set now and at its peak (VmRSS, VmHWM of /proc/self/status), in bytes:
+// what the kernel counts, not a tally of Strata's buffers.
+std::pair<int64_t, int64_t> host_rss() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  int64_t rss = 0, peak = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::stoll(line.substr(6)) * 1024;
+    if (line.rfind("VmHWM:", 0) == 0) peak = std::stoll(line.substr(6)) * 1024;
+  }
+  return {rss, peak};
+}
+
+std::string absolute_path(const std::string& path) {
+  if (!path.empty() && path[0] == '/') return path;
+  char cwd[4096];
+  return ::getcwd(cwd, sizeof cwd) ? std::string(cwd) + "/" + path : path;
 }
 
 // Steps to run when --steps is not given: the schedule's length when it has one.
@@ -97,7 +141,16 @@ int run(const strata::examples::TrainArgs& args) {
 
   // The config first: an MoE model's layers are built from its moe block and its groups.
   // "auto" and absent batch keys come from the flags and the model, as the HF Trainer fills them.
-  auto model_config = GPTConfig::by_name(args.model);
+  const bool hf = !args.hf_model.empty();
+  std::optional<strata::models::DecoderConfig> hf_config;
+  GPTConfig model_config;
+  if (hf) {
+    hf_config = strata::models::read_hf_config(args.hf_model);
+    hf_config->checkpointing = args.activation_checkpointing;
+    model_config = hf_shape(*hf_config, args.hf_model);
+  } else {
+    model_config = GPTConfig::by_name(args.model);
+  }
   if (args.seq_len) model_config.seq_len = *args.seq_len;  // shorter sequences, same weights
   model_config.checkpointing = args.activation_checkpointing;  // the blocks' checkpoint policy
   model_config.moe_padding = args.moe_padding;  // used_token of the MoE layers
@@ -148,22 +201,71 @@ int run(const strata::examples::TrainArgs& args) {
     o.seed = args.seed;
     tokens = std::make_unique<strata::data::TokenDataset>(o);
   }
-  GPT model = make_gpt(model_config, config.moe, args.seed, init.group);
-  if (init.partitioned_init) init.partitioned_init->finish();
-  const auto moe_layers = strata::moe::moe_layers(*model);
-  if (args.expert_kernel != "auto")  // forced: the grouped kernel runs the packed-routes path
-    for (auto* layer : moe_layers)
-      layer->experts->set_kernel(args.expert_kernel == "grouped" ? strata::moe::ExpertKernel::Grouped
-                                                                 : strata::moe::ExpertKernel::Batched);
-  // --host-init: built in host memory, moved by the engine (at stage 3 a unit at a time, so a
-  // model larger than the device trains); otherwise here, whole (a PartitionedInit's shards are
-  // on the device already).
-  if (args.host_init)
-    init.device = device;
-  else if (!init.partitioned_init)
-    model->to(device);
-  auto engine =
-      std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));
+  // The engine, the module it trains and the step's loss, for either model.
+  std::shared_ptr<strata::Engine> engine;
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss_of;
+  const bool partitioned = init.partitioned_init != nullptr;
+  if (hf) {
+    const auto rss_before = host_rss().first;  // the process before the model: LibTorch, buffers
+    strata::models::CausalLM model(*hf_config);
+    if (init.partitioned_init) init.partitioned_init->finish();
+    if (args.resume.empty()) {  // (a resume's checkpoint holds the weights)
+      const auto t0 = Clock::now();
+      auto io = strata::models::hf_import_options(*hf_config);
+      io.partitioned = init.partitioned_init;
+      const strata::checkpoint::HfWeights weights(args.hf_model);
+      const auto r = strata::checkpoint::import_weights(*model, weights, io);
+      // Every rank says what it read and the most host memory it has held so far.
+      const auto [rss, peak] = host_rss();
+      std::fprintf(stderr,
+                   "train_gpt: rank %d imported %lld tensors of %s (%.1f MB of its %.1f MB read%s) "
+                   "in %.1f s; host memory %.1f MB before the model, %.1f MB now, peak %.1f MB\n",
+                   init.group ? init.group->rank() : 0, static_cast<long long>(r.tensors),
+                   args.hf_model.c_str(), r.bytes_read / 1e6, weights.total_bytes() / 1e6,
+                   partitioned ? ": its shards" : "",
+                   std::chrono::duration<double>(Clock::now() - t0).count(), rss_before / 1e6,
+                   rss / 1e6, peak / 1e6);
+    }
+    if (args.host_init)
+      init.device = device;
+    else if (!partitioned)
+      model->to(device);
+    auto e = std::make_shared<strata::ModelEngine<strata::models::CausalLM>>(model, std::move(config),
+                                                                             std::move(init));
+    // Hugging Face's causal-LM loss: the labels are the inputs, shifted inside the model.
+    loss_of = [e](const torch::Tensor& tokens, const torch::Tensor&) {
+      return e->forward(tokens, tokens);
+    };
+    module = model.ptr();
+    engine = e;
+  } else {
+    GPT model = make_gpt(model_config, config.moe, args.seed, init.group);
+    if (init.partitioned_init) init.partitioned_init->finish();
+    const auto layers = strata::moe::moe_layers(*model);
+    if (args.expert_kernel != "auto")  // forced: the grouped kernel runs the packed-routes path
+      for (auto* layer : layers)
+        layer->experts->set_kernel(args.expert_kernel == "grouped" ? strata::moe::ExpertKernel::Grouped
+                                                                   : strata::moe::ExpertKernel::Batched);
+    // --host-init: built in host memory, moved by the engine (at stage 3 a unit at a time, so a
+    // model larger than the device trains); otherwise here, whole (a PartitionedInit's shards are
+    // on the device already).
+    if (args.host_init)
+      init.device = device;
+    else if (!partitioned)
+      model->to(device);
+    auto e = std::make_shared<strata::ModelEngine<GPT>>(model, std::move(config), std::move(init));
+    loss_of = [e](const torch::Tensor& tokens, const torch::Tensor& targets) {
+      return e->forward(tokens, targets);
+    };
+    module = model.ptr();
+    engine = e;
+  }
+  const auto moe_layers = strata::moe::moe_layers(*module);
+  if (hf && text && model_config.vocab < 256)  // the text's tokens are its bytes
+    throw Error(fmt::format("--hf-model {}: its vocabulary has {} tokens, fewer than the 256 byte "
+                            "values of the built-in or --data text; give token files "
+                            "(--data tokens:...)", args.hf_model, model_config.vocab));
 
   const int64_t micro = engine->train_micro_batch_size_per_gpu();
   const int64_t gas = engine->gradient_accumulation_steps();
@@ -171,8 +273,10 @@ int run(const strata::examples::TrainArgs& args) {
   const int64_t rank = engine->data_parallel_rank();
   const int64_t tokens_per_step = engine->train_batch_size() * model_config.seq_len;
   int64_t parameters = 0;
-  for (const auto& p : model->parameters()) parameters += p.numel();
-  strata::log::info("train_gpt: model {} ({:.2f}M parameters) on {}, data: {}", args.model,
+  for (const auto& p : module->parameters()) parameters += p.numel();
+  strata::log::info("train_gpt: model {} ({:.2f}M parameters) on {}, data: {}",
+                    hf ? fmt::format("{} ({})", args.hf_model, family_name(hf_config->family))
+                       : args.model,
                     parameters / 1e6, device.str(),
                     text ? text->description()
                          : fmt::format("{} token file(s), {} samples of {} tokens per epoch",
@@ -206,7 +310,20 @@ int run(const strata::examples::TrainArgs& args) {
   auto save = [&](int64_t next_step) {
     nlohmann::json client = {{"next_step", next_step}, {"seed", args.seed}};
     if (tokens) client["data_position"] = data_start + next_step * global_batch;
-    engine->save_checkpoint(args.save_dir, fmt::format("step{}", next_step), client);
+    // The Hugging Face folder the model came from: strata-ckpt's export copies its config.json.
+    if (hf) client[strata::checkpoint::kHfSourceKey] = absolute_path(args.hf_model);
+    const auto tag = fmt::format("step{}", next_step);
+    engine->save_checkpoint(args.save_dir, tag, client);
+    if (!args.hf_export.empty()) {
+      const auto out = fmt::format("{}/{}", args.hf_export, tag);
+      if (rank == 0) {
+        const auto r = strata::checkpoint::export_hf_folder(
+            strata::checkpoint::FullWeights(args.save_dir, tag), out);
+        strata::log::info("train_gpt: exported {} tensors ({}) in {} shard(s) to {}", r.tensors,
+                          c10::toString(r.dtype), r.shards, out);
+      }
+      if (auto& group = engine->data_parallel_group()) group->barrier();
+    }
   };
 
   const auto start = Clock::now();
@@ -246,7 +363,7 @@ int run(const strata::examples::TrainArgs& args) {
       // The engine keys the gates' noise by this global micro-batch (its chunk m * world + rank
       // of the step's batch), so any world size and accumulation draws the same for the same
       // samples, resumed or not.
-      auto loss = engine->forward(batch.tokens.to(device), batch.targets.to(device));
+      auto loss = loss_of(batch.tokens.to(device), batch.targets.to(device));
       for (auto* layer : moe_layers) {
         moe_sums[0] += layer->last().l_aux.detach().to(torch::kDouble);
         moe_sums[1] += layer->last().dropped.to(torch::kDouble);
@@ -326,6 +443,7 @@ int run(const strata::examples::TrainArgs& args) {
       row["skipped"] = engine->last_step_skipped();
       row["skipped_steps"] = engine->skipped_steps();  // in all, since step 1
       row["model_state_bytes"] = engine->model_state_bytes().total();
+      row["host_peak_rss_bytes"] = host_rss().second;  // this process's (rank 0's) peak so far
       if (const auto* t = engine->last_offload_times(); t && t->speculated > 0) {
         // super_offload: steps begun during backward, and those redone or dropped after it.
         row["speculated_steps"] = t->speculated;
@@ -391,6 +509,9 @@ int run(const strata::examples::TrainArgs& args) {
     if (enough) break;
   }
   strata::log::end_status();
+  if (hf)
+    std::fprintf(stderr, "train_gpt: rank %lld host memory peak %.1f MB\n",
+                 static_cast<long long>(rank), host_rss().second / 1e6);
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
   const int64_t skipped = engine->skipped_steps();
   strata::log::info("train_gpt: loss {:.4f} -> {:.4f} in {} steps ({} applied, {} skipped for "

@@ -195,4 +195,10 @@ torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch:
   return nn::linear_cross_entropy(rows, head_weight(), targets.reshape({-1}), options);
 }
 
+checkpoint::ImportOptions hf_import_options(const DecoderConfig& config) {
+  checkpoint::ImportOptions options;
+  if (config.tie_word_embeddings) options.ignored.push_back("lm_head.weight");
+  return options;
+}
+
 }  // namespace strata::models

@@ -21,6 +21,7 @@
 #include <torch/torch.h>
 
 #include "models/hf_config.h"
+#include "runtime/checkpoint/import_weights.h"
 
 namespace strata::models {
 
@@ -127,5 +128,11 @@ class CausalLMImpl : public torch::nn::Module {
   DecoderConfig config_;
 };
 TORCH_MODULE(CausalLM);
+
+// How a Hugging Face folder's tensors map onto CausalLM for checkpoint::import_weights: the names
+// are the same; a tied model leaves unused an lm_head.weight the files may hold beside the
+// embedding (transformers reads neither copy of it then). Set `partitioned` before importing into
+// a model built in shards.
+checkpoint::ImportOptions hf_import_options(const DecoderConfig& config);
 
 }  // namespace strata::models

@@ -179,6 +179,9 @@ class Engine {
   // buffers in one LibTorch module archive, DIR/FILE, that torch::load(model, path) reads. Every
   // rank calls it; rank 0 writes. At stage 3 it gathers the units one at a time and needs
   // zero_optimization.stage3_gather_16bit_weights_on_model_save (else strata::Error saying so).
+  // With file "model.safetensors" it writes a Hugging Face folder's weights instead (safetensors,
+  // shards of at most 5 GB with model.safetensors.index.json, the module's names, each tensor
+  // once), streamed a unit at a time at stage 3; the program copies config.json beside them.
   void save_16bit_model(const std::string& dir, const std::string& file = "model.pt");
   // The config's monitors (tensorboard, csv_monitor): the engine writes train_loss, lr,
   // loss_scale, grad_norm and model-state memory at every optimizer step (x axis: samples, as
@@ -290,6 +293,8 @@ class Engine {
   // null on the others, which gather along), each unit gathered and written in turn, so that no
   // more than one unit is whole in memory.
   void stream_stage3_model(checkpoint::TensorFileWriter* out);
+  // save_16bit_model's safetensors folder (rank 0 writes; every rank gathers along at stage 3).
+  void stream_16bit_safetensors(const std::string& dir, bool writer);
   // Stage 3: the saved parameters into the units' shards, the buffers into the module.
   template <class TensorFile>
   void install_stage3_weights(const TensorFile& states);

@@ -18,6 +18,7 @@
 
 #include "moe/expert_params.h"
 #include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/hf_folder.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/rng_state.h"
 #include "runtime/checkpoint/saved_partitions.h"
@@ -222,8 +223,19 @@ void Engine::save_16bit_model(const std::string& dir, const std::string& file) {
         "{}: save_16bit_model writes rank 0's module, and with moe.ep_size {} rank 0 holds only "
         "some of the experts; save a checkpoint (save_checkpoint), which keeps every expert",
         config_.source, expert_groups_.expert_parallel->size()));
-  NamedTensors params, buffers;
   const bool writer = data_parallel_rank() == 0;
+  if (file.size() >= 12 && file.compare(file.size() - 12, 12, ".safetensors") == 0) {
+    if (file != checkpoint::kHfWeightsFile)
+      throw Error(fmt::format("save_16bit_model({}, {}): a .safetensors save is a Hugging Face "
+                              "folder, whose weights are named {} (or shards of it with an "
+                              "index); pass that name",
+                              dir, file, checkpoint::kHfWeightsFile));
+    stream_16bit_safetensors(dir, writer);
+    if (group_) group_->barrier();
+    log::info("[strata] saved the 16-bit model to {} (safetensors)", dir);
+    return;
+  }
+  NamedTensors params, buffers;
   const auto whole =
       dense().coordinator() ? stage3_host_copies(writer, /*with_experts=*/true) : model_tensors(*module_, {});
   for (const auto& [key, t] : whole) {
@@ -238,6 +250,55 @@ void Engine::save_16bit_model(const std::string& dir, const std::string& file) {
   log::info("[strata] saved the 16-bit model to {}/{}", dir, file);
 }
 
+
+void Engine::stream_16bit_safetensors(const std::string& dir, bool writer) {
+  // Each tensor once, under its first name (a tied weight is saved once, as save_pretrained
+  // does), then the buffers; every rank walks the same plan (stage 3 gathers collectively).
+  std::vector<checkpoint::TensorSpec> specs;
+  std::unordered_map<std::string, torch::Tensor> tensors;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : module_->named_parameters())
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) {
+      specs.push_back({p.key(), p.value().scalar_type(), p.value().sizes().vec()});
+      tensors.emplace(p.key(), p.value());
+    }
+  for (const auto& b : module_->named_buffers()) {
+    specs.push_back({b.key(), b.value().scalar_type(), b.value().sizes().vec()});
+    tensors.emplace(b.key(), b.value());
+  }
+  std::unique_ptr<checkpoint::HfFolderWriter> out;
+  if (writer) out = std::make_unique<checkpoint::HfFolderWriter>(dir, specs, checkpoint::kHfDefaultShardBytes);
+  // Stage 3: the unit holding the next tensor is gathered (the last one released first), so one
+  // unit at a time is whole.
+  struct Pinned {
+    zero::ParamUnits* units;
+    zero::ParamCoordinator* coordinator;
+    int64_t unit = -1;
+  };
+  std::vector<Pinned> holders;
+  for (const auto& g : groups_)
+    if (g->units()) holders.push_back({g->units(), g->coordinator()});
+  auto unpin = [](Pinned& h) {
+    if (h.unit < 0) return;
+    h.coordinator->unpin();
+    h.coordinator->release_all();
+    h.unit = -1;
+  };
+  for (const auto& shard : checkpoint::hf_shard_plan(specs, checkpoint::kHfDefaultShardBytes))
+    for (const auto& spec : shard) {
+      const auto& t = tensors.at(spec.name);
+      for (auto& h : holders) {
+        const auto u = t.has_storage() ? h.units->unit_of(t.storage().unsafeGetStorageImpl()) : -1;
+        if (u < 0 || u == h.unit) continue;
+        for (auto& other : holders) unpin(other);
+        h.coordinator->pin({size_t(u)});
+        h.unit = u;
+      }
+      if (out) out->write(t.detach());
+    }
+  for (auto& h : holders) unpin(h);
+  if (out) out->commit();
+}
 
 void Engine::save_checkpoint(const std::string& dir, std::string tag, const json& client_state) {
   torch::NoGradGuard no_grad;

@@ -63,6 +63,10 @@ class PartitionedInit {
     int64_t numel = 0, chunk = 0;
   };
   std::optional<Shard> shard_of(const torch::Tensor& t) const;
+  // This rank's shard of a tensor is elements [rank() * chunk, (rank() + 1) * chunk) of its
+  // flattened elements (zero past numel).
+  int64_t rank() const { return rank_; }
+  int64_t parts() const { return parts_; }
   // The whole tensor, all-gathered from the shards (a collective), in its shape.
   torch::Tensor full_value(const torch::Tensor& t) const;
   // The same, and the shard is dropped: the engine's units take the tensors one at a time, so

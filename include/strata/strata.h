@@ -7,7 +7,8 @@
 //
 // What it brings: the engine (strata::initialize, strata::InitOptions, strata::Engine), the
 // optimizer and LR-schedule registries (strata::register_optimizer, ...), checkpoints
-// (engine->save_checkpoint / load_checkpoint, strata::checkpoint::consolidate), monitors, the
+// (engine->save_checkpoint / load_checkpoint, strata::checkpoint::consolidate), Hugging Face
+// folders in and out (strata::checkpoint::import_weights, HfWeights, export_hf_folder), monitors, the
 // fused linear head + cross-entropy (strata::nn::linear_cross_entropy), the config types,
 // strata::Error, and the version (strata/version.h). Models of published architectures:
 // <strata/models.h>.
@@ -21,6 +22,7 @@
 
 #include "moe/layer.h"
 #include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/hf_export.h"
 #include "runtime/checkpointing/checkpoint.h"
 #include "runtime/config/config.h"
 #include "runtime/device_memory.h"

@@ -18,82 +18,114 @@ namespace strata::checkpoint {
 
 namespace {
 
-NamedTensors consolidate_checked(const CheckpointReader& reader, torch::ScalarType dtype) {
-  const auto model = reader.load_shared("model_states");
-  NamedTensors out;
-  const bool partitioned = reader.has_partition("optim_states");
-  // The optimizer files by range: only their masters are read, not the moments beside them.
-  auto first = partitioned ? reader.open_partition("optim_states", 0)
-                           : reader.open_shared("optim_states");
-  std::map<std::string, torch::Tensor> master;  // parameter name -> fp32 full value
-  if (first->scalars().value("layout", "") == "flat") {
-    std::vector<std::unique_ptr<TensorFileReader>> files;
-    files.push_back(std::move(first));
-    const int parts = partitioned ? reader.world_size() : 1;
-    for (int p = 1; p < parts; ++p) files.push_back(reader.open_partition("optim_states", p));
-    const SavedPartitions saved(std::move(files));
-    const json& scalars = saved.scalars();
-    const std::string& path = saved.file(0).path();
-    auto flat = torch::empty({saved.flat_numel()}, torch::kFloat);
-    saved.read("master", zero::ShardMap::contiguous(flat.numel(), 1), 0, 0, flat.numel(),
-               flat.data_ptr());
-    int64_t offset = 0;
-    const json& names = scalars.at("flat_params");
-    if (!names.is_array()) throw Error(fmt::format("{}: flat_params is not a list", path));
-    for (const auto& name : names) {
-      const auto& param = model.at("param." + name.get<std::string>());
-      if (param.numel() > flat.numel() - offset)
-        throw Error(fmt::format("{}: parameter {} ends past the {} elements of the flat layout",
-                                path, name.dump(), flat.numel()));
-      master[name] = flat.narrow(0, offset, param.numel()).view(param.sizes());
-      offset += param.numel();
-    }
-    if (offset != flat.numel())  // the flat layout is the parameters back to back, no gaps
-      throw Error(fmt::format("{}: flat_params cover {} of the {} elements of the flat layout",
-                              path, offset, flat.numel()));
-    // Tied weights: a second name of one tensor takes the value of the name it was saved under.
-    // (Named: items() of a temporary would dangle inside the loop.)
-    const json aliases = scalars.value("flat_param_aliases", json::object());
-    for (const auto& [alias, name] : aliases.items()) master[alias] = master.at(name.get<std::string>());
+// JSON and LibTorch errors from what a checkpoint's scalars say (every file passed its checksum;
+// a crafted or buggy checkpoint can still be inconsistent) become one naming the checkpoint.
+template <class F>
+auto naming(const std::string& folder, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw Error(fmt::format("checkpoint '{}' cannot be consolidated: {}", folder,
+                            e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("checkpoint '{}' cannot be consolidated: {}", folder, e.what()));
   }
-  // Parameters from the fp32 master when there is one; frozen ones and buffers as saved. A
-  // buffer that stays float32 (the MoE router's balancing bias) is not cast.
-  for (const auto& [key, tensor] : model.tensors) {
-    const bool param = key.rfind("param.", 0) == 0;
-    const std::string name = key.substr(key.find('.') + 1);
-    const auto it = master.find(name);
-    const auto& value = param && it != master.end() ? it->second : tensor;
-    const bool cast = value.is_floating_point() && (param || !moe::is_float32_buffer_name(name));
-    out.emplace_back(key, cast ? value.to(dtype) : value);
-  }
-  // MoE experts, saved per expert: whole, as the ep_size 1 model names them, from their fp32
-  // master weights.
-  if (reader.has_partition("expert_states")) {
-    const SavedExperts experts(reader);
-    for (auto& [name, t] : experts.parameters(experts.assemble("master")))
-      out.emplace_back("param." + name, t.to(dtype));
-  }
-  return out;
+}
+
+bool cast_key(const std::string& key) {
+  return key.rfind("param.", 0) == 0 || !moe::is_float32_buffer_name(key.substr(key.find('.') + 1));
 }
 
 }  // namespace
 
+FullWeights::~FullWeights() = default;
+
+const std::string& FullWeights::folder() const { return reader_->folder(); }
+bool FullWeights::casts(const std::string& key) const { return cast_key(key); }
+const json& FullWeights::model_scalars() const { return model_->scalars(); }
+
+FullWeights::FullWeights(const std::string& dir, const std::string& tag)
+    : reader_(std::make_unique<CheckpointReader>(dir, tag)) {
+  naming(reader_->folder(), [&] {
+    const auto& reader = *reader_;
+    model_ = reader.open_shared("model_states");
+    const bool partitioned = reader.has_partition("optim_states");
+    // The optimizer files by range: only their masters are read, not the moments beside them.
+    auto first = partitioned ? reader.open_partition("optim_states", 0)
+                             : reader.open_shared("optim_states");
+    if (first->scalars().value("layout", "") == "flat") {
+      std::vector<std::unique_ptr<TensorFileReader>> files;
+      files.push_back(std::move(first));
+      const int parts = partitioned ? reader.world_size() : 1;
+      for (int p = 1; p < parts; ++p) files.push_back(reader.open_partition("optim_states", p));
+      master_ = std::make_unique<SavedPartitions>(std::move(files));
+      const json& scalars = master_->scalars();
+      const std::string& path = master_->file(0).path();
+      const json& names = scalars.at("flat_params");
+      if (!names.is_array()) throw Error(fmt::format("{}: flat_params is not a list", path));
+      int64_t offset = 0;
+      const int64_t flat = master_->flat_numel();
+      for (const auto& name : names) {
+        const auto numel = model_->numel("param." + name.get<std::string>());
+        if (numel > flat - offset)
+          throw Error(fmt::format("{}: parameter {} ends past the {} elements of the flat layout",
+                                  path, name.dump(), flat));
+        master_range_[name.get<std::string>()] = {offset, numel};
+        offset += numel;
+      }
+      if (offset != flat)  // the flat layout is the parameters back to back, no gaps
+        throw Error(fmt::format("{}: flat_params cover {} of the {} elements of the flat layout",
+                                path, offset, flat));
+      // Tied weights: a second name of one tensor takes the range of the name it was saved under.
+      const json aliases = scalars.value("flat_param_aliases", json::object());
+      for (const auto& [alias, name] : aliases.items())
+        master_range_[alias] = master_range_.at(name.get<std::string>());
+    }
+    for (const auto& spec : model_->info().tensors) {
+      auto s = spec;
+      const auto name = s.name.substr(s.name.find('.') + 1);
+      if (s.name.rfind("param.", 0) == 0 && master_range_.count(name)) s.dtype = torch::kFloat;
+      specs_.push_back(std::move(s));
+    }
+    // MoE experts, saved per expert: whole, as the ep_size 1 model names them, from their fp32
+    // master weights.
+    if (reader.has_partition("expert_states")) {
+      const SavedExperts experts(reader);
+      for (auto& [name, t] : experts.parameters(experts.assemble("master"))) {
+        specs_.push_back({"param." + name, t.scalar_type(), t.sizes().vec()});
+        experts_.emplace("param." + name, t);
+      }
+    }
+  });
+}
+
+torch::Tensor FullWeights::read(const std::string& key) const {
+  const auto e = experts_.find(key);
+  if (e != experts_.end()) return e->second;
+  const auto name = key.substr(key.find('.') + 1);
+  const auto range = master_range_.find(name);
+  if (key.rfind("param.", 0) != 0 || range == master_range_.end()) return model_->at(key);
+  auto out = torch::empty(model_->spec(key).shape, torch::kFloat);
+  master_->read("master", zero::ShardMap::contiguous(master_->flat_numel(), 1), 0,
+                range->second.first, range->second.second, out.data_ptr());
+  return out;
+}
+
+torch::Tensor FullWeights::at(const std::string& key, torch::ScalarType dtype) const {
+  return naming(folder(), [&] {
+    auto t = read(key);
+    return t.is_floating_point() && cast_key(key) ? t.to(dtype) : t;
+  });
+}
+
 NamedTensors consolidate(const std::string& dir, const std::string& tag,
                          torch::ScalarType dtype) {
-  CheckpointReader reader(dir, tag);
-  // Every file passed its checksum; what its scalars say can still be inconsistent (a crafted
-  // or buggy checkpoint): JSON and LibTorch errors become one naming the checkpoint.
-  try {
-    return consolidate_checked(reader, dtype);
-  } catch (const Error&) {
-    throw;
-  } catch (const c10::Error& e) {
-    throw Error(fmt::format("checkpoint '{}' cannot be consolidated: {}", reader.folder(),
-                            e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    throw Error(fmt::format("checkpoint '{}' cannot be consolidated: {}", reader.folder(),
-                            e.what()));
-  }
+  const FullWeights weights(dir, tag);
+  NamedTensors out;
+  for (const auto& spec : weights.specs()) out.emplace_back(spec.name, weights.at(spec.name, dtype));
+  return out;
 }
 
 namespace {

@@ -1,9 +1,12 @@
-// strata-ckpt: a Strata checkpoint as one file of full weights.
+// strata-ckpt: a Strata checkpoint as one file of full weights, or as a Hugging Face folder.
 //   strata-ckpt consolidate DIR [--tag TAG] [--dtype fp32|bf16|fp16] [--out FILE]
-//                               [--safetensors FILE]
+//                               [--safetensors FILE] [--hf-folder OUT [--hf-source HF_DIR]
+//                               [--max-shard-size 5GB]]
 //   strata-ckpt compare DIR_A DIR_B [--tag-a TAG] [--tag-b TAG]
 // --out writes LibTorch's module archive (torch::load(model, FILE) in plain LibTorch);
-// --safetensors writes the safetensors format. compare prints, as one JSON object, how far apart
+// --safetensors writes the safetensors format; --hf-folder a Hugging Face folder (sharded
+// safetensors with their index, the config.json and tokenizer files of --hf-source or of the
+// folder the trainer recorded; dtype: --dtype, else config.json's), streamed per tensor. compare prints, as one JSON object, how far apart
 // the two checkpoints' full weights are (per tensor max |a - b| and max |b|; "worst" the tensor
 // furthest apart), and refuses checkpoints of different models. Exit 0 done, 1 error, 2 bad
 // command line.
@@ -15,6 +18,7 @@
 
 #include "runtime/checkpoint/compare.h"
 #include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/hf_export.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/error.h"
 #include "strata/version.h"
@@ -23,7 +27,8 @@ namespace {
 
 const char* kUsage =
     "usage: strata-ckpt consolidate DIR [--tag TAG] [--dtype fp32|bf16|fp16] [--out FILE]\n"
-    "                               [--safetensors FILE]\n"
+    "                               [--safetensors FILE] [--hf-folder OUT [--hf-source HF_DIR]\n"
+    "                               [--max-shard-size 5GB]]\n"
     "       strata-ckpt compare DIR_A DIR_B [--tag-a TAG] [--tag-b TAG]\n"
     "       strata-ckpt --version\n";
 
@@ -54,7 +59,7 @@ int run(const std::vector<std::string>& args) {
   if (args.size() < 2 || args[0] != "consolidate")
     throw Usage("expected: consolidate DIR or compare DIR_A DIR_B");
   const std::string dir = args[1];
-  std::string tag = "latest", dtype_name = "fp32", out, safetensors;
+  std::string tag = "latest", dtype_name, out, safetensors, hf_folder, hf_source, shard_size;
   for (size_t i = 2; i < args.size(); i += 2) {
     if (i + 1 >= args.size()) throw Usage(args[i] + ": missing value");
     const auto& flag = args[i];
@@ -63,15 +68,38 @@ int run(const std::vector<std::string>& args) {
     else if (flag == "--dtype") dtype_name = value;
     else if (flag == "--out") out = value;
     else if (flag == "--safetensors") safetensors = value;
+    else if (flag == "--hf-folder") hf_folder = value;
+    else if (flag == "--hf-source") hf_source = value;
+    else if (flag == "--max-shard-size") shard_size = value;
     else throw Usage("unknown option " + flag);
   }
-  if (out.empty() && safetensors.empty()) throw Usage("give --out FILE, --safetensors FILE or both");
+  if (out.empty() && safetensors.empty() && hf_folder.empty())
+    throw Usage("give --out FILE, --safetensors FILE, --hf-folder OUT or several");
+  if (hf_folder.empty() && (!hf_source.empty() || !shard_size.empty()))
+    throw Usage("--hf-source and --max-shard-size go with --hf-folder OUT");
+  const bool dtype_given = !dtype_name.empty();
+  if (!dtype_given) dtype_name = "fp32";
   torch::ScalarType dtype;
   if (dtype_name == "fp32") dtype = torch::kFloat;
   else if (dtype_name == "bf16") dtype = torch::kBFloat16;
   else if (dtype_name == "fp16") dtype = torch::kHalf;
   else throw Usage("--dtype " + dtype_name + ": expected fp32, bf16 or fp16");
 
+  if (!hf_folder.empty()) {
+    const strata::checkpoint::FullWeights weights(dir, tag);
+    strata::checkpoint::HfExportOptions options;
+    options.source = hf_source;
+    if (dtype_given) options.dtype = dtype;
+    if (!shard_size.empty())
+      options.max_shard_bytes = strata::checkpoint::parse_shard_size(shard_size, "--max-shard-size");
+    const auto r = strata::checkpoint::export_hf_folder(weights, hf_folder, options);
+    std::printf("strata-ckpt: %zu tensors (%s, %.1f MB) in %zu shard(s) to %s%s\n", r.tensors,
+                c10::toString(r.dtype), r.bytes / 1e6, r.shards, hf_folder.c_str(),
+                r.source.empty() ? " (no --hf-source: weights only, no config.json)"
+                                 : fmt::format(", with {} file(s) of {}", r.copied.size(),
+                                               r.source).c_str());
+    if (out.empty() && safetensors.empty()) return 0;
+  }
   const auto tensors = strata::checkpoint::consolidate(dir, tag, dtype);
   strata::checkpoint::NamedTensors params, buffers, flat;
   for (const auto& [key, t] : tensors) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "comm/process_group.h"
+#include "runtime/checkpoint/hf_folder.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "tests/offload/build_fs_dir.h"
@@ -507,11 +508,28 @@ TEST(Stage3Worker, Save16BitModelGathersTheWeightsWhenAsked) {
   const char* job = std::getenv("MASTER_PORT");  // one folder per run of the ranks
   const std::string dir = testing::TempDir() + "/stage3_16bit_" + (job ? job : "1");
   engine2->save_16bit_model(dir, "net.pt");
+  // And as a Hugging Face folder's safetensors, one unit gathered at a time.
+  engine2->save_16bit_model(dir, "model.safetensors");
   Net plain;
   torch::load(plain, dir + "/net.pt");
+  const strata::checkpoint::HfWeights hf(dir);
   auto whole = engine2->gathered_parameters();
-  for (const auto& p : net2->named_parameters())
+  size_t seen = 0;
+  for (const auto& p : net2->named_parameters()) {
     EXPECT_TRUE(torch::equal(plain->named_parameters()[p.key()], p.value())) << p.key();
+    if (!hf.find(p.key())) continue;  // a tied weight's second name
+    auto back = torch::empty_like(p.value());
+    hf.read(p.key(), 0, back.numel(), back.scalar_type(), back.data_ptr());
+    EXPECT_TRUE(torch::equal(back, p.value())) << p.key();
+    ++seen;
+  }
+  EXPECT_EQ(seen + net2->named_buffers().size(), hf.names().size());
+  try {
+    engine2->save_16bit_model(dir, "weights.safetensors");
+    ADD_FAILURE() << "expected strata::Error";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+  }
 }
 
 // ---- building a model larger than a rank ----------------------------------------------------------
