@@ -46,10 +46,11 @@ def run(name, cmd, env=None):
     out = r.stdout + r.stderr
     ranks = {}
     for m in re.finditer(r"rank (\d+) imported .*?read(: its shards)?\) in ([0-9.]+) s; host memory "
-                         r"([0-9.]+) MB before the model, ([0-9.]+) MB now, peak ([0-9.]+) MB", out):
+                         r"([0-9.]+) MB before the model, ([0-9.]+) MB built, ([0-9.]+) MB now, peak ([0-9.]+) MB", out):
         ranks[int(m.group(1))] = {"import_s": float(m.group(3)), "before_mb": float(m.group(4)),
-                                  "after_import_mb": float(m.group(5)),
-                                  "peak_after_import_mb": float(m.group(6))}
+                                  "built_mb": float(m.group(5)),
+                                  "after_import_mb": float(m.group(6)),
+                                  "peak_after_import_mb": float(m.group(7))}
     for m in re.finditer(r"rank (\d+) host memory peak ([0-9.]+) MB", out):
         ranks.setdefault(int(m.group(1)), {})["peak_at_end_mb"] = float(m.group(2))
     return ranks
@@ -63,6 +64,7 @@ def main():
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--work", default=None)
+    p.add_argument("--runs", default="A,B,C,D", help="which runs (the summary needs all four)")
     args = p.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="strata_hf_memory.")
     folder = os.path.join(work, "llama")
@@ -87,6 +89,8 @@ def main():
               "bf16": {"enabled": True},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
               "zero_optimization": {"stage": stage}}
+        if stage == 3:  # the optimizer streams tiles of 1e7 elements (default 1e9: everything)
+            ds["zero_optimization"]["sub_group_size"] = 10 ** 7
         if nvme:
             swap = os.path.join(work, "swap_" + name)
             os.makedirs(swap, exist_ok=True)
@@ -110,10 +114,14 @@ def main():
                                                 ("B_zero3_nvme_whole", 3, 2, False, True),
                                                 ("C_zero0", 0, 1, False, False),
                                                 ("D_zero2", 2, 1, False, False)]:
+        if name[0] not in args.runs.split(","):
+            continue
         mem, losses = train(name, stage, ranks, zero_init, nvme)
         results[name] = {"ranks": mem, "losses": losses}
         print(json.dumps({"run": name, "stage": stage, "ranks": ranks, "zero_init": zero_init,
                           "nvme": nvme, "memory": mem, "losses": losses}), flush=True)
+    if len(results) < 4:
+        return
     tile_mb = 2 * 8 * 2 ** 20 / 1e6
     a = results["A_zero3_nvme_shards"]["ranks"]
     shard_mb = numel * 2 / 2 / 1e6

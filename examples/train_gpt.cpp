@@ -147,6 +147,7 @@ int run(const strata::examples::TrainArgs& args) {
   if (hf) {
     hf_config = strata::models::read_hf_config(args.hf_model);
     hf_config->checkpointing = args.activation_checkpointing;
+    hf_config->init_weights = false;  // every weight comes from the folder or the checkpoint
     model_config = hf_shape(*hf_config, args.hf_model);
   } else {
     model_config = GPTConfig::by_name(args.model);
@@ -210,6 +211,7 @@ int run(const strata::examples::TrainArgs& args) {
     const auto rss_before = host_rss().first;  // the process before the model: LibTorch, buffers
     strata::models::CausalLM model(*hf_config);
     if (init.partitioned_init) init.partitioned_init->finish();
+    const auto rss_built = host_rss().first;
     if (args.resume.empty()) {  // (a resume's checkpoint holds the weights)
       const auto t0 = Clock::now();
       auto io = strata::models::hf_import_options(*hf_config);
@@ -220,12 +222,13 @@ int run(const strata::examples::TrainArgs& args) {
       const auto [rss, peak] = host_rss();
       std::fprintf(stderr,
                    "train_gpt: rank %d imported %lld tensors of %s (%.1f MB of its %.1f MB read%s) "
-                   "in %.1f s; host memory %.1f MB before the model, %.1f MB now, peak %.1f MB\n",
+                   "in %.1f s; host memory %.1f MB before the model, %.1f MB built, %.1f MB now, peak "
+                   "%.1f MB\n",
                    init.group ? init.group->rank() : 0, static_cast<long long>(r.tensors),
                    args.hf_model.c_str(), r.bytes_read / 1e6, weights.total_bytes() / 1e6,
                    partitioned ? ": its shards" : "",
                    std::chrono::duration<double>(Clock::now() - t0).count(), rss_before / 1e6,
-                   rss / 1e6, peak / 1e6);
+                   rss_built / 1e6, rss / 1e6, peak / 1e6);
     }
     if (args.host_init)
       init.device = device;

@@ -17,8 +17,17 @@ namespace {
 namespace F = torch::nn::functional;
 namespace ckpt = strata::checkpointing;
 
-torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+// transformers' _init_weights (std < 0: not drawn, DecoderConfig::init_weights), applied to each tensor as soon as it is built: weights
+// normal(0, initializer_range), biases zero (norms are built as ones). Not in a pass over the
+// finished model: inside a PartitionedInit that pass would gather every tensor back whole at once
+// (the construction has moved past them), the model the scope exists to never hold.
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias, double std) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
+  if (std < 0) return l;  // DecoderConfig::init_weights false
+  torch::NoGradGuard no_grad;
+  l->weight.normal_(0.0, std);
+  if (bias) l->bias.zero_();
+  return l;
 }
 
 // Causal attention over q [b, heads, t, d] and k, v [b, heads, t, d], scaled by 1/sqrt(d).
@@ -56,10 +65,11 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 
 AttentionImpl::AttentionImpl(const DecoderConfig& c)
     : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
-  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.attention_bias));
-  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.attention_bias));
-  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.attention_bias));
-  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+  const double std = c.init_weights ? c.initializer_range : -1;
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.attention_bias, std));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std));
+  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias, std));
   if (c.qk_norm) {
     q_norm = register_module("q_norm", RMSNorm(head_dim_, c.rms_norm_eps));
     k_norm = register_module("k_norm", RMSNorm(head_dim_, c.rms_norm_eps));
@@ -84,9 +94,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
 }
 
 MLPImpl::MLPImpl(const DecoderConfig& c) {
-  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+  const double std = c.init_weights ? c.initializer_range : -1;
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias, std));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias, std));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias, std));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
@@ -115,6 +126,10 @@ DecoderModelImpl::DecoderModelImpl(const DecoderConfig& c) : config_(c) {
                             "only; use \"every\" or \"every:K\"", family_name(c.family)));
   if (policy.kind == ckpt::CheckpointPolicy::Kind::kEvery) checkpoint_every_ = policy.every;
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  if (c.init_weights) {
+    torch::NoGradGuard no_grad;
+    embed_tokens->weight.normal_(0.0, c.initializer_range);
+  }
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c));
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
@@ -151,18 +166,8 @@ const std::pair<torch::Tensor, torch::Tensor>& DecoderModelImpl::rope(int64_t se
 CausalLMImpl::CausalLMImpl(const DecoderConfig& c) : config_(c) {
   model = register_module("model", DecoderModel(c));
   if (!c.tie_word_embeddings)
-    lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
-  // transformers' _init_weights.
-  torch::NoGradGuard no_grad;
-  for (auto& p : named_parameters()) {
-    const auto& name = p.key();
-    if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0)
-      p.value().zero_();
-    else if (p.value().dim() == 2)
-      p.value().normal_(0.0, c.initializer_range);
-    else
-      p.value().fill_(1.0);  // the norms
-  }
+    lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false,
+                                                 c.init_weights ? c.initializer_range : -1));
 }
 
 const torch::Tensor& CausalLMImpl::head_weight() const {

@@ -58,6 +58,11 @@ struct DecoderConfig {
   // (runtime/checkpointing/checkpoint.h's policies; "selective" is the example GPT's only).
   std::string checkpointing;
   int64_t loss_chunk_rows = 2048;  // the fused head + loss's rows at once (runtime/nn)
+  // Draw transformers' initial weights (normal(0, initializer_range)). false: LibTorch's own
+  // initialisation stays, for a model whose weights are all loaded next (import_weights checks
+  // that every one is): inside a PartitionedInit each tensor is then partitioned once, never
+  // gathered back to be drawn again.
+  bool init_weights = true;
 
   // Checks the shape (positive sizes, heads divisible by kv heads, an even head_dim, ...);
   // throws strata::Error naming `source` and the key.

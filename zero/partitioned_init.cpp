@@ -159,10 +159,10 @@ void PartitionedInit::seal(torch::Tensor t) {
   const auto opts = t.options().dtype(dtype).device(device);
   int64_t chunk = (t.numel() + parts_ - 1) / parts_;
   chunk = (chunk + options_.alignment - 1) / options_.alignment * options_.alignment;
-  auto padded = torch::zeros({parts_ * chunk}, opts);
-  padded.narrow(0, 0, t.numel()).copy_(data.reshape({-1}));
-  Shard shard{padded.narrow(0, rank_ * chunk, chunk).clone(), t.numel(), chunk};
-  padded = torch::Tensor();
+  // This rank's chunk only (zero past the tensor's end): no copy of the whole tensor is made.
+  Shard shard{torch::zeros({chunk}, opts), t.numel(), chunk};
+  const int64_t lo = std::min(t.numel(), rank_ * chunk), hi = std::min(t.numel(), lo + chunk);
+  if (hi > lo) shard.shard.narrow(0, 0, hi - lo).copy_(data.reshape({-1}).narrow(0, lo, hi - lo));
   // Until the construction is over the tensor keeps its own dtype and device (no bytes): an op of
   // the constructor that comes back to it (Linear's kaiming_uniform_ after its bias's empty())
   // then runs as without partitioning, in fp32, and the 16-bit shard takes the result. Cast at
