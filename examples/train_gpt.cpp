@@ -214,7 +214,7 @@ int run(const strata::examples::TrainArgs& args) {
     const auto rss_built = host_rss().first;
     if (args.resume.empty()) {  // (a resume's checkpoint holds the weights)
       const auto t0 = Clock::now();
-      auto io = strata::models::hf_import_options(*hf_config);
+      auto io = strata::models::hf_import_options(*model);
       io.partitioned = init.partitioned_init;
       const strata::checkpoint::HfWeights weights(args.hf_model);
       const auto r = strata::checkpoint::import_weights(*model, weights, io);
@@ -321,7 +321,8 @@ int run(const strata::examples::TrainArgs& args) {
       const auto out = fmt::format("{}/{}", args.hf_export, tag);
       if (rank == 0) {
         const auto r = strata::checkpoint::export_hf_folder(
-            strata::checkpoint::FullWeights(args.save_dir, tag), out);
+            strata::checkpoint::FullWeights(args.save_dir, tag), out,
+            strata::models::hf_export_options(*hf_config));
         strata::log::info("train_gpt: exported {} tensors ({}) in {} shard(s) to {}", r.tensors,
                           c10::toString(r.dtype), r.shards, out);
       }

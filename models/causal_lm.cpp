@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "models/rope.h"
+#include "moe/balance.h"
 #include "runtime/checkpointing/checkpoint.h"
 #include "runtime/compat.h"
 #include "runtime/error.h"
@@ -104,9 +105,41 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   return down_proj(F::silu(gate_proj(x)) * up_proj(x));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c) {
+moe::MoEOptions moe_layer_options(const DecoderConfig& c, int64_t layer,
+                                  const MoEPlacement& placement) {
+  auto o = placement.value_or(moe::MoEOptions{});
+  if (!placement) o.drop_tokens = false;  // transformers' experts take every route
+  if (c.num_experts_per_tok == 1)
+    throw Error(fmt::format("{} model: num_experts_per_tok 1 is not built (its weight would be 1 "
+                            "under renormalisation, DeepSpeed's top-1 keeps the probability)",
+                            family_name(c.family)));
+  // config.json's architecture.
+  o.hidden_size = c.hidden_size;
+  o.ffn_size = c.moe_intermediate_size;
+  o.num_experts = c.num_experts;
+  o.k = c.num_experts_per_tok;
+  o.score_func = moe::ScoreFunc::Softmax;
+  o.norm_topk_prob = c.norm_topk_prob;
+  o.expert_activation = moe::ExpertActivation::SwiGLU;
+  o.expert_bias = false;
+  o.expert_factory = nullptr;
+  o.noisy_gate_policy = moe::NoisyGatePolicy::None;
+  o.top2_2nd_expert_sampling = false;  // the plain top-k of the probabilities
+  o.aux_loss_coef = 0.0;  // the balance loss is the model's, over every layer (moe/balance.h)
+  o.use_residual = false;
+  o.n_shared_experts = 0;
+  o.layer_id = layer;
+  return o;
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer,
+                                   const MoEPlacement& placement) {
   self_attn = register_module("self_attn", Attention(c));
-  mlp = register_module("mlp", MLP(c));
+  if (c.is_moe_layer(layer))
+    moe = register_module(c.family == Family::kMixtral ? "block_sparse_moe" : "mlp",
+                          moe::MoE(moe_layer_options(c, layer, placement)));
+  else
+    mlp = register_module("mlp", MLP(c));
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
@@ -115,10 +148,12 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c) {
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin) {
   const auto h = x + self_attn(input_layernorm(x), cos, sin);
-  return h + mlp(post_attention_layernorm(h));
+  const auto normed = post_attention_layernorm(h);
+  return h + (moe ? moe(normed) : mlp(normed));
 }
 
-DecoderModelImpl::DecoderModelImpl(const DecoderConfig& c) : config_(c) {
+DecoderModelImpl::DecoderModelImpl(const DecoderConfig& c, const MoEPlacement& placement)
+    : config_(c) {
   c.validate("model config");
   const auto policy = ckpt::CheckpointPolicy::parse(c.checkpointing);
   if (policy.selective())
@@ -131,7 +166,7 @@ DecoderModelImpl::DecoderModelImpl(const DecoderConfig& c) : config_(c) {
     embed_tokens->weight.normal_(0.0, c.initializer_range);
   }
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c, i, placement));
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   inverse_frequencies_ = rope_inverse_frequencies(c);
 }
@@ -163,8 +198,10 @@ const std::pair<torch::Tensor, torch::Tensor>& DecoderModelImpl::rope(int64_t se
   return c.cos_sin;
 }
 
-CausalLMImpl::CausalLMImpl(const DecoderConfig& c) : config_(c) {
-  model = register_module("model", DecoderModel(c));
+CausalLMImpl::CausalLMImpl(const DecoderConfig& c, const MoEPlacement& placement) : config_(c) {
+  model = register_module("model", DecoderModel(c, placement));
+  for (size_t i = 0; i < model->layers->size(); ++i)
+    if (auto m = model->layers->ptr<DecoderLayerImpl>(i)->moe) moe_layers_.push_back(m.get());
   if (!c.tie_word_embeddings)
     lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false,
                                                  c.init_weights ? c.initializer_range : -1));
@@ -194,15 +231,109 @@ torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch:
   nn::LinearCrossEntropyOptions options;
   options.chunk_rows = config_.loss_chunk_rows;
   const auto rows = h.reshape({-1, h.size(-1)});
-  if (num_items_in_batch > 0)
-    return nn::linear_cross_entropy_sum(rows, head_weight(), targets.reshape({-1}), options) /
-           num_items_in_batch;
-  return nn::linear_cross_entropy(rows, head_weight(), targets.reshape({-1}), options);
+  auto loss = num_items_in_batch > 0
+                  ? nn::linear_cross_entropy_sum(rows, head_weight(), targets.reshape({-1}), options) /
+                        num_items_in_batch
+                  : nn::linear_cross_entropy(rows, head_weight(), targets.reshape({-1}), options);
+  // transformers adds the load-balancing loss only when the config asks for router logits.
+  if (config_.output_router_logits && !moe_layers_.empty())
+    loss = loss + aux_loss() * config_.router_aux_loss_coef;
+  return loss;
 }
 
-checkpoint::ImportOptions hf_import_options(const DecoderConfig& config) {
+torch::Tensor CausalLMImpl::aux_loss() const {
+  if (moe_layers_.empty())
+    throw Error(fmt::format("{} model: no MoE layer, no load-balancing loss",
+                            family_name(config_.family)));
+  return moe::hf_load_balancing_loss(moe_layers_, balance_group_);
+}
+
+namespace {
+
+// The experts' maps of every sparse layer, for experts [first, first + local) of each.
+std::vector<checkpoint::FusedWeight> expert_maps(const DecoderConfig& c, int64_t first,
+                                                 int64_t local) {
+  std::vector<checkpoint::FusedWeight> maps;
+  // Sparse layers: this rank's experts from the files' per-expert weights (HF Linear layout,
+  // [out, in]) into the stacked in x out tensors, gate's columns before up's.
+  const bool mixtral = c.family == Family::kMixtral;
+  const std::string block = mixtral ? "block_sparse_moe" : "mlp";
+  const std::string gate = mixtral ? "w1" : "gate_proj", up = mixtral ? "w3" : "up_proj",
+                    down = mixtral ? "w2" : "down_proj";
+  const int64_t d = c.hidden_size, f = c.moe_intermediate_size;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (!c.is_moe_layer(i)) continue;
+    const auto prefix = fmt::format("model.layers.{}.{}.experts.", i, block);
+    checkpoint::FusedWeight w1{prefix + "w1", {}, {}, nullptr, nullptr};
+    checkpoint::FusedWeight w2{prefix + "w2", {}, {}, nullptr, nullptr};
+    for (int64_t e = first; e < first + local; ++e) {
+      const auto name = [&](const std::string& proj) {
+        return fmt::format("{}{}.{}.weight", prefix, e, proj);
+      };
+      w1.sources.push_back(name(gate));
+      w1.sources.push_back(name(up));
+      w1.shapes.push_back({f, d});
+      w1.shapes.push_back({f, d});
+      w2.sources.push_back(name(down));
+      w2.shapes.push_back({d, f});
+    }
+    // [gate_e, up_e]... -> [E, d, 2f]: each expert's gate and up transposed, side by side.
+    w1.combine = [](const std::vector<torch::Tensor>& parts) {
+      std::vector<torch::Tensor> experts;
+      for (size_t k = 0; k < parts.size(); k += 2)
+        experts.push_back(torch::cat({parts[k].t(), parts[k + 1].t()}, 1));
+      return torch::stack(experts);
+    };
+    w1.split = [f](const torch::Tensor& w) {
+      std::vector<torch::Tensor> parts;
+      for (int64_t e = 0; e < w.size(0); ++e) {
+        parts.push_back(w[e].narrow(1, 0, f).t());
+        parts.push_back(w[e].narrow(1, f, f).t());
+      }
+      return parts;
+    };
+    w2.combine = [](const std::vector<torch::Tensor>& parts) {
+      std::vector<torch::Tensor> experts;
+      for (const auto& p : parts) experts.push_back(p.t());
+      return torch::stack(experts);
+    };
+    w2.split = [](const torch::Tensor& w) {
+      std::vector<torch::Tensor> parts;
+      for (int64_t e = 0; e < w.size(0); ++e) parts.push_back(w[e].t());
+      return parts;
+    };
+    maps.push_back(std::move(w1));
+    maps.push_back(std::move(w2));
+  }
+  return maps;
+}
+
+}  // namespace
+
+checkpoint::ImportOptions hf_import_options(CausalLMImpl& model) {
+  const auto& c = model.config();
   checkpoint::ImportOptions options;
-  if (config.tie_word_embeddings) options.ignored.push_back("lm_head.weight");
+  if (c.tie_word_embeddings) options.ignored.push_back("lm_head.weight");
+  if (model.moe_layers().empty()) return options;
+  const auto* layer = model.moe_layers().front();
+  for (const auto* m : model.moe_layers())
+    if (m->experts->streamed())
+      throw Error(fmt::format("{} model: importing streamed experts (moe.expert_unit_size) is not "
+                              "built; import with expert_unit_size 0", family_name(c.family)));
+  const int64_t first = layer->first_expert(), local = layer->num_local_experts();
+  options.fused = expert_maps(c, first, local);
+  // Expert parallelism: the other ranks' experts are in the files too; this rank leaves them.
+  for (const auto& f : expert_maps(c, 0, c.num_experts))
+    for (size_t k = 0; k < f.sources.size(); ++k) {
+      const int64_t expert = f.target.back() == '1' ? int64_t(k / 2) : int64_t(k);  // w1: 2 each
+      if (expert < first || expert >= first + local) options.ignored.push_back(f.sources[k]);
+    }
+  return options;
+}
+
+checkpoint::HfExportOptions hf_export_options(const DecoderConfig& config) {
+  checkpoint::HfExportOptions options;
+  if (config.num_experts > 0) options.fused = expert_maps(config, 0, config.num_experts);
   return options;
 }
 

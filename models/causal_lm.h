@@ -20,7 +20,12 @@
 
 #include <torch/torch.h>
 
+#include <optional>
+#include <vector>
+
 #include "models/hf_config.h"
+#include "moe/layer.h"
+#include "runtime/checkpoint/hf_export.h"
 #include "runtime/checkpoint/import_weights.h"
 
 namespace strata::models {
@@ -60,13 +65,25 @@ class MLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
+// Where the MoE families' experts run, beyond what config.json says: expert parallelism (ep_size
+// and its group), drop_tokens and capacity, streaming, the seed: moe::MoEOptions::from_config of
+// the Strata config's moe block gives them. config.json's architecture (experts, k, widths,
+// norm_topk_prob, SwiGLU) overrides the rest. Unset: one rank, dropless, as transformers runs.
+using MoEPlacement = std::optional<moe::MoEOptions>;
+
+// Layer `layer`'s MoE options (DecoderConfig::is_moe_layer).
+moe::MoEOptions moe_layer_options(const DecoderConfig& config, int64_t layer,
+                                  const MoEPlacement& placement);
+
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit DecoderLayerImpl(const DecoderConfig& config);
+  DecoderLayerImpl(const DecoderConfig& config, int64_t layer = 0,
+                   const MoEPlacement& placement = std::nullopt);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
   Attention self_attn{nullptr};
-  MLP mlp{nullptr};
+  MLP mlp{nullptr};      // null in a sparse layer
+  moe::MoE moe{nullptr};  // a sparse layer's: "mlp" (Qwen3-MoE) or "block_sparse_moe" (Mixtral)
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
 };
 TORCH_MODULE(DecoderLayer);
@@ -74,7 +91,8 @@ TORCH_MODULE(DecoderLayer);
 // Hugging Face's LlamaModel / Qwen3Model: embeddings, layers, final norm.
 class DecoderModelImpl : public torch::nn::Module {
  public:
-  explicit DecoderModelImpl(const DecoderConfig& config);
+  explicit DecoderModelImpl(const DecoderConfig& config,
+                            const MoEPlacement& placement = std::nullopt);
   // input_ids [batch, seq] int64 -> the final norm's output [batch, seq, hidden].
   torch::Tensor forward(const torch::Tensor& input_ids);
 
@@ -105,7 +123,7 @@ class CausalLMImpl : public torch::nn::Module {
  public:
   // Weights initialised as transformers does (normal(0, initializer_range) for linear layers and
   // the embedding, zero biases, unit norms) from LibTorch's default generator.
-  explicit CausalLMImpl(const DecoderConfig& config);
+  explicit CausalLMImpl(const DecoderConfig& config, const MoEPlacement& placement = std::nullopt);
 
   // Hugging Face's causal-LM loss: position t predicts labels[:, t + 1]; labels equal to -100
   // are not counted (the last position never is). The mean over the counted tokens, or, when
@@ -115,6 +133,13 @@ class CausalLMImpl : public torch::nn::Module {
   // (runtime/nn/linear_cross_entropy.h): the logits never exist whole.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& labels,
                         double num_items_in_batch = 0);
+  // The MoE families: the sparse layers' MoE modules, in order (empty for the dense families),
+  // and Hugging Face's load-balancing loss of the last forward (moe/balance.h), unweighted.
+  const std::vector<moe::MoEImpl*>& moe_layers() const { return moe_layers_; }
+  torch::Tensor aux_loss() const;
+  // Data parallelism: the balance loss's statistics over every rank's tokens (moe/balance.h),
+  // as one process would see the whole batch. Unset: each rank's own, as transformers does.
+  void set_balance_group(comm::GroupPtr group) { balance_group_ = std::move(group); }
   // The logits [batch, seq, vocab] (all at once: for evaluation and tests).
   torch::Tensor logits(const torch::Tensor& input_ids);
   // The output head's weight: lm_head.weight, or model.embed_tokens.weight when tied.
@@ -126,13 +151,21 @@ class CausalLMImpl : public torch::nn::Module {
 
  private:
   DecoderConfig config_;
+  std::vector<moe::MoEImpl*> moe_layers_;
+  comm::GroupPtr balance_group_;
 };
 TORCH_MODULE(CausalLM);
 
 // How a Hugging Face folder's tensors map onto CausalLM for checkpoint::import_weights: the names
-// are the same; a tied model leaves unused an lm_head.weight the files may hold beside the
-// embedding (transformers reads neither copy of it then). Set `partitioned` before importing into
-// a model built in shards.
-checkpoint::ImportOptions hf_import_options(const DecoderConfig& config);
+// are the same but for the MoE families' experts, which the files hold per expert
+// (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight; Mixtral's block_sparse_moe...w1, w3,
+// w2) and the model stacked (experts.w1 [E_local, d, 2 * ffn]: gate's and up's columns; experts.w2
+// [E_local, ffn, d]): its map reads this rank's experts only. A tied model leaves unused an
+// lm_head.weight the files may hold beside the embedding (transformers reads neither copy of it
+// then). Set `partitioned` before importing into a model built in shards (dense families only).
+checkpoint::ImportOptions hf_import_options(CausalLMImpl& model);
+// The export's map (runtime/checkpoint/hf_export.h) of a checkpoint of this config, whose experts
+// are saved whole: every expert back to the files' per-expert names.
+checkpoint::HfExportOptions hf_export_options(const DecoderConfig& config);
 
 }  // namespace strata::models

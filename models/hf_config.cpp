@@ -35,6 +35,16 @@ const std::set<std::string> kLlamaKeys = {
     "attention_dropout", "mlp_bias", "initializer_range"};
 const std::set<std::string> kQwen3Extra = {"use_sliding_window", "sliding_window",
                                            "max_window_layers", "layer_types"};
+// The mixtures of experts. Qwen3-MoE writes its expert count as num_experts (transformers 4) or
+// num_local_experts (transformers 5's attribute map); Mixtral's experts' width is its
+// intermediate_size.
+const std::set<std::string> kQwen3MoeExtra = {
+    "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+    "output_router_logits"};
+const std::set<std::string> kMixtralExtra = {
+    "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits",
+    "router_jitter_noise", "sliding_window"};
 
 struct Reader {
   const json& j;
@@ -108,9 +118,50 @@ void read_rope(const Reader& r, const std::string& key, DecoderConfig& c) {
       r.fail(key + "." + name, fmt::format("is not a key of rope_type \"{}\"", type));
 }
 
+void read_moe(const Reader& r, DecoderConfig& c) {
+  const bool qwen = c.family == Family::kQwen3Moe;
+  const char* experts_key = qwen && r.has("num_experts") ? "num_experts" : "num_local_experts";
+  if (qwen && r.has("num_experts") && r.has("num_local_experts") &&
+      r.j.at("num_experts") != r.j.at("num_local_experts"))
+    r.fail("num_local_experts", "differs from num_experts: give one");
+  c.num_experts = r.positive(experts_key);
+  c.num_experts_per_tok = r.positive("num_experts_per_tok");
+  c.moe_intermediate_size = qwen ? r.positive("moe_intermediate_size") : c.intermediate_size;
+  c.norm_topk_prob = qwen ? r.flag_or("norm_topk_prob", false) : true;  // Qwen3MoeConfig's default
+  c.decoder_sparse_step = qwen && r.has("decoder_sparse_step") ? r.positive("decoder_sparse_step") : 1;
+  if (qwen && r.has("mlp_only_layers")) {
+    const auto& layers = r.j.at("mlp_only_layers");
+    if (!layers.is_array()) r.fail("mlp_only_layers", "need an array of layer indices");
+    for (const auto& l : layers) {
+      if (!l.is_number_integer()) r.fail("mlp_only_layers", fmt::format("holds {}", l.dump()));
+      c.mlp_only_layers.push_back(l.get<int64_t>());
+    }
+  }
+  c.router_aux_loss_coef = r.number_or("router_aux_loss_coef", qwen ? 0.001 : 0.001);
+  c.output_router_logits = r.flag_or("output_router_logits", false);
+  if (r.number_or("router_jitter_noise", 0.0) != 0.0)
+    r.fail("router_jitter_noise", "is not 0: the router's jitter is not built");
+  if (!qwen && r.has("sliding_window"))
+    r.fail("sliding_window", "is set: sliding-window attention is not built");
+}
+
 }  // namespace
 
-const char* family_name(Family family) { return family == Family::kQwen3 ? "qwen3" : "llama"; }
+const char* family_name(Family family) {
+  switch (family) {
+    case Family::kQwen3: return "qwen3";
+    case Family::kQwen3Moe: return "qwen3_moe";
+    case Family::kMixtral: return "mixtral";
+    default: return "llama";
+  }
+}
+
+bool DecoderConfig::is_moe_layer(int64_t layer) const {
+  if (num_experts == 0) return false;
+  for (auto l : mlp_only_layers)
+    if (l == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
 
 void DecoderConfig::validate(const std::string& source) const {
   auto fail = [&](const std::string& key, const std::string& what) {
@@ -133,6 +184,17 @@ void DecoderConfig::validate(const std::string& source) const {
   if (!(rope_theta > 0)) fail("rope_theta", "need a positive number");
   if (!(initializer_range >= 0)) fail("initializer_range", "need a number >= 0");
   if (loss_chunk_rows < 1) fail("loss_chunk_rows", "need a positive integer");
+  if (num_experts > 0) {
+    if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
+      fail("num_experts_per_tok", fmt::format("is {}: need 1 to num_experts ({})",
+                                              num_experts_per_tok, num_experts));
+    if (moe_intermediate_size < 1) fail("moe_intermediate_size", "need a positive integer");
+    if (decoder_sparse_step < 1) fail("decoder_sparse_step", "need a positive integer");
+    if (!(router_aux_loss_coef >= 0)) fail("router_aux_loss_coef", "need a number >= 0");
+    for (auto l : mlp_only_layers)
+      if (l < 0 || l >= num_hidden_layers)
+        fail("mlp_only_layers", fmt::format("names layer {} of {}", l, num_hidden_layers));
+  }
 }
 
 DecoderConfig parse_hf_config(const json& j, const std::string& source) {
@@ -150,9 +212,19 @@ DecoderConfig parse_hf_config(const json& j, const std::string& source) {
     c.qk_norm = true;
     known.insert(kQwen3Extra.begin(), kQwen3Extra.end());
     known.erase("mlp_bias");
+  } else if (type == "qwen3_moe") {
+    c.family = Family::kQwen3Moe;
+    c.qk_norm = true;
+    known.insert(kQwen3Extra.begin(), kQwen3Extra.end());
+    known.insert(kQwen3MoeExtra.begin(), kQwen3MoeExtra.end());
+    known.erase("mlp_bias");
+  } else if (type == "mixtral") {
+    c.family = Family::kMixtral;
+    known.insert(kMixtralExtra.begin(), kMixtralExtra.end());
+    known.erase("mlp_bias");
   } else {
-    r.fail("model_type", fmt::format("\"{}\" is not supported (supported: llama, qwen3; qwen3_moe "
-                                     "and mixtral are not built yet)", type));
+    r.fail("model_type", fmt::format("\"{}\" is not supported (supported: llama, qwen3, "
+                                     "qwen3_moe, mixtral)", type));
   }
   std::vector<std::string> candidates(known.begin(), known.end());
   candidates.insert(candidates.end(), kInert.begin(), kInert.end());
@@ -172,7 +244,7 @@ DecoderConfig parse_hf_config(const json& j, const std::string& source) {
                                                        : c.num_attention_heads;
   if (r.has("head_dim")) {
     c.head_dim = r.positive("head_dim");
-  } else if (c.family == Family::kQwen3) {
+  } else if (c.family == Family::kQwen3 || c.family == Family::kQwen3Moe) {
     c.head_dim = 128;  // Qwen3Config's default
   } else {
     if (c.hidden_size % c.num_attention_heads != 0)
@@ -214,6 +286,7 @@ DecoderConfig parse_hf_config(const json& j, const std::string& source) {
       r.fail("layer_types", fmt::format("has {} entries for {} layers", types.size(),
                                         c.num_hidden_layers));
   }
+  if (c.family == Family::kQwen3Moe || c.family == Family::kMixtral) read_moe(r, c);
   c.validate(source);
   return c;
 }

@@ -1,5 +1,6 @@
 // A decoder-only model's shape, read from a Hugging Face `config.json` with Hugging Face's own key
-// names: Llama (Llama-3, 3.1, 3.2, 3.3: model_type "llama") and Qwen3 (model_type "qwen3").
+// names: Llama (Llama-3, 3.1, 3.2, 3.3: model_type "llama"), Qwen3 (model_type "qwen3"), and the
+// mixtures of experts Qwen3-MoE ("qwen3_moe") and Mixtral ("mixtral").
 //
 //   auto config = strata::models::read_hf_config("Llama-3.2-1B/config.json");
 //   config.checkpointing = "every";            // Strata's choices, not in config.json
@@ -16,12 +17,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace strata::models {
 
-enum class Family { kLlama, kQwen3 };
+enum class Family { kLlama, kQwen3, kQwen3Moe, kMixtral };
 
 // Llama-3's rope_scaling of type "llama3" (transformers' _compute_llama3_parameters): wavelengths
 // above original_max_position_embeddings / low_freq_factor are stretched by `factor`, those below
@@ -52,6 +54,23 @@ struct DecoderConfig {
   bool mlp_bias = false;        // gate, up and down projections (Llama's key)
   bool qk_norm = false;         // Qwen3: RMSNorm over each head of q and k before RoPE
   double initializer_range = 0.02;  // N(0, this) for a model built without weights
+
+  // Mixture of experts (qwen3_moe, mixtral; num_experts 0 for the dense families): softmax over
+  // the experts, the top num_experts_per_tok, their weights renormalised when norm_topk_prob
+  // (always for Mixtral), SwiGLU experts of moe_intermediate_size (Mixtral's intermediate_size),
+  // no capacity. A layer is sparse unless listed in mlp_only_layers, when (layer + 1) is a
+  // multiple of decoder_sparse_step (Qwen3-MoE's rule; Mixtral's layers are all sparse).
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = true;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  // Hugging Face's load-balancing loss (moe/balance.h), weighed by router_aux_loss_coef, joins
+  // the loss when output_router_logits (transformers adds it only then).
+  double router_aux_loss_coef = 0.0;
+  bool output_router_logits = false;
+  bool is_moe_layer(int64_t layer) const;
 
   // Strata's choices (not in config.json).
   // Activation checkpointing of the decoder layers: "" / "none", "every", "every:K"

@@ -160,13 +160,15 @@ ExpertsImpl::ExpertsImpl(ExpertsOptions options) : options_(std::move(options)) 
                             "(or pass an expert factory)", o.ffn_size));
   }
   const int64_t El = o.local_experts, d = o.hidden_size, f = o.ffn_size;
-  auto W1 = torch::empty({El, d, f}), B1 = torch::empty({El, f});
+  // SwiGLU's first product is gate's and up's side by side.
+  const int64_t f1 = o.activation == ExpertActivation::SwiGLU ? 2 * f : f;
+  auto W1 = torch::empty({El, d, f1}), B1 = torch::empty({El, f1});
   auto W2 = torch::empty({El, f, d}), B2 = torch::empty({El, d});
   const double bound1 = 1.0 / std::sqrt(double(d)), bound2 = 1.0 / std::sqrt(double(f));
   for (int64_t i = 0; i < El; ++i) {
     auto gen = at::detail::createCPUGenerator(expert_key(o, o.first_expert + i));
-    W1[i].copy_(uniform(gen, {d, f}, bound1));
-    B1[i].copy_(uniform(gen, {f}, bound1));
+    W1[i].copy_(uniform(gen, {d, f1}, bound1));
+    B1[i].copy_(uniform(gen, {f1}, bound1));
     W2[i].copy_(uniform(gen, {f, d}, bound2));
     B2[i].copy_(uniform(gen, {d}, bound2));
   }
@@ -214,10 +216,16 @@ std::vector<bool> ExpertsImpl::active_units(const torch::Tensor& rows_per_expert
   return active;
 }
 
+torch::Tensor ExpertsImpl::activate(const torch::Tensor& h) const {
+  if (options_.activation == ExpertActivation::Gelu) return torch::gelu(h);
+  const int64_t f = options_.ffn_size;
+  return torch::silu(h.narrow(-1, 0, f)) * h.narrow(-1, f, f);
+}
+
 torch::Tensor ExpertsImpl::batched(const torch::Tensor& x, const Unit& unit) const {
   // Padding rows (zeros) pass through too; they are never combined, so get no gradient.
-  if (!has_bias()) return torch::bmm(torch::gelu(torch::bmm(x, unit.w1)), unit.w2);
-  auto h = torch::gelu(torch::baddbmm(unit.b1.unsqueeze(1), x, unit.w1));
+  if (!has_bias()) return torch::bmm(activate(torch::bmm(x, unit.w1)), unit.w2);
+  auto h = activate(torch::baddbmm(unit.b1.unsqueeze(1), x, unit.w1));
   return torch::baddbmm(unit.b2.unsqueeze(1), h, unit.w2);
 }
 
@@ -426,7 +434,7 @@ torch::Tensor ExpertsImpl::run_packed(const torch::Tensor& packed, const torch::
   const bool native = native_grouped(packed);
   const auto offs32 = offs.to(torch::kInt);
   if (!has_bias())
-    return grouped_mm(torch::gelu(grouped_mm(packed, w1, offs32, native)), w2, offs32, native);
+    return grouped_mm(activate(grouped_mm(packed, w1, offs32, native)), w2, offs32, native);
   const auto w1_aug = torch::cat(
       {w1, b1.unsqueeze(1), torch::zeros({El, kBiasPad - 1, w1.size(2)}, w1.options())}, 1);
   // The second bias: a product with each packed row's one-hot expert (no expert past the last
@@ -437,7 +445,7 @@ torch::Tensor ExpertsImpl::run_packed(const torch::Tensor& packed, const torch::
                                               /*right=*/true);
   const auto one_hot =
       row_expert.unsqueeze(1).eq(torch::arange(El, i64).unsqueeze(0)).to(packed.scalar_type());
-  const auto h = torch::gelu(grouped_mm(packed, w1_aug, offs32, native));
+  const auto h = activate(grouped_mm(packed, w1_aug, offs32, native));
   return grouped_mm(h, w2, offs32, native) + one_hot.mm(b2);
 }
 

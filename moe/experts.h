@@ -2,7 +2,8 @@
 // [E_local, T, d] (T = ep_size * capacity tokens per expert, padding rows included).
 //
 // Two kinds:
-//   - built-in: DeepSpeed's Experts of an MLP (Linear(d, ffn), GELU, Linear(ffn, d)), stored as
+//   - built-in: DeepSpeed's Experts of an MLP (Linear(d, ffn), GELU, Linear(ffn, d); or SwiGLU:
+//     ExpertActivation), stored as
 //     stacked tensors w1 [E_local, d, ffn], b1 [E_local, ffn], w2 [E_local, ffn, d], b2
 //     [E_local, d] (ExpertsOptions::bias false: w1 and w2 only, as the PyTorch peer's and
 //     torchtitan's experts). Row i of each tensor is global expert first_expert() + i. Two
@@ -72,9 +73,16 @@ using ExpertFactory = std::function<torch::nn::AnyModule(int64_t global_expert)>
 // after, also when the factory throws); an empty module is refused by name.
 torch::nn::AnyModule build_seeded(const ExpertFactory& factory, int64_t index, uint64_t seed);
 
+// The built-in MLP's activation. SwiGLU (Qwen3-MoE's and Mixtral's experts):
+// down(silu(gate(x)) * up(x)); w1 [E_local, d, 2 * ffn] holds gate's columns [0, ffn) and up's
+// [ffn, 2 * ffn) (b1 likewise), so both kernels run it as the GELU MLP with its first product
+// twice as wide.
+enum class ExpertActivation { Gelu, SwiGLU };
+
 struct ExpertsOptions {
   int64_t hidden_size = 0;    // d
   int64_t ffn_size = 0;       // built-in MLP only
+  ExpertActivation activation = ExpertActivation::Gelu;  // built-in MLP only
   bool bias = true;           // built-in MLP only: b1 and b2
   int64_t first_expert = 0;   // global index of local expert 0
   int64_t local_experts = 1;  // E_local
@@ -152,6 +160,8 @@ class ExpertsImpl : public torch::nn::Module {
   bool has_bias() const { return options_.bias && built_in(); }
   // Streaming: which units run, from the routed rows per local expert ([E_local], on the host).
   std::vector<bool> active_units(const torch::Tensor& rows_per_expert);
+  // The activation between the two products (h: the first product's output, bias included).
+  torch::Tensor activate(const torch::Tensor& h) const;
   // The batched MLP of one unit over its experts' padded rows x [count, T, d].
   torch::Tensor batched(const torch::Tensor& x, const Unit& unit) const;
   // The grouped MLP of one unit over its experts' padded rows, told which rows are filled.

@@ -341,6 +341,10 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
     out.weight = (w * o.route_scale).t().reshape(-1);
   } else if (k == 1) {
     out.weight = gates.gather(1, idx).squeeze(1);
+  } else if (!o.norm_topk_prob) {
+    // Qwen3-MoE's norm_topk_prob false: the chosen probabilities as they are (a dropped route's
+    // weight is never used).
+    out.weight = gates.gather(1, idx).t().reshape(-1);
   } else if (k == 2) {
     const auto kept_sk = kept.view({2, S}).t().to(gates.scalar_type());
     const auto g = gates.gather(1, idx) * kept_sk;
@@ -355,6 +359,9 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
     out.weight = normed.gather(1, idx).t().reshape(-1);
   }
 
+  // Hugging Face's load-balancing loss needs each expert's probability summed over the tokens
+  // (moe/balance.h); differentiable, [E] in the gates' dtype.
+  out.probs_sum = sigmoid ? torch::Tensor() : gates.sum(0);
   if (o.z_loss_coef > 0) {
     out.z_loss = S == 0 ? logits.sum() * 0.0
                         : torch::logsumexp(logits, 1).pow(2).mean() * o.z_loss_coef;

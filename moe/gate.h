@@ -11,7 +11,8 @@
 //     Gumbel noise when top2_2nd_expert_sampling, in eval too, as DeepSpeed) with the 1st masked
 //     out; capacity from cf * 2; positions are first all 1st choices in token order, then all 2nd
 //     choices (offset by the 1st choices' counts); a route at position >= capacity is dropped; the
-//     kept weights are renormalised per token, w / max(sum kept w, eps); l_aux = mean(me*ce)*E*E
+//     kept weights are renormalised per token, w / max(sum kept w, eps) (norm_topk_prob false:
+//     the chosen probabilities as they are, for k >= 2, Qwen3-MoE's); l_aux = mean(me*ce)*E*E
 //     with ce counting 1st choices only.
 //   - k >= 3 follows topkgating: the k most probable experts; capacity from cf * k; drop_policy
 //     Probs keeps each expert's `capacity` most probable routes, Position the first in token
@@ -162,6 +163,9 @@ struct GateRoutes {
   torch::Tensor weight;       // [S*k] logits' dtype, differentiable
   torch::Tensor kept_counts;  // [E] int64, kept routes per expert (slots 0..n-1 are filled)
   torch::Tensor dropped;      // int64 scalar on the logits' device: GateOutput::dropped
+  // Softmax router: each expert's probability summed over the S tokens, [E], differentiable
+  // (Hugging Face's load-balancing loss, moe/balance.h); undefined for the sigmoid router.
+  torch::Tensor probs_sum;
 };
 
 // logits: [S, E], float32 (float64 accepted, e.g. for gradient checks), any device.

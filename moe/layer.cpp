@@ -258,6 +258,7 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   eo.hidden_size = o.hidden_size;
   eo.ffn_size = o.ffn_size;
   eo.bias = o.expert_bias;
+  eo.activation = o.expert_activation;
   eo.first_expert = first_expert();
   eo.local_experts = num_local_experts();
   eo.seed = o.seed;
@@ -499,7 +500,10 @@ void MoEImpl::record(const GateRoutes& g, int64_t capacity, std::vector<int64_t>
   // forward's statistics (expert loads, drops) as they were.
   recompute::side_output(g.l_aux, [this](const torch::Tensor& t) { last_.l_aux = t; });
   recompute::side_output(g.z_loss, [this](const torch::Tensor& t) { last_.z_loss = t; });
+  recompute::side_output(g.probs_sum, [this](const torch::Tensor& t) { last_.probs_sum = t; });
   if (recompute::recomputing()) return;
+  last_.probs_sum = g.probs_sum;
+  last_.tokens = g.token.numel() / std::max<int64_t>(1, options_.k);
   last_.l_aux = g.l_aux;
   last_.z_loss = g.z_loss;
   last_.exp_counts = g.exp_counts;

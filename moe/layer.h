@@ -109,6 +109,8 @@ struct MoEOptions {
   comm::GroupPtr ep_group;
   ExpertFactory expert_factory;  // empty: the built-in MLP (d -> ffn -> GELU -> d)
   bool expert_bias = true;       // the built-in MLP's biases (DeepSpeed's Linear default)
+  // The built-in MLP's activation: GELU (DeepSpeed's), or SwiGLU (moe/experts.h).
+  ExpertActivation expert_activation = ExpertActivation::Gelu;
   // DeepSpeed's Residual MoE (use_residual, PR-MoE): a dense MLP of the experts' shape ("mlp":
   // the built-in MLP, or expert_factory(kResidualMLP)) runs on every token beside the experts,
   // and y = moe(x) * c0 + mlp(x) * c1 with [c0, c1] = softmax(coefficient(x)), coefficient a
@@ -161,6 +163,10 @@ struct MoEStats {
   torch::Tensor l_aux;       // scalar, differentiable, no coefficient (loss() applies it)
   torch::Tensor z_loss;      // scalar, differentiable, coefficient applied; undefined if coef 0
   torch::Tensor exp_counts;  // [E] int64, routes per expert before capacity drops (this rank)
+  // Softmax router: each expert's probability summed over this forward's tokens ([E],
+  // differentiable), and the tokens: Hugging Face's load-balancing loss (moe/balance.h).
+  torch::Tensor probs_sum;
+  int64_t tokens = 0;
   // Routes that reached no expert (this rank): dropped over capacity, or padding under
   // used_token (GateOutput::dropped). An int64 scalar on the layer's device, so that forward
   // never waits for the device; dropped_count() reads it (a host sync on CUDA).

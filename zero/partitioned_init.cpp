@@ -1,5 +1,7 @@
 #include "zero/partitioned_init.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <set>
 #include <string>
@@ -170,6 +172,12 @@ void PartitionedInit::seal(torch::Tensor t) {
   // model other than the one built whole and cast. finish() gives every tensor the model's.
   if (finished_) adopt_shard_type(t, shard);
   release_bytes(t);
+  data = torch::Tensor();
+#ifdef __GLIBC__
+  // The whole tensor's bytes back to the system now: between the small shards kept, the heap
+  // would otherwise keep a hole of each freed tensor in the process's memory.
+  malloc_trim(0);
+#endif
   remember(t, std::move(shard), sealed_count_++);
 }
 

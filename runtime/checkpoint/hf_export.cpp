@@ -98,7 +98,13 @@ HfExportReport export_hf_folder(const FullWeights& weights, const std::string& o
     fused[f.target] = &f;
   }
   std::vector<TensorSpec> specs;
-  std::map<std::string, std::pair<std::string, int64_t>> part_of;  // file name -> key, offset
+  struct Part {
+    std::string key;
+    int64_t offset = -1;  // of a concatenated source in the model's tensor; -1: the whole
+    const FusedWeight* fused = nullptr;  // with split: source k of its split
+    size_t k = 0;
+  };
+  std::map<std::string, Part> part_of;  // file name -> where its values come from
   for (const auto& s : weights.specs()) {
     const auto name = s.name.substr(s.name.find('.') + 1);
     const bool cast = c10::isFloatingType(s.dtype) && weights.casts(s.name);
@@ -106,7 +112,7 @@ HfExportReport export_hf_folder(const FullWeights& weights, const std::string& o
     const auto it = fused.find(name);
     if (it == fused.end()) {
       specs.push_back({name, dtype, s.shape});
-      part_of[name] = {s.name, -1};
+      part_of[name] = {s.name, -1, nullptr, 0};
       continue;
     }
     int64_t offset = 0, total = 1;
@@ -115,7 +121,7 @@ HfExportReport export_hf_folder(const FullWeights& weights, const std::string& o
       int64_t numel = 1;
       for (auto d : it->second->shapes[k]) numel *= d;
       specs.push_back({it->second->sources[k], dtype, it->second->shapes[k]});
-      part_of[it->second->sources[k]] = {s.name, offset};
+      part_of[it->second->sources[k]] = {s.name, offset, it->second, k};
       offset += numel;
     }
     if (offset != total)
@@ -124,10 +130,21 @@ HfExportReport export_hf_folder(const FullWeights& weights, const std::string& o
   }
   make_directories(out);
   HfFolderWriter writer(out, specs, options.max_shard_bytes);
+  std::string split_key;  // the last tensor split (its sources are written in a row, mostly)
+  std::vector<torch::Tensor> split_parts;
   for (const auto& spec : writer.order()) {
-    const auto& [key, offset] = part_of.at(spec.name);
-    auto t = weights.at(key, report.dtype);
-    if (offset >= 0) {
+    const auto& [key, offset, f, k] = part_of.at(spec.name);
+    torch::Tensor t;
+    if (f && f->split) {
+      if (split_key != key) {
+        split_parts = f->split(weights.at(key, report.dtype));
+        split_key = key;
+      }
+      t = split_parts.at(k).contiguous();
+    } else {
+      t = weights.at(key, report.dtype);
+    }
+    if (offset >= 0 && !(f && f->split)) {
       int64_t numel = 1;
       for (auto d : spec.shape) numel *= d;
       t = t.reshape({-1}).narrow(0, offset, numel).view(spec.shape);

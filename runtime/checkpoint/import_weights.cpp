@@ -21,6 +21,7 @@ struct Plan {
   torch::Tensor tensor;
   std::vector<std::string> sources;
   std::vector<int64_t> source_numel;
+  const FusedWeight* fused = nullptr;  // with combine: read whole, combined
 };
 
 std::string listed(const std::vector<std::string>& items) {
@@ -99,7 +100,10 @@ ImportReport import_weights(torch::nn::Module& module, const HfWeights& weights,
       for (const auto& s : sources) used.insert(s);
       return;
     }
-    Plan plan{name, t, sources, {}};
+    Plan plan{name, t, sources, {}, it != fused.end() && it->second->combine ? it->second : nullptr};
+    if (plan.fused && !shapes)
+      throw Error(fmt::format("import_weights: the fused weight '{}' has a combine function but "
+                              "no source shapes", name));
     std::vector<const TensorSpec*> specs;
     std::vector<std::string> absent;
     for (size_t k = 0; k < sources.size(); ++k) {
@@ -128,7 +132,9 @@ ImportReport import_weights(torch::nn::Module& module, const HfWeights& weights,
                             : fmt::format("{} (from {})", name, fmt::join(absent, ", ")));
       return;
     }
-    if (!fits(t.sizes().vec(), specs)) {
+    int64_t total = 0;
+    for (auto n : plan.source_numel) total += n;
+    if (plan.fused ? total != t.numel() : !fits(t.sizes().vec(), specs)) {
       std::vector<std::string> shapes;
       for (const auto* s : specs) shapes.push_back(shape_text(s->shape));
       misshaped.push_back(fmt::format("{}: the model's {}, the file's {}", name,
@@ -165,6 +171,10 @@ ImportReport import_weights(torch::nn::Module& module, const HfWeights& weights,
   std::vector<Target> targets;
   for (const auto& plan : plans) {
     const auto& t = plan.tensor;
+    if (plan.fused && options.partitioned && options.partitioned->shard_of(t))
+      throw Error(fmt::format("import_weights: '{}' is built in shards and its layout needs the "
+                              "sources whole (FusedWeight::combine): build it outside the "
+                              "PartitionedInit", plan.name));
     if (options.partitioned) {
       if (const auto shard = options.partitioned->shard_of(t)) {
         const int64_t lo = std::min(shard->numel, options.partitioned->rank() * shard->chunk);
@@ -183,6 +193,24 @@ ImportReport import_weights(torch::nn::Module& module, const HfWeights& weights,
   }
   ImportReport report;
   for (size_t i = 0; i < plans.size(); ++i) {
+    if (const auto* f = plans[i].fused) {
+      std::vector<torch::Tensor> parts;
+      for (size_t k = 0; k < f->sources.size(); ++k) {
+        auto part = torch::empty(f->shapes[k], plans[i].tensor.options().device(torch::kCPU));
+        weights.read(f->sources[k], 0, part.numel(), part.scalar_type(), part.data_ptr());
+        report.bytes_read += int64_t(part.numel()) *
+                             int64_t(c10::elementSize(weights.find(f->sources[k])->dtype));
+        parts.push_back(std::move(part));
+      }
+      const auto value = f->combine(parts);
+      if (value.sizes() != plans[i].tensor.sizes())
+        throw Error(fmt::format("import_weights: the fused weight '{}' combined into {}, the "
+                                "model's is {}", plans[i].name, c10::str(value.sizes()),
+                                c10::str(plans[i].tensor.sizes())));
+      plans[i].tensor.copy_(value);
+      ++report.tensors;
+      continue;
+    }
     report.bytes_read += read_range(weights, plans[i], targets[i].begin, targets[i].dst.numel(),
                                     targets[i].dst);
     ++report.tensors;

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,12 @@ struct FusedWeight {
   // Each source's shape: checked by the import when given, needed by the export (hf_export.h),
   // which splits the model's tensor back into them.
   std::vector<std::vector<int64_t>> shapes;
+  // A layout concatenation cannot express (a transpose, gate's and up's columns side by side):
+  // combine makes the model's tensor from the sources (whole, in the model's dtype), split the
+  // file's tensors from it (the export). Needs `shapes`; read whole, so not for a tensor built
+  // in shards.
+  std::function<torch::Tensor(const std::vector<torch::Tensor>&)> combine;
+  std::function<std::vector<torch::Tensor>(const torch::Tensor&)> split;
 };
 
 struct ImportOptions {

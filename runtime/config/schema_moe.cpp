@@ -68,7 +68,7 @@ Block make_moe() {
       .min(1)
       .describe("Group-limited routing: the groups each token may route to (of n_group)");
   b.add(&MoeConfig::norm_topk_prob, "norm_topk_prob")
-      .describe("Sigmoid router: each token's k chosen scores normalised to sum 1 as combine weights");
+      .describe("The k chosen scores normalised to sum 1 as combine weights (sigmoid; softmax at top_k >= 2)");
   b.add(&MoeConfig::route_scale, "route_scale")
       .positive()
       .describe("Sigmoid router: scale of the combine weights (DeepSeek-V3's routed_scaling_factor)");
@@ -113,13 +113,16 @@ Block make_moe() {
     // printed config spells every key at its default).
     const std::pair<const char*, bool> sigmoid_only[] = {
         {"bias_update_speed", m.bias_update_speed != 0.0}, {"n_group", m.n_group != 1},
-        {"topk_group", m.topk_group != 1}, {"norm_topk_prob", !m.norm_topk_prob},
-        {"route_scale", m.route_scale != 1.0}};
+        {"topk_group", m.topk_group != 1}, {"route_scale", m.route_scale != 1.0}};
     for (const auto& [key, asks] : sigmoid_only)
       if (!sigmoid && asks)
         ctx.error(join(path, key),
                   fmt::format("{}.{} applies to the sigmoid router (DeepSeek-V3); set {}.score_func to "
                               "\"sigmoid\" or drop the key", path, key, path));
+    if (!sigmoid && !m.norm_topk_prob && k && m.top_k == 1)
+      ctx.error(join(path, "norm_topk_prob"),
+                fmt::format("{}.norm_topk_prob = false: top-1 softmax gating weighs by the raw "
+                            "probability already (DeepSpeed's top1gating); drop the key", path));
     if (m.topk_group > m.n_group)
       ctx.error(join(path, "topk_group"),
                 fmt::format("{}.topk_group = {} exceeds n_group = {}", path, m.topk_group, m.n_group));

@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
     const auto config = strata::models::read_hf_config(argv[1]);
     strata::models::CausalLM model(config);
     const auto r = ckpt::import_weights(*model, ckpt::HfWeights(argv[1]),
-                                        strata::models::hf_import_options(config));
+                                        strata::models::hf_import_options(*model));
     torch::NoGradGuard no_grad;
     model->eval();
     const auto ids = ckpt::load_safetensors(argv[2]).at("input_ids");

@@ -390,6 +390,12 @@ TEST(ConfigReads, MoeBlockReadsTheSigmoidRouterKeys) {
                                              "n_group": 4, "topk_group": 2})")),
                   "moe.top_k = 5 exceeds the 4 experts of topk_group = 2 groups");
   EXPECT_CONTAINS(load_error(with(R"("moe": {"score_func": "tanh"})")), "moe.score_func");
+  // The softmax router takes norm_topk_prob false at top_k >= 2 (Qwen3-MoE's), not at top-1,
+  // whose weight is the probability already.
+  EXPECT_FALSE(load(with(R"("moe": {"num_experts": 4, "top_k": 2, "norm_topk_prob": false})"))
+                   .moe.norm_topk_prob);
+  EXPECT_CONTAINS(load_error(with(R"("moe": {"num_experts": 4, "top_k": 1, "norm_topk_prob": false})")),
+                  "moe.norm_topk_prob = false: top-1 softmax gating");
 }
 
 // fp16.auto_cast and torch_autocast run (runtime/autocast.h): DeepSpeed's names and defaults.
