@@ -208,8 +208,24 @@ int run(const strata::examples::TrainArgs& args) {
   std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss_of;
   const bool partitioned = init.partitioned_init != nullptr;
   if (hf) {
+    // Qwen3-MoE, Mixtral: the config's moe block places the experts (ep_size, capacity); the
+    // routing is config.json's. Without drop_tokens in the block, dropless, as transformers.
+    strata::models::MoEPlacement placement;
+    if (hf_config->num_experts > 0 && !config.moe.given.empty()) {
+      auto o = strata::moe::MoEOptions::from_config(config.moe, hf_config->hidden_size,
+                                                    hf_config->moe_intermediate_size, 0, args.seed,
+                                                    init.group);
+      if (!config.moe.given.count("drop_tokens")) o.drop_tokens = false;
+      const auto differs =
+          strata::models::moe_layer_options(*hf_config, 0, o).differs_from(config.moe);
+      if (!differs.empty())
+        throw Error(fmt::format("{}: {} (config.json of --hf-model {} says how its experts route; "
+                                "drop the key)", args.config, differs, args.hf_model));
+      placement = o;
+    }
     const auto rss_before = host_rss().first;  // the process before the model: LibTorch, buffers
-    strata::models::CausalLM model(*hf_config);
+    strata::models::CausalLM model(*hf_config, placement);
+    model->set_balance_group(init.group);  // the balance loss over every rank's tokens
     if (init.partitioned_init) init.partitioned_init->finish();
     const auto rss_built = host_rss().first;
     if (args.resume.empty()) {  // (a resume's checkpoint holds the weights)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Strata's Hugging Face export against transformers itself (issue 56).
 
-For each fixture family (tests/models/fixtures: llama3, llama3_tied, qwen3): train_gpt imports
-the fixture folder (--hf-model) and trains it 10 steps at ZeRO-3 on 2 CPU ranks with the model
-built in shards (--zero-init), saving a checkpoint and exporting a Hugging Face folder
-(--hf-export). Then, here:
+For each fixture family (tests/models/fixtures: llama3, llama3_tied, qwen3, qwen3_moe,
+qwen3_moe_nonorm, mixtral): train_gpt imports the fixture folder (--hf-model) and trains it 10
+steps at ZeRO-3 on 2 CPU ranks, the dense models built in shards (--zero-init), the MoE ones with
+their experts split over the ranks (moe.ep_size 2), saving a checkpoint and exporting a Hugging
+Face folder (--hf-export: the experts back to per-expert names). Then, here:
   1. the exported folder's tensor names, shapes and dtypes equal the fixture's (what
      save_pretrained wrote);
   2. transformers' AutoModelForCausalLM.from_pretrained loads it with no missing, unexpected or
@@ -58,15 +59,22 @@ def run_family(family, args, work):
     ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    moe = "num_local_experts" in config or "num_experts" in config
+    if moe:  # experts over both ranks (a model built in shards takes no MoE layer)
+        ds["moe"] = {"ep_size": 2}
     ds_path = os.path.join(work, family + ".json")
     json.dump(ds, open(ds_path, "w"))
     save, export = os.path.join(work, family + "_ckpt"), os.path.join(work, family + "_hf")
     bin_dir = os.path.join(args.build, "bin")
     cmd = [os.path.join(bin_dir, "strata-run"), "--num_gpus", "2", "--",
            os.path.join(bin_dir, "train_gpt"), "--device", "cpu", "--config", ds_path,
-           "--hf-model", fixture, "--zero-init", "--data", "tokens:" + data, "--seq-len", "32",
+           "--hf-model", fixture, "--data", "tokens:" + data, "--seq-len", "32",
            "--steps", str(args.steps), "--save-dir", save, "--hf-export", export]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    if not moe:
+        cmd.append("--zero-init")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("%s: train_gpt failed:\n%s%s" % (family, r.stdout[-4000:], r.stderr[-4000:]))
     out = os.path.join(export, "step%d" % args.steps)
 
     result = {"family": family, "folder": out}
@@ -107,7 +115,7 @@ def main():
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--keep", help="work folder to keep (default: a temporary one)")
-    p.add_argument("--families", default="llama3,llama3_tied,qwen3")
+    p.add_argument("--families", default="llama3,llama3_tied,qwen3,qwen3_moe,qwen3_moe_nonorm,mixtral")
     args = p.parse_args()
     work = args.keep or tempfile.mkdtemp(prefix="strata_hf_roundtrip.")
     os.makedirs(work, exist_ok=True)

@@ -20,6 +20,7 @@
 #include <map>
 #include <string>
 
+#include "../sanitized.h"
 #include "models/causal_lm.h"
 #include "moe/balance.h"
 #include "runtime/checkpoint/hf_folder.h"
@@ -247,7 +248,9 @@ double train_and_compare(const std::string& family, bool aux, int stage, int ep_
 
 TEST_P(HfMoeOracle, ThreeAdamWStepsAtStages0And3) {
   for (const bool aux : {false, true})
-    for (const int stage : {0, 3}) train_and_compare(GetParam(), aux, stage, 1, 0, 1);
+    for (const int stage : {0, 3})
+      if (!strata::test::kSanitized || (aux && stage == 3))  // CI's time under the sanitizer
+        train_and_compare(GetParam(), aux, stage, 1, 0, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfMoeOracle, ::testing::ValuesIn(kFamilies));
@@ -262,7 +265,11 @@ TEST(HfMoeOracleWorker, TwoRanksAtEpSizes1And2) {
   for (const auto& family : kFamilies)
     for (const bool aux : {false, true})
       for (const int stage : {0, 3})
-        for (const int ep : {1, 2}) train_and_compare(family, aux, stage, ep, rank, world);
+        for (const int ep : {1, 2})
+          // Under the sanitizer (CI's time) the case that meets the most: balance loss, stage 3,
+          // experts split.
+          if (!strata::test::kSanitized || (aux && stage == 3 && ep == 2))
+            train_and_compare(family, aux, stage, ep, rank, world);
 }
 
 TEST(HfMoeOracleTwoRanks, EveryFamilyAtStages0And3AndEpSizes1And2) {

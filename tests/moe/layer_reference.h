@@ -76,7 +76,10 @@ struct Reference {
       const int64_t t = g.token[r].item<int64_t>(), e = g.expert[r].item<int64_t>();
       auto h = torch::matmul(x[t], w1[e]);
       if (b1.defined()) h = h + b1[e];
-      h = F::gelu(h);
+      if (o.expert_activation == ExpertActivation::SwiGLU)  // gate's columns, then up's
+        h = F::silu(h.narrow(0, 0, o.ffn_size)) * h.narrow(0, o.ffn_size, o.ffn_size);
+      else
+        h = F::gelu(h);
       auto out = torch::matmul(h, w2[e]);
       if (b2.defined()) out = out + b2[e];
       rows[t] = rows[t] + g.weight[r] * out;

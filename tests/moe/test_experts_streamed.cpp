@@ -24,8 +24,10 @@ using namespace strata::test::moe_layer;
 
 constexpr int64_t kExperts = 8;
 
-MoEOptions streamed_options(int64_t k, bool drop_tokens, bool bias, int64_t unit) {
+MoEOptions streamed_options(int64_t k, bool drop_tokens, bool bias, int64_t unit,
+                            bool swiglu = false) {
   auto o = options(k, drop_tokens);
+  if (swiglu) o.expert_activation = ExpertActivation::SwiGLU;
   o.num_experts = kExperts;
   o.expert_bias = bias;
   o.capacity_factor = 0.75;
@@ -43,12 +45,13 @@ struct StreamedCase {
   bool drop_tokens;
   bool bias;
   int64_t unit;
+  bool swiglu = false;
 };
 
 std::string case_name(const StreamedCase& c) {
   return std::string(c.kernel == ExpertKernel::Grouped ? "grouped" : "batched") +
          (c.drop_tokens ? "_drop" : "_dropless") + (c.bias ? "_bias" : "_nobias") + "_unit" +
-         std::to_string(c.unit);
+         std::to_string(c.unit) + (c.swiglu ? "_swiglu" : "");
 }
 
 // The case as its CTest name shows it (without this, gtest prints the struct's bytes, padding
@@ -59,8 +62,8 @@ class StreamedVsStacked : public ::testing::TestWithParam<StreamedCase> {};
 
 TEST_P(StreamedVsStacked, SameOutputsAndGradients) {
   const auto cs = GetParam();
-  MoE stacked(streamed_options(2, cs.drop_tokens, cs.bias, 0));
-  MoE streamed(streamed_options(2, cs.drop_tokens, cs.bias, cs.unit));
+  MoE stacked(streamed_options(2, cs.drop_tokens, cs.bias, 0, cs.swiglu));
+  MoE streamed(streamed_options(2, cs.drop_tokens, cs.bias, cs.unit, cs.swiglu));
   stacked->experts->set_kernel(cs.kernel);
   streamed->experts->set_kernel(cs.kernel);
   ASSERT_TRUE(streamed->experts->streamed());
@@ -107,7 +110,9 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamedCase{ExpertKernel::Batched, false, false, 3},
                       StreamedCase{ExpertKernel::Grouped, true, true, 1},   // packed routes, drops
                       StreamedCase{ExpertKernel::Grouped, false, true, 3},  // dropless, 3 + 3 + 2
-                      StreamedCase{ExpertKernel::Grouped, false, false, 2}),
+                      StreamedCase{ExpertKernel::Grouped, false, false, 2},
+                      StreamedCase{ExpertKernel::Batched, false, false, 3, true},  // SwiGLU
+                      StreamedCase{ExpertKernel::Grouped, false, false, 3, true}),
     [](const auto& info) { return case_name(info.param); });
 
 // Op inputs' storages seen while a callback is installed.

@@ -36,6 +36,8 @@ struct Case {
   DropPolicy drop = DropPolicy::Probs;
   bool expert_bias = true;
   bool padding = false;  // used_token marks the last 4 tokens of each sequence as padding
+  bool swiglu = false;   // SwiGLU experts (Qwen3-MoE's, Mixtral's)
+  bool norm = true;      // norm_topk_prob: the kept weights renormalised (k >= 2)
 };
 
 // The case as its CTest name shows it (without this, gtest prints the struct's bytes, a pointer
@@ -51,6 +53,8 @@ void check_against_reference(const Case& cs, ExpertKernel kernel) {
   o.top2_2nd_expert_sampling = cs.second_sampling;
   o.drop_policy = cs.drop;
   o.expert_bias = cs.expert_bias;
+  if (cs.swiglu) o.expert_activation = ExpertActivation::SwiGLU;
+  o.norm_topk_prob = cs.norm;
   o.capacity_factor = 0.75;  // drops at k <= 2
   o.aux_loss_coef = 0.5;
   MoE m(o);
@@ -144,7 +148,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"top2_no_bias", 2, true, false, NoisyGatePolicy::None, true, DropPolicy::Probs,
              false},
         Case{"top1_no_bias_no_drop", 1, false, true, NoisyGatePolicy::None, false,
-             DropPolicy::Probs, false}),
+             DropPolicy::Probs, false},
+        // Qwen3-MoE / Mixtral: SwiGLU experts, dropless, weights raw or renormalised; and with
+        // drops and biases.
+        Case{"top2_swiglu_raw_no_drop", 2, false, false, NoisyGatePolicy::None, false,
+             DropPolicy::Probs, false, false, true, false},
+        Case{"top3_swiglu_raw", 3, true, false, NoisyGatePolicy::None, false, DropPolicy::Probs,
+             true, false, true, false},
+        Case{"top2_swiglu_no_drop", 2, false, false, NoisyGatePolicy::None, false,
+             DropPolicy::Probs, false, false, true, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The gate's noise is named by the call index: the same call draws the same routes, another call
