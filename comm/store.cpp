@@ -256,8 +256,9 @@ std::unique_ptr<Store> Store::open(const std::string& host, int port, bool serve
     if (Clock::now() + pause >= deadline)
       throw Error(fmt::format("could not reach the rendezvous store at {}:{} within {:g} s: "
                               "rank 0 serves it, so rank 0 has not started, has died, or "
-                              "MASTER_ADDR/MASTER_PORT are wrong ({})",
-                              host, port, timeout.count() / 1000.0, first_error));
+                              "MASTER_ADDR/MASTER_PORT are wrong ({}{})",
+                              host, port, timeout.count() / 1000.0, first_error,
+                              error == first_error ? "" : "; at the last try: " + error));
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }

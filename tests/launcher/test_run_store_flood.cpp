@@ -108,7 +108,8 @@ double run_job(const std::string& dir, const std::string& name, bool flood_it, s
   }
   if (code0 == 0 && code1 == 0) return seconds;
   failure = "rank 0 exit " + std::to_string(code0) + ", rank 1 exit " + std::to_string(code1) +
-            "\nrank 1: " + read_file(dir + "/" + name + "1.log").substr(0, 3000);
+            "\nrank 1: " + read_file(dir + "/" + name + "1.log").substr(0, 3000) +
+            "\nrank 0: " + read_file(dir + "/" + name + "0.log").substr(0, 3000);
   return -1;
 }
 
