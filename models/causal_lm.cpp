@@ -126,6 +126,7 @@ moe::MoEOptions moe_layer_options(const DecoderConfig& c, int64_t layer,
   o.noisy_gate_policy = moe::NoisyGatePolicy::None;
   o.top2_2nd_expert_sampling = false;  // the plain top-k of the probabilities
   o.aux_loss_coef = 0.0;  // the balance loss is the model's, over every layer (moe/balance.h)
+  o.router_probs_sum = true;
   o.use_residual = false;
   o.n_shared_experts = 0;
   o.layer_id = layer;

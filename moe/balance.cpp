@@ -20,8 +20,9 @@ torch::Tensor hf_load_balancing_loss(const std::vector<MoEImpl*>& layers,
                               "over {} experts (layer {} has {} experts{})", E, o.layer_id,
                               o.num_experts, o.score_func != ScoreFunc::Softmax ? ", sigmoid" : ""));
     if (!last.probs_sum.defined())
-      throw Error(fmt::format("moe::hf_load_balancing_loss: layer {} has not run a forward",
-                              o.layer_id));
+      throw Error(fmt::format("moe::hf_load_balancing_loss: layer {} has not run a forward{}",
+                              o.layer_id, o.router_probs_sum ? "" : " with "
+                              "MoEOptions::router_probs_sum set (the probabilities' sums it needs)"));
     const auto r = last.exp_counts.to(last.probs_sum.scalar_type());
     routes = routes.defined() ? routes + r : r;
     probs = probs.defined() ? probs + last.probs_sum : last.probs_sum;

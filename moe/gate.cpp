@@ -361,7 +361,7 @@ GateRoutes gate_routes(const torch::Tensor& logits, const GateOptions& o) {
 
   // Hugging Face's load-balancing loss needs each expert's probability summed over the tokens
   // (moe/balance.h); differentiable, [E] in the gates' dtype.
-  out.probs_sum = sigmoid ? torch::Tensor() : gates.sum(0);
+  if (o.probs_sum && !sigmoid) out.probs_sum = gates.sum(0);
   if (o.z_loss_coef > 0) {
     out.z_loss = S == 0 ? logits.sum() * 0.0
                         : torch::logsumexp(logits, 1).pow(2).mean() * o.z_loss_coef;

@@ -120,6 +120,8 @@ struct GateOptions {
   int64_t topk_group = 1;
   bool norm_topk_prob = true;
   double route_scale = 1.0;
+  // GateRoutes::probs_sum (Hugging Face's balance loss, moe/balance.h); off, no extra reduction.
+  bool probs_sum = false;
   // The sequence-wise balance loss's sequences: tokens [s * T, (s + 1) * T) form one (0: all S).
   int64_t sequence_length = 0;
   // drop_tokens = false for a caller with no capacity-sized buffer (the layer's grouped kernel at
@@ -163,8 +165,9 @@ struct GateRoutes {
   torch::Tensor weight;       // [S*k] logits' dtype, differentiable
   torch::Tensor kept_counts;  // [E] int64, kept routes per expert (slots 0..n-1 are filled)
   torch::Tensor dropped;      // int64 scalar on the logits' device: GateOutput::dropped
-  // Softmax router: each expert's probability summed over the S tokens, [E], differentiable
-  // (Hugging Face's load-balancing loss, moe/balance.h); undefined for the sigmoid router.
+  // Softmax router with GateOptions::probs_sum: each expert's probability summed over the S
+  // tokens, [E], differentiable (Hugging Face's load-balancing loss, moe/balance.h); else
+  // undefined.
   torch::Tensor probs_sum;
 };
 

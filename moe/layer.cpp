@@ -167,6 +167,7 @@ GateOptions MoEOptions::gate_options() const {
   g.topk_group = topk_group;
   g.norm_topk_prob = norm_topk_prob;
   g.route_scale = route_scale;
+  g.probs_sum = router_probs_sum;
   return g;
 }
 

@@ -109,6 +109,9 @@ struct MoEOptions {
   comm::GroupPtr ep_group;
   ExpertFactory expert_factory;  // empty: the built-in MLP (d -> ffn -> GELU -> d)
   bool expert_bias = true;       // the built-in MLP's biases (DeepSpeed's Linear default)
+  // Keep each expert's probability summed over the tokens (MoEStats::probs_sum), for Hugging
+  // Face's load-balancing loss (moe/balance.h); off, the gate does no extra reduction.
+  bool router_probs_sum = false;
   // The built-in MLP's activation: GELU (DeepSpeed's), or SwiGLU (moe/experts.h).
   ExpertActivation expert_activation = ExpertActivation::Gelu;
   // DeepSpeed's Residual MoE (use_residual, PR-MoE): a dense MLP of the experts' shape ("mlp":
