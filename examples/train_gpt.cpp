@@ -82,7 +82,7 @@ strata::examples::GPTConfig hf_shape(const strata::models::DecoderConfig& c, con
   g.layers = c.num_hidden_layers;
   g.heads = c.num_attention_heads;
   g.ffn = c.intermediate_size;
-  g.seq_len = std::min<int64_t>(256, c.max_position_embeddings);
+  g.seq_len = c.max_position_embeddings > 0 ? std::min<int64_t>(256, c.max_position_embeddings) : 256;
   return g;
 }
 

@@ -29,6 +29,9 @@
 #include "runtime/engine.h"
 #include "tests/runtime/engine/launch_workers.h"
 
+// A namespace of its own: this file shares test_models_oracle (one link) with test_hf_oracle.cpp,
+// and a unity build compiles them as one translation unit.
+namespace moe_oracle {
 namespace {
 
 namespace models = strata::models;
@@ -283,3 +286,4 @@ TEST(HfMoeOracleTwoRanks, EveryFamilyAtStages0And3AndEpSizes1And2) {
 }
 
 }  // namespace
+}  // namespace moe_oracle
