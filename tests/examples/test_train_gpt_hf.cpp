@@ -28,6 +28,10 @@
 #include "runtime/checkpoint/import_weights.h"
 #include "train_gpt_runs.h"
 
+// A namespace of its own: this file shares test_examples (one link) with test_train_gpt.cpp, and a
+// unity build compiles them as one translation unit.
+namespace train_hf {
+
 namespace {
 
 using namespace train_gpt_runs;
@@ -205,3 +209,5 @@ TEST(TrainGptHf, ADamagedFolderEndsTheRunNamingTheFile) {
   EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
 }
+
+}  // namespace train_hf
