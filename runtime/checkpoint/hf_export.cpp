@@ -126,21 +126,32 @@ HfExportReport export_hf_folder(const FullWeights& weights, const std::string& o
     }
     if (offset != total)
       throw Error(fmt::format("export of '{}': the fused weight '{}' holds {} elements, its "
-                              "sources' shapes {}", weights.folder(), name, total, offset));
+                              "sources' shapes hold {}", weights.folder(), name, total, offset));
   }
   make_directories(out);
   HfFolderWriter writer(out, specs, options.max_shard_bytes);
-  std::string split_key;  // the last tensor split (its sources are written in a row, mostly)
-  std::vector<torch::Tensor> split_parts;
+  // A split tensor's parts, kept until each has been written (the file's order interleaves the
+  // sources of several: experts.0.down_proj, experts.0.gate_proj, experts.0.up_proj, ...).
+  struct Split {
+    std::vector<torch::Tensor> parts;
+    size_t left = 0;
+  };
+  std::map<std::string, Split> splits;
   for (const auto& spec : writer.order()) {
     const auto& [key, offset, f, k] = part_of.at(spec.name);
     torch::Tensor t;
     if (f && f->split) {
-      if (split_key != key) {
-        split_parts = f->split(weights.at(key, report.dtype));
-        split_key = key;
+      auto it = splits.find(key);
+      if (it == splits.end()) {
+        auto parts = f->split(weights.at(key, report.dtype));
+        if (parts.size() != f->sources.size())
+          throw Error(fmt::format("export of '{}': the fused weight '{}' split into {} tensors, "
+                                  "its map names {}", weights.folder(), f->target, parts.size(),
+                                  f->sources.size()));
+        it = splits.emplace(key, Split{std::move(parts), f->sources.size()}).first;
       }
-      t = split_parts.at(k).contiguous();
+      t = it->second.parts.at(k).contiguous();
+      if (--it->second.left == 0) splits.erase(it);
     } else {
       t = weights.at(key, report.dtype);
     }
