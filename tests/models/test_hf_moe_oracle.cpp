@@ -92,86 +92,94 @@ struct Oracle {
   const torch::Tensor& at(const std::string& name) const { return file.at(name); }
 };
 
-class HfMoeOracle : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(HfMoeOracle, LogitsLossAndGradientsWithTheBalanceLossOffAndOn) {
-  const Oracle oracle(GetParam());
-  const auto& ids = oracle.at("input_ids");
-  const auto& labels = oracle.at("labels");
-  for (const bool aux : {false, true}) {
-    const auto config = config_of(GetParam(), aux);
-    auto model = build(GetParam(), config);
-    const std::string p = aux ? "aux." : "";
-    double logits_error = 0;
-    {
-      torch::NoGradGuard no_grad;
-      logits_error = relative(model->logits(ids), oracle.at("logits"));
-      EXPECT_LE(logits_error, 1e-5);
+TEST(HfMoeOracle, LogitsLossAndGradientsWithTheBalanceLossOffAndOn) {
+  // One test over the families, not one per family: each CTest case is a process start,
+  // seconds under the sanitizer.
+  for (const auto& family : kFamilies) {
+    SCOPED_TRACE(family);
+    const Oracle oracle(family);
+    const auto& ids = oracle.at("input_ids");
+    const auto& labels = oracle.at("labels");
+    for (const bool aux : {false, true}) {
+      const auto config = config_of(family, aux);
+      auto model = build(family, config);
+      const std::string p = aux ? "aux." : "";
+      double logits_error = 0;
+      {
+        torch::NoGradGuard no_grad;
+        logits_error = relative(model->logits(ids), oracle.at("logits"));
+        EXPECT_LE(logits_error, 1e-5);
+      }
+      const auto loss = model->forward(ids, labels);
+      const double loss_error = relative(loss, oracle.at(p + "loss"));
+      EXPECT_LE(loss_error, 1e-5) << "aux " << aux;
+      if (aux) EXPECT_LE(relative(model->aux_loss(), oracle.at("aux.aux_loss")), 1e-5);
+      loss.backward();
+      std::map<std::string, torch::Tensor> grads;
+      for (const auto& q : model->named_parameters()) {
+        ASSERT_TRUE(q.value().grad().defined()) << q.key();
+        grads[q.key()] = q.value().grad();
+      }
+      double worst = 0;
+      size_t compared = 0;
+      for (const auto& [name, g] : file_view(config, grads)) {
+        const double e = relative(g, oracle.at(p + "grad." + name));
+        worst = std::max(worst, e);
+        EXPECT_LE(e, 1e-5) << name << " aux " << aux;
+        ++compared;
+      }
+      EXPECT_EQ(compared, ckpt::HfWeights(fixture_dir(family)).names().size());
+      std::printf("%s balance loss %s: relative error logits %.2e, loss %.2e, worst gradient %.2e\n",
+                  family.c_str(), aux ? "on" : "off", logits_error, loss_error, worst);
     }
-    const auto loss = model->forward(ids, labels);
-    const double loss_error = relative(loss, oracle.at(p + "loss"));
-    EXPECT_LE(loss_error, 1e-5) << "aux " << aux;
-    if (aux) EXPECT_LE(relative(model->aux_loss(), oracle.at("aux.aux_loss")), 1e-5);
-    loss.backward();
-    std::map<std::string, torch::Tensor> grads;
-    for (const auto& q : model->named_parameters()) {
-      ASSERT_TRUE(q.value().grad().defined()) << q.key();
-      grads[q.key()] = q.value().grad();
-    }
-    double worst = 0;
-    size_t compared = 0;
-    for (const auto& [name, g] : file_view(config, grads)) {
-      const double e = relative(g, oracle.at(p + "grad." + name));
-      worst = std::max(worst, e);
-      EXPECT_LE(e, 1e-5) << name << " aux " << aux;
-      ++compared;
-    }
-    EXPECT_EQ(compared, ckpt::HfWeights(fixture_dir(GetParam())).names().size());
-    std::printf("%s balance loss %s: relative error logits %.2e, loss %.2e, worst gradient %.2e\n",
-                GetParam().c_str(), aux ? "on" : "off", logits_error, loss_error, worst);
   }
 }
 
 // The faults a re-implementation is likely to make, seeded one at a time: each must move what the
 // oracle checks past its 1e-5 tolerance (scripts/hf_fixtures.py --check-faults prints transformers'
 // side of the same figures).
-TEST_P(HfMoeOracle, SeededFaultsAreCaught) {
-  const Oracle oracle(GetParam());
-  const auto& ids = oracle.at("input_ids");
-  torch::NoGradGuard no_grad;
-  // Renormalising where the family does not, or not where it does.
-  {
-    auto config = config_of(GetParam(), false);
-    config.norm_topk_prob = !config.norm_topk_prob;
-    const double e = relative(build(GetParam(), config)->logits(ids), oracle.at("logits"));
-    std::printf("%s: renormalisation flipped moves the logits by %.2e\n", GetParam().c_str(), e);
-    EXPECT_GT(e, 1e-5);
-  }
-  // SwiGLU's gate and up exchanged (silu(up) * gate).
-  {
-    const auto config = config_of(GetParam(), false);
-    models::CausalLM model(config);
-    auto options = models::hf_import_options(*model);
-    for (auto& f : options.fused)
-      if (f.target.size() > 2 && f.target.compare(f.target.size() - 2, 2, "w1") == 0)
-        for (size_t k = 0; k + 1 < f.sources.size(); k += 2) std::swap(f.sources[k], f.sources[k + 1]);
-    ckpt::import_weights(*model, ckpt::HfWeights(fixture_dir(GetParam())), options);
-    const double e = relative(model->logits(ids), oracle.at("logits"));
-    std::printf("%s: gate and up exchanged moves the logits by %.2e\n", GetParam().c_str(), e);
-    EXPECT_GT(e, 1e-5);
-  }
-  // The balance loss as the mean of per-layer losses instead of over every layer's rows.
-  auto model = build(GetParam(), config_of(GetParam(), true));
-  model->logits(ids);
-  const auto& layers = model->moe_layers();
-  EXPECT_LE(relative(model->aux_loss(), oracle.at("aux.aux_loss")), 1e-5);
-  if (layers.size() > 1) {
-    auto mean = torch::zeros({});
-    for (auto* layer : layers) mean = mean + strata::moe::hf_load_balancing_loss({layer});
-    mean = mean / double(layers.size());
-    const double e = relative(mean, oracle.at("aux.aux_loss"));
-    std::printf("%s: the balance loss averaged per layer moves it by %.2e\n", GetParam().c_str(), e);
-    EXPECT_GT(e, 1e-5);
+TEST(HfMoeOracle, SeededFaultsAreCaught) {
+  // One test over the families, not one per family: each CTest case is a process start,
+  // seconds under the sanitizer.
+  for (const auto& family : kFamilies) {
+    SCOPED_TRACE(family);
+    const Oracle oracle(family);
+    const auto& ids = oracle.at("input_ids");
+    torch::NoGradGuard no_grad;
+    // Renormalising where the family does not, or not where it does.
+    {
+      auto config = config_of(family, false);
+      config.norm_topk_prob = !config.norm_topk_prob;
+      const double e = relative(build(family, config)->logits(ids), oracle.at("logits"));
+      std::printf("%s: renormalisation flipped moves the logits by %.2e\n", family.c_str(), e);
+      EXPECT_GT(e, 1e-5);
+    }
+    // SwiGLU's gate and up exchanged (silu(up) * gate).
+    {
+      const auto config = config_of(family, false);
+      models::CausalLM model(config);
+      auto options = models::hf_import_options(*model);
+      for (auto& f : options.fused)
+        if (f.target.size() > 2 && f.target.compare(f.target.size() - 2, 2, "w1") == 0)
+          for (size_t k = 0; k + 1 < f.sources.size(); k += 2) std::swap(f.sources[k], f.sources[k + 1]);
+      ckpt::import_weights(*model, ckpt::HfWeights(fixture_dir(family)), options);
+      const double e = relative(model->logits(ids), oracle.at("logits"));
+      std::printf("%s: gate and up exchanged moves the logits by %.2e\n", family.c_str(), e);
+      EXPECT_GT(e, 1e-5);
+    }
+    // The balance loss as the mean of per-layer losses instead of over every layer's rows.
+    auto model = build(family, config_of(family, true));
+    model->logits(ids);
+    const auto& layers = model->moe_layers();
+    EXPECT_LE(relative(model->aux_loss(), oracle.at("aux.aux_loss")), 1e-5);
+    if (layers.size() > 1) {
+      auto mean = torch::zeros({});
+      for (auto* layer : layers) mean = mean + strata::moe::hf_load_balancing_loss({layer});
+      mean = mean / double(layers.size());
+      const double e = relative(mean, oracle.at("aux.aux_loss"));
+      std::printf("%s: the balance loss averaged per layer moves it by %.2e\n", family.c_str(), e);
+      EXPECT_GT(e, 1e-5);
+    }
   }
 }
 
@@ -249,14 +257,18 @@ double train_and_compare(const std::string& family, bool aux, int stage, int ep_
   return worst_all;
 }
 
-TEST_P(HfMoeOracle, ThreeAdamWStepsAtStages0And3) {
-  for (const bool aux : {false, true})
-    for (const int stage : {0, 3})
-      if (!strata::test::kSanitized || (aux && stage == 3))  // CI's time under the sanitizer
-        train_and_compare(GetParam(), aux, stage, 1, 0, 1);
+TEST(HfMoeOracle, ThreeAdamWStepsAtStages0And3) {
+  // One test over the families, not one per family: each CTest case is a process start,
+  // seconds under the sanitizer.
+  for (const auto& family : kFamilies) {
+    SCOPED_TRACE(family);
+    for (const bool aux : {false, true})
+      for (const int stage : {0, 3})
+        if (!strata::test::kSanitized || (aux && stage == 3))  // CI's time under the sanitizer
+          train_and_compare(family, aux, stage, 1, 0, 1);
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfMoeOracle, ::testing::ValuesIn(kFamilies));
 
 // ---- two ranks ----------------------------------------------------------------------------------
 
