@@ -111,8 +111,7 @@ INSTANTIATE_TEST_SUITE_P(
                       StreamedCase{ExpertKernel::Grouped, true, true, 1},   // packed routes, drops
                       StreamedCase{ExpertKernel::Grouped, false, true, 3},  // dropless, 3 + 3 + 2
                       StreamedCase{ExpertKernel::Grouped, false, false, 2},
-                      StreamedCase{ExpertKernel::Batched, false, false, 3, true},  // SwiGLU
-                      StreamedCase{ExpertKernel::Grouped, false, false, 3, true}),
+                      StreamedCase{ExpertKernel::Grouped, false, false, 3, true}),  // SwiGLU
     [](const auto& info) { return case_name(info.param); });
 
 // Op inputs' storages seen while a callback is installed.
