@@ -27,6 +27,7 @@
 #include "runtime/checkpoint/import_weights.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/engine.h"
+#include "tests/models/oracle_util.h"
 #include "tests/runtime/engine/launch_workers.h"
 
 // A namespace of its own: this file shares test_models_oracle (one link) with test_hf_oracle.cpp,
@@ -41,15 +42,9 @@ constexpr double kLr = 1e-3;
 constexpr int kSteps = 3;
 const std::vector<std::string> kFamilies = {"qwen3_moe", "qwen3_moe_nonorm", "mixtral"};
 
-std::string fixture_dir(const std::string& family) {
-  return std::string(STRATA_SOURCE_DIR) + "/tests/models/fixtures/" + family;
-}
-
-double relative(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max() /
-          b.to(torch::kDouble).abs().max().clamp_min(1e-30))
-      .item<double>();
-}
+using strata::test::hf_oracle::counted;
+using strata::test::hf_oracle::fixture_dir;
+using strata::test::hf_oracle::relative;
 
 models::DecoderConfig config_of(const std::string& family, bool aux) {
   auto c = models::read_hf_config(fixture_dir(family));
@@ -181,10 +176,6 @@ TEST(HfMoeOracle, SeededFaultsAreCaught) {
       EXPECT_GT(e, 1e-5);
     }
   }
-}
-
-int64_t counted(const torch::Tensor& labels) {
-  return labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum().item<int64_t>();
 }
 
 // `world` ranks (each on its rows of the batch), ZeRO `stage`, experts over `ep_size` ranks: the

@@ -23,6 +23,7 @@
 #include "models/causal_lm.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/engine.h"
+#include "tests/models/oracle_util.h"
 #include "tests/runtime/engine/launch_workers.h"
 
 namespace {
@@ -34,15 +35,9 @@ using strata::checkpoint::SafetensorsFile;
 constexpr double kLr = 1e-3;
 constexpr int kSteps = 3;
 
-std::string fixture_dir(const std::string& family) {
-  return std::string(STRATA_SOURCE_DIR) + "/tests/models/fixtures/" + family;
-}
-
-double relative(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max() /
-          b.to(torch::kDouble).abs().max().clamp_min(1e-30))
-      .item<double>();
-}
+using strata::test::hf_oracle::counted;
+using strata::test::hf_oracle::fixture_dir;
+using strata::test::hf_oracle::relative;
 
 struct Fixture {
   models::DecoderConfig config;
@@ -106,11 +101,6 @@ TEST_P(HfOracle, LogitsLossAndGradientsEqualHuggingFaces) {
     std::printf("%s checkpointing '%s': relative error logits %.2e, loss %.2e, worst gradient %.2e\n",
                 GetParam().c_str(), checkpointing.c_str(), logits_error, loss_error, worst_grad);
   }
-}
-
-// The counted tokens of `labels` after the shift (Hugging Face's denominator).
-int64_t counted(const torch::Tensor& labels) {
-  return labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum().item<int64_t>();
 }
 
 // `world` ranks, each on rows [rank * rows, ...) of the batch in `gas` micro-batches; the
