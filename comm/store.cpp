@@ -132,8 +132,20 @@ std::string authenticate(int fd, const std::string& secret, Clock::time_point de
   if (const Io sent = write_all(fd, answer, deadline); sent == Io::Closed) {
     busy = true;
     return "the store closed the connection before this rank answered its greeting";
-  } else if (sent != Io::Ok ||
-             read_exact(fd, proof, sizeof proof, deadline) != Io::Ok)
+  } else if (sent != Io::Ok) {
+    return "the store stopped taking this rank's answer to its greeting";
+  }
+  const Io proved = read_exact(fd, proof, sizeof proof, deadline);
+  // A close without a word: the store evicted this connection before it read the answer (a
+  // crowded store); a wrong secret is said (kWrongSecret).
+  if (proved == Io::Closed) {
+    busy = true;
+    return "the store closed the connection before it read this rank's answer (too many "
+           "connections authenticating at once: see rank 0's log for the peers it refused)";
+  }
+  if (proved != Io::Ok)
+    return "the store did not answer this rank's proof of the job's secret in time";
+  if (std::memcmp(proof, wire::kWrongSecret, sizeof proof) == 0)
     return "the store refused this rank: the ranks do not share one STRATA_JOB_SECRET (strata-run "
            "sets it on every rank; under SLURM or mpirun export the same value to every rank)";
   const std::string expected = wire::server_proof(secret, ns, nc);

@@ -142,13 +142,16 @@ struct StoreServer::Impl {
   }
 
   // Makes room for a new connection: the oldest unauthenticated one that has sent nothing (the
-  // list is in accept order), else the oldest unauthenticated one.
+  // list is in accept order), else the oldest unauthenticated one. "Sent nothing" looks into the
+  // socket too: a rank's answer may have arrived since the last poll, and evicting it then would
+  // close a rank that did everything right.
   void evict_oldest() {
     auto victim = conns.end();
     for (auto c = conns.begin(); c != conns.end(); ++c) {
       if (c->authed) continue;
       if (victim == conns.end()) victim = c;
-      if (c->in.empty()) {
+      char byte;
+      if (c->in.empty() && ::recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0) {
         victim = c;
         break;
       }
@@ -243,7 +246,12 @@ struct StoreServer::Impl {
       if (!equal_digests(reinterpret_cast<const uint8_t*>(proof.data()),
                          reinterpret_cast<const uint8_t*>(c.in.data()) + sizeof wire::kMagic +
                              wire::kNonce))
+      {
+        // Said before the close (best effort: a fresh socket has room for 32 bytes), so the
+        // client does not take the close for a crowded store and try again.
+        (void)!::send(c.fd, wire::kWrongSecret, wire::kServerProof, MSG_NOSIGNAL | MSG_DONTWAIT);
         return "it does not know the job's secret (STRATA_JOB_SECRET)";
+      }
       c.authed = true;
       c.key = wire::session_key(options.secret, c.ns, nc);
       c.out += wire::server_proof(options.secret, c.ns, nc);

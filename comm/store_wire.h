@@ -6,6 +6,8 @@
 //   server -> client  kMagic, Ns                 (Ns, Nc: 32 random bytes each)
 //   client -> server  kMagic, Nc, HMAC(K, "client" Ns Nc)
 //   server -> client  HMAC(K, "server" Ns Nc)    (the client checks that the server knows K too)
+//                     or kWrongSecret, then close (a wrong answer is told apart from a store too
+//                     crowded to hear it, which closes without a word: that client tries again)
 // Both then sign with the session key S = HMAC(K, "session" Ns Nc). Each later message is a frame
 //   u32 length (little-endian, at most kMaxPayload), payload, HMAC(S, dir seq length payload)
 // where dir is 'C' (client to server) or 'S' and seq counts that direction's frames from 0: a
@@ -32,6 +34,8 @@ constexpr size_t kMac = 32;
 constexpr size_t kServerHello = sizeof kMagic + kNonce;        // 40
 constexpr size_t kClientAnswer = sizeof kMagic + kNonce + kMac;  // 72
 constexpr size_t kServerProof = kMac;
+// Said instead of the proof to a client whose answer does not prove the secret.
+constexpr char kWrongSecret[kServerProof + 1] = "STRATA: wrong STRATA_JOB_SECRET";
 constexpr uint32_t kMaxPayload = 16u << 20;  // a frame past this drops the connection
 constexpr size_t kHeader = 4;
 

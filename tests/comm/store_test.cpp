@@ -121,12 +121,13 @@ std::string stderr_of(F&& f) {
 
 TEST_F(SecretStore, HostilePeersAreDroppedAndNamedWhileRanksGoOn) {
   const std::string said = stderr_of([&] {
-    // No secret (as a client of an open store would speak), then a wrong one: the server closes
-    // instead of proving itself, and a request sealed afterwards is never answered.
+    // No secret (as a client of an open store would speak), then a wrong one: the server says
+    // so instead of proving itself and closes, and a request sealed afterwards is never answered.
     for (const std::string& secret : {std::string(), std::string("wrong-secret-0123456789")}) {
       RawClient c;
       ASSERT_TRUE(c.connect("127.0.0.1", port()));
-      EXPECT_EQ(c.handshake(secret), "") << "a server proof for secret '" << secret << "'";
+      EXPECT_EQ(c.handshake(secret), std::string(wire::kWrongSecret, wire::kServerProof))
+          << "a server proof for secret '" << secret << "'";
       c.send_request(RawClient::set_request("stolen", "1"));
       EXPECT_TRUE(c.closed_within(2));
     }

@@ -74,6 +74,11 @@ int wait_for(pid_t pid, double seconds) {
 
 [[noreturn]] void flood(int port, int ready_fd);  // below
 
+// The last `n` characters of `text` (a flooded rank 0's log starts with its refusals).
+std::string tail(const std::string& text, size_t n) {
+  return text.size() <= n ? text : text.substr(text.size() - n);
+}
+
 // One 2-rank job; with `flood`, the attacker runs from the port's opening to the job's end and
 // rank 1 starts once it holds its 1,000 connections. The seconds from rank 1's start to the
 // job's end, or -1 when a rank failed (its log in `failure`).
@@ -109,7 +114,7 @@ double run_job(const std::string& dir, const std::string& name, bool flood_it, s
   if (code0 == 0 && code1 == 0) return seconds;
   failure = "rank 0 exit " + std::to_string(code0) + ", rank 1 exit " + std::to_string(code1) +
             "\nrank 1: " + read_file(dir + "/" + name + "1.log").substr(0, 3000) +
-            "\nrank 0: " + read_file(dir + "/" + name + "0.log").substr(0, 3000);
+            "\nrank 0 (its last lines): " + tail(read_file(dir + "/" + name + "0.log"), 3000);
   return -1;
 }
 
