@@ -12,6 +12,7 @@
 
 // The one Strata call of the model: activation checkpointing (deepspeed.checkpointing's).
 #include "runtime/checkpointing/checkpoint.h"
+#include "runtime/checkpointing/tiled.h"
 
 namespace strata::examples {
 namespace F = torch::nn::functional;
@@ -188,7 +189,8 @@ BlockImpl::BlockImpl(const GPTConfig& config, torch::nn::AnyModule ffn, const st
     : ffn_(std::move(ffn)),
       dropout_(config.dropout),
       selective_(ckpt::CheckpointPolicy::parse(config.checkpointing).selective()),
-      moe_padding_(config.moe_padding) {
+      moe_padding_(config.moe_padding),
+      mlp_tiles_(config.mlp_tiles) {
   const auto d = config.d_model;
   norm1_ = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
   attn_ = register_module("attn", Attention(d, config.heads, config.dropout));
@@ -211,10 +213,19 @@ torch::Tensor BlockImpl::feed_forward(const torch::Tensor& h) {
   return ffn_.forward<torch::Tensor>(h, used);
 }
 
+torch::Tensor BlockImpl::norm_feed_forward(const torch::Tensor& x) {
+  if (mlp_tiles_ < 0) return feed_forward(norm2_(x));
+  ckpt::TileOptions options;
+  options.tiles = mlp_tiles_;
+  options.name = name() + ".mlp (tiled)";
+  return ckpt::tiled_function([this](const torch::Tensor& h) { return feed_forward(norm2_(h)); },
+                              concat(norm2_->parameters(), ffn_.ptr()->parameters()), x, options);
+}
+
 torch::Tensor BlockImpl::forward(torch::Tensor x, const torch::Tensor& mask) {
   if (selective_ && torch::GradMode::is_enabled()) return forward_selective(x, mask);
   x = x + dropout(attn_(norm1_(x), mask));
-  return x + dropout(feed_forward(norm2_(x)));
+  return x + dropout(norm_feed_forward(x));
 }
 
 // A plain MLP block is checkpointed as its two residual branches, each keeping its input and
@@ -228,7 +239,7 @@ torch::Tensor BlockImpl::forward_checkpointed(torch::Tensor x, const torch::Tens
   auto mlp = std::dynamic_pointer_cast<MLPImpl>(ffn_.ptr());
   auto self = std::dynamic_pointer_cast<BlockImpl>(shared_from_this());
   if (mask.defined()) return ckpt::checkpoint(self, x, mask);
-  if (!mlp || (dropout_ > 0 && is_training())) return ckpt::checkpoint(self, x);
+  if (!mlp || (dropout_ > 0 && is_training()) || mlp_tiles_ >= 0) return ckpt::checkpoint(self, x);
   auto& attn = *attn_;
   const auto h = x + ckpt::checkpoint_into_linear(
                          [this, &attn](const torch::Tensor& in) { return attn.core(attn.qkv(norm1_(in))); },
@@ -250,6 +261,7 @@ torch::Tensor BlockImpl::forward_selective(torch::Tensor x, const torch::Tensor&
   const auto a = ckpt::checkpoint_into_linear(
       [&attn, mask](const torch::Tensor& p) { return attn.core(p, mask); }, {}, qkv, attn.out);
   x = x + dropout(a);
+  if (mlp_tiles_ >= 0) return x + dropout(norm_feed_forward(x));
   if (auto mlp = std::dynamic_pointer_cast<MLPImpl>(ffn_.ptr())) {
     const auto f = ckpt::checkpoint_into_linear([this](const torch::Tensor& h) { return norm2_(h); },
                                                 norm2_->parameters(), x, mlp->fc);
@@ -272,6 +284,11 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
         "model '{}': padding of {} positions for the mixture of experts needs a model with "
         "experts (tiny-moe, moe-8x, ...) and a count >= 0",
         config.name, config.moe_padding));
+  if (config.mlp_tiles < -1 || (config.mlp_tiles >= 0 && config.experts > 0))
+    throw std::invalid_argument(fmt::format(
+        "model '{}': a tiled feed-forward ({} tiles) needs a dense model (the MoE layer's "
+        "experts are not tiled here) and a count of 0 (derived) or more",
+        config.name, config.mlp_tiles));
   embed_ = register_module("embed", torch::nn::Embedding(config.vocab, config.d_model));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.layers; ++i)

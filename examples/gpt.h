@@ -59,6 +59,13 @@ struct GPTConfig {
   // or "none", "every", "every:K" (every K-th block), "selective" (inside each block, the linear
   // layers' outputs kept, the norms, GELU, attention core and its dropout recomputed).
   std::string checkpointing;
+  // Tiled feed-forward (runtime/checkpointing/tiled.h, ALST's TiledMLP): each block's norm and
+  // MLP run over tiles of the sequence, recomputed tile by tile in backward, so that one tile's
+  // [tile, ffn] intermediates exist at a time. -1: untiled; 0: ceil(seq / d_model) tiles (ALST's
+  // count); N > 0: N tiles. A block checkpointed by the "every" policies is then checkpointed
+  // whole (its recomputation tiles); "selective" tiles the feed-forward instead of keeping the
+  // MLP's products. Dense models only (examples/gpt_moe.h: the MoE layer is not tiled here).
+  int64_t mlp_tiles = -1;
   // Sizes by name: tiny, small, tiny-moe, dense-350M, dense-1.3B, moe-8x, moe-ds
   // (../shared/bench/README.md);
   // "-tied" after tiny or small ties the head to the embedding; tiny-zoo (above); "-dropout"
@@ -127,6 +134,8 @@ class BlockImpl : public torch::nn::Module {
   torch::Tensor dropout(const torch::Tensor& x);
   torch::Tensor forward_selective(torch::Tensor x, const torch::Tensor& mask);
   torch::Tensor feed_forward(const torch::Tensor& h);  // with moe_padding's mask when set
+  // norm2 and the feed-forward of x: over tiles when mlp_tiles_ >= 0.
+  torch::Tensor norm_feed_forward(const torch::Tensor& x);
 
   torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
   Attention attn_{nullptr};
@@ -134,6 +143,7 @@ class BlockImpl : public torch::nn::Module {
   double dropout_ = 0.0;
   bool selective_ = false;
   int64_t moe_padding_ = 0;
+  int64_t mlp_tiles_ = -1;
 };
 TORCH_MODULE(Block);
 

@@ -23,7 +23,7 @@ const char* kUsage =
     "                 [--save-dir DIR] [--save-every N] [--resume DIR] [--version]\n"
     "                 [--applied-steps N]  (stop after N optimizer steps not skipped for overflow)\n"
     "                 [--state-digest]  (metrics: a hash of each rank's optimizer state per step)\n"
-    "                 [--activation-checkpointing none|every|every:K|selective]\n"
+    "                 [--activation-checkpointing none|every|every:K|selective] [--tiled-mlp none|auto|N]\n"
     "                 [--moe-padding K]  (MoE: the last K positions of each sequence take no expert)\n"
     "                 [--expert-kernel auto|batched|grouped]  (the MoE experts' kernel)\n"
     "                 [--hf-model DIR]  (a Hugging Face Llama-3 / Qwen3 folder instead of --model)\n"
@@ -128,6 +128,8 @@ TrainArgs parse_train_args(int argc, char** argv) {
     else if (flag == "--hf-model") args.hf_model = value;
     else if (flag == "--hf-export") args.hf_export = value;
     else if (flag == "--activation-checkpointing") args.activation_checkpointing = value;
+    else if (flag == "--tiled-mlp")
+      args.tiled_mlp = value == "none" ? -1 : value == "auto" ? 0 : parse_int(flag, value, 1);
     else if (flag == "--moe-padding") args.moe_padding = parse_int(flag, value, 0);
     else if (flag == "--expert-kernel") {
       if (value != "auto" && value != "batched" && value != "grouped")

@@ -52,6 +52,10 @@ struct TrainArgs {
   // gradient overflow do not count); --steps still bounds the run.
   std::optional<int64_t> applied_steps;
   std::string activation_checkpointing;  // none|every|every:K|selective (GPTConfig::checkpointing)
+  // --tiled-mlp none|auto|N: the blocks' feed-forward over tiles of the sequence (GPTConfig::
+  // mlp_tiles, DecoderConfig::mlp_tiles: -1, 0, N); unset: the config's
+  // activation_checkpointing.mlp_tiles, else untiled.
+  std::optional<int64_t> tiled_mlp;
   // MoE models: the last K positions of every sequence are padding for the MoE layers (their
   // used_token; top-1 gating only): GPTConfig::moe_padding.
   int64_t moe_padding = 0;

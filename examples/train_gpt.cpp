@@ -6,6 +6,7 @@
 //                       [--save-dir DIR] [--save-every N] [--resume DIR] [--print-config]
 //                       [--applied-steps N]
 //                       [--activation-checkpointing none|every|every:K|selective]
+//                       [--tiled-mlp none|auto|N]
 //                       [--moe-padding K] [--expert-kernel auto|batched|grouped]
 //                       [--hf-model DIR [--hf-export DIR]]
 //                       [--lr ... --precision fp32|bf16|fp16: examples/train_args.h]
@@ -164,6 +165,10 @@ int run(const strata::examples::TrainArgs& args) {
                                                    /*ignore_comments=*/true),
                              args, args.config);
   }
+  // The tiled feed-forward: the flag, else the config's activation_checkpointing.mlp_tiles.
+  model_config.mlp_tiles =
+      args.tiled_mlp.value_or(config.activation_checkpointing.mlp_tiles.value_or(-1));
+  if (hf) hf_config->mlp_tiles = model_config.mlp_tiles;
   const std::string filled = describe_filled(config, args, model_config);
   if (!filled.empty())
     strata::log::info("train_gpt: values the config leaves to the program, from train_gpt's:{}",

@@ -8,6 +8,7 @@
 #include "models/rope.h"
 #include "moe/balance.h"
 #include "runtime/checkpointing/checkpoint.h"
+#include "runtime/checkpointing/tiled.h"
 #include "runtime/compat.h"
 #include "runtime/error.h"
 #include "runtime/nn/linear_cross_entropy.h"
@@ -134,7 +135,8 @@ moe::MoEOptions moe_layer_options(const DecoderConfig& c, int64_t layer,
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer,
-                                   const MoEPlacement& placement) {
+                                   const MoEPlacement& placement)
+    : mlp_tiles_(c.mlp_tiles) {
   self_attn = register_module("self_attn", Attention(c));
   if (c.is_moe_layer(layer))
     moe = register_module(c.family == Family::kMixtral ? "block_sparse_moe" : "mlp",
@@ -149,6 +151,16 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer,
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin) {
   const auto h = x + self_attn(input_layernorm(x), cos, sin);
+  if (!moe && mlp_tiles_ >= 0) {
+    ckpt::TileOptions options;
+    options.tiles = mlp_tiles_;
+    options.name = name() + ".mlp (tiled)";
+    auto params = post_attention_layernorm->parameters();
+    for (const auto& p : mlp->parameters()) params.push_back(p);
+    return h + ckpt::tiled_function(
+                   [this](const torch::Tensor& t) { return mlp(post_attention_layernorm(t)); },
+                   params, h, options);
+  }
   const auto normed = post_attention_layernorm(h);
   return h + (moe ? moe(normed) : mlp(normed));
 }

@@ -85,6 +85,9 @@ class DecoderLayerImpl : public torch::nn::Module {
   MLP mlp{nullptr};      // null in a sparse layer
   moe::MoE moe{nullptr};  // a sparse layer's: "mlp" (Qwen3-MoE) or "block_sparse_moe" (Mixtral)
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+
+ private:
+  int64_t mlp_tiles_ = -1;  // DecoderConfig::mlp_tiles
 };
 TORCH_MODULE(DecoderLayer);
 

@@ -176,6 +176,8 @@ void DecoderConfig::validate(const std::string& source) const {
                                                     {"num_key_value_heads", num_key_value_heads},
                                                     {"head_dim", head_dim}})
     if (value < 1) fail(key, fmt::format("is {}: need a positive integer", value));
+  if (mlp_tiles < -1)
+    fail("mlp_tiles (Strata's)", fmt::format("is {}: -1 (untiled), 0 (derived) or a count", mlp_tiles));
   if (num_attention_heads % num_key_value_heads != 0)
     fail("num_key_value_heads", fmt::format("{} does not divide num_attention_heads {}",
                                             num_key_value_heads, num_attention_heads));

@@ -76,6 +76,11 @@ struct DecoderConfig {
   // Activation checkpointing of the decoder layers: "" / "none", "every", "every:K"
   // (runtime/checkpointing/checkpoint.h's policies; "selective" is the example GPT's only).
   std::string checkpointing;
+  // Tiled MLP (runtime/checkpointing/tiled.h, ALST's TiledMLP): each dense layer's
+  // post-attention norm and MLP run over tiles of the sequence, recomputed tile by tile in
+  // backward. -1: untiled; 0: ceil(seq / hidden_size) tiles (ALST's count); N > 0: N tiles.
+  // The sparse layers' MoE runs untiled.
+  int64_t mlp_tiles = -1;
   int64_t loss_chunk_rows = 2048;  // the fused head + loss's rows at once (runtime/nn)
   // Draw transformers' initial weights (normal(0, initializer_range)). false: LibTorch's own
   // initialisation stays, for a model whose weights are all loaded next (import_weights checks

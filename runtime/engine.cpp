@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "runtime/checkpointing/settings.h"
+#include "runtime/checkpointing/tiled.h"
 #include "runtime/cpu_threads.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -368,6 +369,17 @@ void Engine::backward(const torch::Tensor& loss) {
          {"Train/ActivationCheckpointing/recompute_ms", profile.recompute_ms, global_samples()},
          {"Train/ActivationCheckpointing/input_MiB", profile.input_bytes / 1048576.0,
           global_samples()}});
+  // activation_checkpointing.mlp_tiles is the model's to act on: said once when it did not.
+  if (!tiling_checked_) {
+    tiling_checked_ = true;
+    const int64_t tiles = checkpointing::settings().mlp_tiles;
+    if (tiles >= 0 && checkpointing::tiled_calls() == 0)
+      log::info("[strata] warning: activation_checkpointing.mlp_tiles is {} but the model ran no "
+                "tiled computation in its first forward: a model tiles its feed-forward by "
+                "calling strata::checkpointing::tiled() with settings().mlp_tiles "
+                "(runtime/checkpointing/tiled.h; the example GPT and models/ do)",
+                tiles);
+  }
   for (auto* c : coordinators()) {
     c->release_all();  // the units backward used last (the first layers)
     c->end_micro_step();

@@ -47,6 +47,7 @@ void configure(const void* owner, const Config& config, int rank) {
   s.synchronize = ac.synchronize_checkpoint_boundary;
   s.profile = ac.profile;
   s.nvme_path = ac.nvme_path;
+  s.mlp_tiles = ac.mlp_tiles.value_or(-1);
   s.nvme.block_size = config.aio.block_size;
   s.nvme.queue_depth = static_cast<int>(config.aio.queue_depth);
   s.nvme.intra_op_parallelism = static_cast<int>(config.aio.intra_op_parallelism);

@@ -38,6 +38,10 @@ struct Settings {
   bool synchronize = false;
   bool profile = false;
   std::string nvme_path;  // "": inputs stay in memory
+  // mlp_tiles (Strata's): the tiles a model's feed-forward runs over (tiled.h): -1 untiled, 0
+  // derived from the shapes, N. The model reads it; the engine warns after the first backward
+  // when it is set and the model ran no tiled computation.
+  int64_t mlp_tiles = -1;
   offload::NvmeOptions nvme;
   std::string source = "activation_checkpointing";  // for messages: the config file
   int rank = 0;

@@ -2,6 +2,7 @@
 #include "runtime/checkpointing/tiled.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <unordered_set>
 
@@ -209,7 +210,11 @@ class TiledFunction : public torch::autograd::Function<TiledFunction> {
   }
 };
 
+std::atomic<uint64_t> g_calls{0};
+
 }  // namespace
+
+uint64_t tiled_calls() { return g_calls.load(); }
 
 int64_t default_tiles(int64_t seq, int64_t hidden) {
   if (hidden <= 0) return 1;
@@ -243,6 +248,7 @@ std::vector<torch::Tensor> tiled_tensors(const TileFn& fn, const std::vector<tor
                               "dimension {} (the first is {}); one is {}",
                               options.name, seq, options.dim, c10::str(first.sizes()),
                               t.defined() ? c10::str(t.sizes()) : "undefined"));
+  ++g_calls;
   auto call = std::make_shared<TiledCall>();
   call->fn = fn;
   call->options = options;

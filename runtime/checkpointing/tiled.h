@@ -65,6 +65,10 @@ std::vector<torch::Tensor> tiled_tensors(const TileFn& fn, const std::vector<tor
                                          const std::vector<torch::Tensor>& params,
                                          const TileOptions& options = {});
 
+// Tiled calls made in this process so far (the engine checks that a config's mlp_tiles reached
+// the model: settings.h).
+uint64_t tiled_calls();
+
 // The tiles derived from the shapes (TileOptions::tiles 0): ceil(seq / hidden), at least 1.
 int64_t default_tiles(int64_t seq, int64_t hidden);
 // The number of tiles a call with these options runs over `seq` positions of width `hidden`.

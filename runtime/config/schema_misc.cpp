@@ -56,6 +56,12 @@ Block make_activation_checkpointing() {
   b.add(&ActivationCheckpointingConfig::nvme_path, "nvme_path")
       .describe("Strata's own: keep checkpointed activations in NVMe swap files under this "
                 "folder (docs/activation_checkpointing.md)");
+  b.add(&ActivationCheckpointingConfig::mlp_tiles, "mlp_tiles")
+      .min(0)
+      .describe("Strata's own: the model's feed-forward runs over this many tiles of the "
+                "sequence, recomputed tile by tile in backward (0: ceil(seq / hidden), ALST's "
+                "TiledMLP); the model acts on it (train_gpt passes it to its models; a model of "
+                "one's own reads strata::checkpointing::settings().mlp_tiles)");
   return b.build();
 }
 

@@ -146,6 +146,12 @@ Description generate(uint64_t seed, int max_world) {
       d.dropout = ckpt_rng.chance(30);
       break;
     }
+  // Tiled feed-forward (issue 58), dense models, a stream of its own; per phase, so that a
+  // resume switches it on or off (a checkpoint carries none of it).
+  Rng tile_rng{seed * 0x8ebc6af09c88c6e3ull + 0x58};
+  if (d.model != "tiny-moe")
+    for (auto& p : d.phases)
+      if (tile_rng.chance(25)) p.mlp_tiles = tile_rng.pick<int>({0, 2, 3, 7});
   // The masked model (issue 51): a block checkpointed whole keeps its mask beside x, two inputs
   // per checkpoint in every store. Half the descriptions that checkpoint; a stream of its own.
   Rng mask_rng{seed * 0xa0761d6478bd642full + 0x51};
@@ -207,7 +213,7 @@ nlohmann::json to_json(const Description& d) {
                       {"expert_window", p.expert_window}, {"exchange_chunks", p.exchange_chunks},
                       {"super_offload", p.super_offload},
                       {"checkpointing", p.checkpointing},
-                      {"checkpoint_store", p.checkpoint_store}});
+                      {"checkpoint_store", p.checkpoint_store}, {"mlp_tiles", p.mlp_tiles}});
   return {{"seed", d.seed}, {"model", d.model}, {"dropout", d.dropout}, {"masked", d.masked},
           {"dtype", d.dtype},
           {"optimizer", d.optimizer},
@@ -257,6 +263,7 @@ Description from_json(const nlohmann::json& j) {
     p.super_offload = pj.value("super_offload", false);
     p.checkpointing = pj.value("checkpointing", std::string());
     p.checkpoint_store = pj.value("checkpoint_store", std::string());
+    p.mlp_tiles = pj.value("mlp_tiles", -1);
     d.phases.push_back(p);
   }
   if (d.phases.empty()) d.phases.push_back(Phase{1, d.per_step});
@@ -301,6 +308,7 @@ std::string summary(const Description& d) {
         << (p.checkpoint_store.empty() ? "" : "/" + p.checkpoint_store);
     else if (!p.checkpoint_store.empty())
       s << " ac-block=" << p.checkpoint_store;
+    if (p.mlp_tiles >= 0) s << " tiles=" << (p.mlp_tiles == 0 ? "auto" : std::to_string(p.mlp_tiles));
   }
   if (d.model == "tiny-moe")
     s << " | k" << d.top_k << " cf" << d.capacity_factor << (d.drop_tokens ? " drop" : " dropless")
@@ -325,7 +333,7 @@ int64_t complexity(const Description& d) {
          (p.adam_grain != 0) + (p.expert_unit != 0) + (p.expert_window != 0) +
          (p.exchange_chunks > 1) + p.super_offload +
          (p.checkpointing.empty() ? 0 : p.checkpointing == "every" ? 1 : 2) +
-         !p.checkpoint_store.empty();
+         !p.checkpoint_store.empty() + (p.mlp_tiles >= 0);
   }
   c += (d.persistence_threshold != 0) + (d.reduce_bucket_size != 0) +
        (d.allgather_bucket_size != 0) + (d.prefetch_bucket_size != 0) +
@@ -404,6 +412,7 @@ std::vector<Description> simplifications(const Description& d) {
     if (p.checkpointing != "" && p.checkpointing != "every")
       on([](Phase& q) { q.checkpointing = "every"; });
     if (!p.checkpoint_store.empty()) on([](Phase& q) { q.checkpoint_store.clear(); });
+    if (p.mlp_tiles >= 0) on([](Phase& q) { q.mlp_tiles = -1; });
   }
   if (d.persistence_threshold) with([](Description& s) { s.persistence_threshold = 0; });
   if (d.reduce_bucket_size) with([](Description& s) { s.reduce_bucket_size = 0; });

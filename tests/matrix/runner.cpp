@@ -242,6 +242,7 @@ nlohmann::json config_for(const Description& d, const Phase& p, const std::strin
   // block under selective; the models have 2 blocks): the buffer never overflows.
   if (store == "contiguous") ac["contiguous_memory_optimization"] = true, ac["number_checkpoints"] = 64;
   if (store == "extras") ac["synchronize_checkpoint_boundary"] = true, ac["partition_activations"] = true;
+  if (p.mlp_tiles >= 0) ac["mlp_tiles"] = p.mlp_tiles;
   if (!ac.empty()) c["activation_checkpointing"] = ac;
   return c;
 }
@@ -265,7 +266,7 @@ Description oracle_of(const Description& d) {
 Description reference_of(const Description& d) {
   if (!d.dropout) return oracle_of(d);
   Description twin = d;
-  for (auto& p : twin.phases) p.checkpointing.clear(), p.checkpoint_store.clear();
+  for (auto& p : twin.phases) p.checkpointing.clear(), p.checkpoint_store.clear(), p.mlp_tiles = -1;
   return twin;
 }
 

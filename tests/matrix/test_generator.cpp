@@ -240,7 +240,7 @@ TEST(MatrixOracle, IsOneProcessAtStage0WithTheSameGlobalBatch) {
 }
 
 // A model with dropout is held against its twin: the same phases, resume and ranks, no
-// activation checkpointing (so the masks are the ones the description's forward draws).
+// activation checkpointing or tiling (so the masks are the ones the description's forward draws).
 TEST(MatrixOracle, ADropoutModelsReferenceIsItsTwinWithoutCheckpointing) {
   int twins = 0;
   for (uint64_t s = 0; s < 300; ++s) {

@@ -5,7 +5,7 @@
 // parameters after 3 torch.optim.AdamW steps. No Python runs here.
 //
 // One process: logits and loss within 1e-5 relative (max |a - b| / max |b|), every gradient within
-// 1e-5 relative, with and without activation checkpointing; the parameters after 3 AdamW steps
+// 1e-5 relative, with and without activation checkpointing and a tiled MLP; the parameters after 3 AdamW steps
 // through the engine within 0.25 x lr x steps per element at ZeRO stages 0 and 3 (the
 // differential matrix's bound: Adam's sign on near-zero gradients), and with 2 micro-batches of
 // gradient accumulation. Two ranks (this binary re-run through strata-run): the same steps with
@@ -52,8 +52,16 @@ Fixture load_fixture(const std::string& family) {
 
 // The model of the fixture, its weights loaded by Hugging Face's names (every one used, and no
 // parameter left without one).
-models::CausalLM build(const Fixture& f, const std::string& checkpointing = "") {
+// "+tiled" after the policy: the dense layers' MLP over 3 tiles of the sequence
+// (DecoderConfig::mlp_tiles).
+models::CausalLM build(const Fixture& f, std::string checkpointing = "") {
   auto config = f.config;
+  const std::string tiled = "+tiled";
+  if (checkpointing.size() >= tiled.size() &&
+      checkpointing.compare(checkpointing.size() - tiled.size(), tiled.size(), tiled) == 0) {
+    config.mlp_tiles = 3;
+    checkpointing.resize(checkpointing.size() - tiled.size());
+  }
   config.checkpointing = checkpointing;
   config.loss_chunk_rows = 13;  // several chunks, the last one short
   models::CausalLM model(config);
@@ -77,7 +85,7 @@ class HfOracle : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfOracle, LogitsLossAndGradientsEqualHuggingFaces) {
   const auto f = load_fixture(GetParam());
-  for (const std::string checkpointing : {"", "every"}) {
+  for (const std::string checkpointing : {"", "every", "+tiled", "every+tiled"}) {
     auto model = build(f, checkpointing);
     const auto& ids = f.oracle.at("input_ids");
     const auto& labels = f.oracle.at("labels");
@@ -169,6 +177,7 @@ TEST_P(HfOracle, ThreeAdamWStepsEqualHuggingFacesAtStages0And3) {
     for (const std::string checkpointing : {"", "every"})
       train_and_compare(GetParam(), stage, checkpointing, /*gas=*/1, 0, 1);
   train_and_compare(GetParam(), 3, "every", /*gas=*/2, 0, 1);
+  train_and_compare(GetParam(), 3, "every+tiled", /*gas=*/2, 0, 1);  // ALST's combination
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfOracle, ::testing::Values("llama3", "llama3_tied", "qwen3"));

@@ -19,9 +19,11 @@ struct Grads {
   std::vector<std::pair<std::string, torch::Tensor>> grads;
 };
 
-Grads run(const std::string& model, const std::string& policy, uint64_t seed = 7) {
+Grads run(const std::string& model, const std::string& policy, uint64_t seed = 7,
+          int64_t mlp_tiles = -1) {
   auto config = GPTConfig::by_name(model);
   config.checkpointing = policy;
+  config.mlp_tiles = mlp_tiles;
   torch::manual_seed(seed);
   GPT gpt(config);
   gpt->train();
@@ -68,6 +70,18 @@ TEST(CheckpointGPT, BlocksCheckpointedAsTwoBranchesGiveTheGradientsOfThePlainMod
   const auto plain = run("tiny", "none");
   for (const std::string policy : {"every", "every:2", "selective"})
     expect_same(plain, run("tiny", policy), "no dropout, " + policy);
+}
+
+// The tiled feed-forward (GPTConfig::mlp_tiles: each block's norm and MLP over tiles of the
+// sequence) under every policy, with dropout around it: the plain model's loss and gradients.
+TEST(CheckpointGPT, TiledFeedForwardGivesThePlainGradientsUnderEveryPolicy) {
+  for (const std::string model : {"tiny", "tiny-dropout"}) {
+    const auto plain = run(model, "none");
+    for (const std::string policy : {"none", "every", "every:2", "selective"})
+      for (int64_t tiles : {0, 3, 64})
+        expect_same(plain, run(model, policy, 7, tiles),
+                    model + ", " + policy + ", " + std::to_string(tiles) + " tiles");
+  }
 }
 
 // The masked model (GPTConfig::masked: an explicit additive mask, the second input of every

@@ -14,6 +14,7 @@
 
 #include "comm/process_group.h"
 #include "runtime/checkpoint/hf_folder.h"
+#include "runtime/checkpointing/tiled.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "tests/offload/build_fs_dir.h"
@@ -31,24 +32,33 @@ int world() { return is_worker() ? strata::test_support::env_int("WORLD_SIZE") :
 
 constexpr int64_t kVocab = 16, kDim = 16;
 
+// `tiles` >= 0: the block runs over tiles of the sequence (runtime/checkpointing/tiled.h).
 struct BlockImpl : torch::nn::Module {
-  BlockImpl() {
+  explicit BlockImpl(int64_t tiles = -1) : tiles(tiles) {
     norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
     up = register_module("up", torch::nn::Linear(kDim, 2 * kDim));
     down = register_module("down", torch::nn::Linear(2 * kDim, kDim));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return x + down(F::gelu(up(norm(x)))); }
+  torch::Tensor body(const torch::Tensor& x) { return x + down(F::gelu(up(norm(x)))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (tiles < 0) return body(x);
+    strata::checkpointing::TileOptions options;
+    options.tiles = tiles;
+    return strata::checkpointing::tiled_function([this](const torch::Tensor& t) { return body(t); },
+                                                 parameters(), x, options);
+  }
   torch::nn::LayerNorm norm{nullptr};
   torch::nn::Linear up{nullptr}, down{nullptr};
+  int64_t tiles;
 };
 TORCH_MODULE(Block);
 
 // `skip`: a block not run in this forward (-1: none).
 struct NetImpl : torch::nn::Module {
-  explicit NetImpl(int64_t blocks_n = 3) {
+  explicit NetImpl(int64_t blocks_n = 3, int64_t tiles = -1) {
     emb = register_module("emb", torch::nn::Embedding(kVocab, kDim));
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int64_t i = 0; i < blocks_n; ++i) blocks->push_back(Block());
+    for (int64_t i = 0; i < blocks_n; ++i) blocks->push_back(Block(tiles));
     norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
     register_parameter("head_weight", emb->weight);  // tied
   }
@@ -252,6 +262,35 @@ TEST(Stage3Worker, TheForwardsEndReleasesEveryUnitNotKeptForReuse) {
 
 // Reading a weight between steps would need a gather the other ranks never join: NaN, and the
 // next engine call names the parameter. Every rank makes the mistake here, so none waits.
+// Tiled blocks (each over 3 tiles of the sequence) train as the untiled ones, with as many
+// gathers: every tile's ops touch the block's unit, so it is gathered once per tiled call and
+// once for its recomputation in backward, not once per tile.
+TEST(Stage3Worker, TiledBlocksTrainAsUntiledAndGatherAsOften) {
+  std::vector<std::vector<double>> losses(2);
+  std::vector<std::vector<int64_t>> gathers(2);
+  for (int tiled = 0; tiled < 2; ++tiled) {
+    torch::manual_seed(9);
+    Net net(3, tiled ? 3 : -1);
+    auto config = stage3_config(4 * world(), 1);
+    config["zero_optimization"]["stage3_max_reuse_distance"] = 0;
+    auto engine = strata::initialize(net, config);
+    auto* coordinator = engine->stage3_coordinator();
+    torch::manual_seed(10 + rank());
+    for (int step = 0; step < 3; ++step) {
+      const auto x = torch::randint(0, kVocab, {4, 9}), y = torch::randint(0, kVocab, {4, 9});
+      const int64_t before = coordinator->gathers();
+      auto loss = engine->forward(x, y);
+      engine->backward(loss);
+      engine->step();
+      losses[tiled].push_back(loss.item<double>());
+      gathers[tiled].push_back(coordinator->gathers() - before);
+    }
+  }
+  EXPECT_EQ(gathers[1], gathers[0]);
+  for (size_t i = 0; i < losses[0].size(); ++i)
+    EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5 * std::abs(losses[0][i])) << "step " << i;
+}
+
 TEST(Stage3Worker, ReadingAReleasedWeightOutsideTheStepIsNamed) {
   torch::manual_seed(5);
   Net net;
