@@ -58,10 +58,8 @@ Block make_activation_checkpointing() {
                 "folder (docs/activation_checkpointing.md)");
   b.add(&ActivationCheckpointingConfig::mlp_tiles, "mlp_tiles")
       .min(0)
-      .describe("Strata's own: the model's feed-forward runs over this many tiles of the "
-                "sequence, recomputed tile by tile in backward (0: ceil(seq / hidden), ALST's "
-                "TiledMLP); the model acts on it (train_gpt passes it to its models; a model of "
-                "one's own reads strata::checkpointing::settings().mlp_tiles)");
+      .describe("Strata's own: run the model's feed-forward over this many sequence tiles (0: "
+                "ceil(seq / hidden), ALST's TiledMLP)");
   return b.build();
 }
 
