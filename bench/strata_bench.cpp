@@ -8,6 +8,7 @@
 // in the same process (rounds alternating) and prints stage 3's ratio to it and the mechanism's
 // cost per dispatched op (the op callback, gathers and releases).
 //   strata-bench gpt --config FILE [--model dense-350M] [--steps 20] [--warmup 3] [--seq T]
+//                    [--tiled-mlp none|auto|N]   (the blocks' feed-forward over sequence tiles)
 //                    [--device cuda|cpu] [--profile STEPS]   (bench/op_profile.h)
 //                    [--census STEPS]   (bench/op_census.h: ops, bytes, on any device)
 //                    [--moe-kernel grouped|batched]   (the GPU's grouped path on a CPU, e.g.)
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +70,9 @@ struct Args {
   std::string moe_kernel;  // --moe-kernel grouped|batched: the experts' kernel, not the device's
   std::string checkpointing;  // --activation-checkpointing: GPTConfig::checkpointing
   int64_t seq = 0;            // --seq: the model's sequence length instead of its own
+  // --tiled-mlp none|auto|N: GPTConfig::mlp_tiles (-1, 0, N); unset: the config's
+  // activation_checkpointing.mlp_tiles, else untiled.
+  std::optional<int64_t> tiled_mlp;
   bool host_init = false;     // --host-init 1: the model built in host memory (InitOptions::device)
 };
 
@@ -75,7 +80,7 @@ Args parse(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) != "gpt")
     throw strata::Error("usage: strata-bench gpt --config FILE [--model NAME] [--steps N] "
                         "[--warmup N] [--device cuda|cpu] [--activation-checkpointing every|every:K|selective] "
-                        "[--seq T] [--host-init 1] [--profile STEPS] [--census STEPS] [--moe-kernel grouped|batched]\n       strata-bench adam [--numel N] "
+                        "[--seq T] [--tiled-mlp none|auto|N] [--host-init 1] [--profile STEPS] [--census STEPS] [--moe-kernel grouped|batched]\n       strata-bench adam [--numel N] "
                         "[--steps N] [--device cuda|cpu]");
   Args a;
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -90,6 +95,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--moe-kernel") a.moe_kernel = value;
     else if (flag == "--activation-checkpointing") a.checkpointing = value;
     else if (flag == "--seq") a.seq = std::stoll(value);
+    else if (flag == "--tiled-mlp") a.tiled_mlp = value == "none" ? -1 : value == "auto" ? 0 : std::stoll(value);
     else if (flag == "--host-init") a.host_init = value == "1";
     else throw strata::Error("strata-bench: unknown option " + flag);
   }
@@ -253,6 +259,7 @@ int run(const Args& args) {
 
   strata::InitOptions init;
   auto config = strata::load_engine_config(args.config, init);
+  cfg.mlp_tiles = args.tiled_mlp.value_or(config.activation_checkpointing.mlp_tiles.value_or(-1));
   torch::manual_seed(0);
   GPT model = make_gpt(cfg, config.moe, 0, init.group);
   // --host-init: the engine moves the host-built model to the device (a unit at a time at stage 3).
@@ -335,16 +342,22 @@ int run(const Args& args) {
                                 : pc.bf16.enabled         ? "bf16"
                                 : pc.fp16.enabled         ? "fp16"
                                                           : "fp32";
-  const std::string ac = args.checkpointing.empty() || args.checkpointing == "none"
-                             ? std::string()
-                             : " ckpt " + args.checkpointing +
-                                   (pc.activation_checkpointing.cpu_checkpointing ? " cpu" : "");
+  const std::string ac =
+      (args.checkpointing.empty() || args.checkpointing == "none"
+           ? std::string()
+           : " ckpt " + args.checkpointing +
+                 (pc.activation_checkpointing.cpu_checkpointing ? " cpu" : "")) +
+      (cfg.mlp_tiles < 0 ? std::string()
+                         : cfg.mlp_tiles == 0 ? std::string(" tiled") : fmt::format(" tiled{}", cfg.mlp_tiles));
   nlohmann::json r = {{"name", "strata " + args.model + ac + " " + precision + " stage " +
                                    std::to_string(pc.zero_optimization.stage) + " x" +
                                    std::to_string(engine->data_parallel_size()) + " (per GPU)"},
                       {"B", batch}, {"T", seq}, {"step_ms", dt * 1e3},
                       {"tok_s", tok / dt}, {"tflops", tflops}, {"mfu", tflops / peak},
                       {"peak_tflops", peak}, {"mem_GiB", peak_memory_gib(device)},
+                      // The long-context figure: the peak over the micro-batch's tokens.
+                      {"mem_bytes_per_token",
+                       peak_memory_gib(device) * double(1 << 30) / double(batch * seq)},
                       {"reserved_GiB", peak_memory_gib(device, /*reserved=*/true)},
                       {"warm_s", warm}, {"loss", loss.item<double>()}};
   std::vector<double> loss_values;

@@ -12,7 +12,7 @@
 
 // The one Strata call of the model: activation checkpointing (deepspeed.checkpointing's).
 #include "runtime/checkpointing/checkpoint.h"
-#include "runtime/checkpointing/tiled.h"
+#include "runtime/util/tiled.h"
 
 namespace strata::examples {
 namespace F = torch::nn::functional;
@@ -214,7 +214,9 @@ torch::Tensor BlockImpl::feed_forward(const torch::Tensor& h) {
 }
 
 torch::Tensor BlockImpl::norm_feed_forward(const torch::Tensor& x) {
-  if (mlp_tiles_ < 0) return feed_forward(norm2_(x));
+  // An MoE feed-forward tiles its experts itself (MoEOptions::tiles, set from mlp_tiles): its
+  // routing and balance loss see the whole sequence.
+  if (mlp_tiles_ < 0 || !std::dynamic_pointer_cast<MLPImpl>(ffn_.ptr())) return feed_forward(norm2_(x));
   ckpt::TileOptions options;
   options.tiles = mlp_tiles_;
   options.name = name() + ".mlp (tiled)";
@@ -284,10 +286,9 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
         "model '{}': padding of {} positions for the mixture of experts needs a model with "
         "experts (tiny-moe, moe-8x, ...) and a count >= 0",
         config.name, config.moe_padding));
-  if (config.mlp_tiles < -1 || (config.mlp_tiles >= 0 && config.experts > 0))
+  if (config.mlp_tiles < -1)
     throw std::invalid_argument(fmt::format(
-        "model '{}': a tiled feed-forward ({} tiles) needs a dense model (the MoE layer's "
-        "experts are not tiled here) and a count of 0 (derived) or more",
+        "model '{}': mlp_tiles = {}; give -1 (untiled), 0 (derived) or a count of tiles",
         config.name, config.mlp_tiles));
   embed_ = register_module("embed", torch::nn::Embedding(config.vocab, config.d_model));
   blocks_ = register_module("blocks", torch::nn::ModuleList());

@@ -1,8 +1,9 @@
 // A GPT written as plain LibTorch modules: nothing in it knows about Strata but the activation
-// checkpointing call in gpt.cpp (Strata's checkpoint, as a DeepSpeed model calls
-// deepspeed.checkpointing.checkpoint). The architecture is the benchmark peer's
-// (../shared/bench/peer_torch_gpt.py): token embedding, pre-LayerNorm blocks of causal attention
-// and a GELU MLP, linear layers without bias, untied output head (tied in the -tied variants).
+// checkpointing and tiling calls in gpt.cpp (Strata's checkpoint and tiled, as a DeepSpeed model
+// calls deepspeed.checkpointing.checkpoint and ALST's TiledMLP). The architecture is the
+// benchmark peer's (../shared/bench/peer_torch_gpt.py): token embedding, pre-LayerNorm blocks of
+// causal attention and a GELU MLP, linear layers without bias, untied output head (tied in the
+// -tied variants).
 #pragma once
 
 #include <functional>
@@ -59,12 +60,13 @@ struct GPTConfig {
   // or "none", "every", "every:K" (every K-th block), "selective" (inside each block, the linear
   // layers' outputs kept, the norms, GELU, attention core and its dropout recomputed).
   std::string checkpointing;
-  // Tiled feed-forward (runtime/checkpointing/tiled.h, ALST's TiledMLP): each block's norm and
+  // Tiled feed-forward (runtime/util/tiled.h, ALST's TiledMLP): each block's norm and
   // MLP run over tiles of the sequence, recomputed tile by tile in backward, so that one tile's
   // [tile, ffn] intermediates exist at a time. -1: untiled; 0: ceil(seq / d_model) tiles (ALST's
   // count); N > 0: N tiles. A block checkpointed by the "every" policies is then checkpointed
   // whole (its recomputation tiles); "selective" tiles the feed-forward instead of keeping the
-  // MLP's products. Dense models only (examples/gpt_moe.h: the MoE layer is not tiled here).
+  // MLP's products. With experts, the MoE layers tile their experts' rows instead
+  // (moe::MoEOptions::tiles: routing and the balance loss see the whole sequence).
   int64_t mlp_tiles = -1;
   // Sizes by name: tiny, small, tiny-moe, dense-350M, dense-1.3B, moe-8x, moe-ds
   // (../shared/bench/README.md);

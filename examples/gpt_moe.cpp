@@ -33,6 +33,7 @@ moe::MoEOptions moe_options_for(const GPTConfig& model, const MoeConfig& moe, ui
   }
   auto options = moe::MoEOptions::from_config(merged, model.d_model, model.ffn, 0, seed, world);
   options.expert_bias = model.expert_bias;
+  options.tiles = model.mlp_tiles;  // the experts over tiles of their rows (MoEOptions::tiles)
   return options;
 }
 

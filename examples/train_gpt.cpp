@@ -475,8 +475,12 @@ int run(const strata::examples::TrainArgs& args) {
         row["redone_steps"] = t->redone;
       }
       row["live_param_bytes_peak"] = engine->live_param_bytes_peak();
-      if (const auto m = strata::device_memory(device); m && memory_before)
-        row["activation_bytes_peak"] = m->peak - memory_before->allocated;  // CUDA only
+      if (const auto m = strata::device_memory(device); m && memory_before) {  // CUDA only
+        row["activation_bytes_peak"] = m->peak - memory_before->allocated;
+        // The step's peak over this rank's tokens in it: the long-context figure (issue 58).
+        row["device_peak_bytes"] = m->peak;
+        row["device_bytes_per_token"] = double(m->peak) / double(micro * gas * model_config.seq_len);
+      }
       if (!moe_layers.empty()) {
         const auto sums = moe_sums.cpu();
         row["l_aux"] = sums[0].item<double>() / double(gas * world);

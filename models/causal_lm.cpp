@@ -8,7 +8,7 @@
 #include "models/rope.h"
 #include "moe/balance.h"
 #include "runtime/checkpointing/checkpoint.h"
-#include "runtime/checkpointing/tiled.h"
+#include "runtime/util/tiled.h"
 #include "runtime/compat.h"
 #include "runtime/error.h"
 #include "runtime/nn/linear_cross_entropy.h"
@@ -131,6 +131,7 @@ moe::MoEOptions moe_layer_options(const DecoderConfig& c, int64_t layer,
   o.use_residual = false;
   o.n_shared_experts = 0;
   o.layer_id = layer;
+  o.tiles = c.mlp_tiles;  // the experts over tiles of their rows (the dense layers tile norm + MLP)
   return o;
 }
 

@@ -76,10 +76,10 @@ struct DecoderConfig {
   // Activation checkpointing of the decoder layers: "" / "none", "every", "every:K"
   // (runtime/checkpointing/checkpoint.h's policies; "selective" is the example GPT's only).
   std::string checkpointing;
-  // Tiled MLP (runtime/checkpointing/tiled.h, ALST's TiledMLP): each dense layer's
+  // Tiled MLP (runtime/util/tiled.h, ALST's TiledMLP): each dense layer's
   // post-attention norm and MLP run over tiles of the sequence, recomputed tile by tile in
   // backward. -1: untiled; 0: ceil(seq / hidden_size) tiles (ALST's count); N > 0: N tiles.
-  // The sparse layers' MoE runs untiled.
+  // The sparse layers' MoE layers tile their experts' rows instead (moe::MoEOptions::tiles).
   int64_t mlp_tiles = -1;
   int64_t loss_chunk_rows = 2048;  // the fused head + loss's rows at once (runtime/nn)
   // Draw transformers' initial weights (normal(0, initializer_range)). false: LibTorch's own

@@ -15,6 +15,7 @@
 #include "moe/keys.h"
 #include "runtime/compat.h"
 #include "runtime/error.h"
+#include "runtime/util/tiled.h"
 
 #if STRATA_MOE_HAS_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -222,7 +223,36 @@ torch::Tensor ExpertsImpl::activate(const torch::Tensor& h) const {
   return torch::silu(h.narrow(-1, 0, f)) * h.narrow(-1, f, f);
 }
 
+std::vector<torch::Tensor> ExpertsImpl::unit_parameters(const Unit& unit) const {
+  std::vector<torch::Tensor> params;
+  for (const auto& t : {unit.w1, unit.b1, unit.w2, unit.b2})
+    if (t.defined()) params.push_back(t);
+  return params;
+}
+
+int64_t ExpertsImpl::tiles_for(int64_t rows) const {
+  checkpointing::TileOptions t;
+  t.tiles = options_.tiles;
+  return checkpointing::tile_count(t, rows, options_.hidden_size);
+}
+
 torch::Tensor ExpertsImpl::batched(const torch::Tensor& x, const Unit& unit) const {
+  if (options_.tiles < 0 || x.size(1) == 0) return batched_product(x, unit);
+  // Over tiles of the slots (dimension 1): each slot's row is its own product's.
+  checkpointing::TileOptions t;
+  t.tiles = std::min(tiles_for(x.size(0) * x.size(1)), x.size(1));
+  t.dim = 1;
+  t.name = unit.name + " (tiled experts)";
+  const Unit u = unit;  // the tensors, kept by the Function until its backward
+  return checkpointing::tiled_tensors(
+             [this, u](const std::vector<torch::Tensor>& tile, int64_t, int64_t) {
+               return std::vector<torch::Tensor>{batched_product(tile[0], u)};
+             },
+             {x}, unit_parameters(unit), t)
+      .at(0);
+}
+
+torch::Tensor ExpertsImpl::batched_product(const torch::Tensor& x, const Unit& unit) const {
   // Padding rows (zeros) pass through too; they are never combined, so get no gradient.
   if (!has_bias()) return torch::bmm(activate(torch::bmm(x, unit.w1)), unit.w2);
   auto h = activate(torch::baddbmm(unit.b1.unsqueeze(1), x, unit.w1));
@@ -422,15 +452,35 @@ torch::Tensor ExpertsImpl::with_bias_column(const torch::Tensor& rows) const {
 
 torch::Tensor ExpertsImpl::run_packed(const torch::Tensor& packed, const torch::Tensor& counts,
                                       const Unit& unit) {
+  const auto offs = counts.to(torch::kLong).cumsum(0);
+  const int64_t N = packed.size(0);
+  if (options_.tiles < 0 || N == 0) return packed_product(packed, offs, unit);
+  // Over tiles of the packed rows: tile [start, start + n) holds the part of each expert's group
+  // that falls in it, at offsets (offs - start) clamped to [0, n) (no host read).
+  checkpointing::TileOptions t;
+  t.tiles = tiles_for(N);
+  t.dim = 0;
+  t.name = unit.name + " (tiled experts)";
+  const Unit u = unit;
+  return checkpointing::tiled_tensors(
+             [this, u, offs](const std::vector<torch::Tensor>& tile, int64_t start, int64_t n) {
+               return std::vector<torch::Tensor>{
+                   packed_product(tile[0], (offs - start).clamp(0, n), u)};
+             },
+             {packed}, unit_parameters(unit), t)
+      .at(0);
+}
+
+torch::Tensor ExpertsImpl::packed_product(const torch::Tensor& packed, const torch::Tensor& offs,
+                                          const Unit& unit) {
   const int64_t El = unit.count, N = packed.size(0);
   const auto &w1 = unit.w1, &b1 = unit.b1, &w2 = unit.w2, &b2 = unit.b2;
-  const auto i64 = counts.options().dtype(torch::kLong);
+  const auto i64 = offs.options().dtype(torch::kLong);
   // The first bias rides in the first product: the packed rows carry a column of ones after the
   // d inputs (with_bias_column; 7 zero columns keep rows 16-byte aligned) and the bias is row d
   // of the weight, so its gradient is the grouped product's own, over each group's rows only.
   // Rows past the last group are left undefined by the grouped product (garbage, possibly NaN):
   // nothing reads them, forward or backward, so they need no mask.
-  const auto offs = counts.to(torch::kLong).cumsum(0);
   const bool native = native_grouped(packed);
   const auto offs32 = offs.to(torch::kInt);
   if (!has_bias())

@@ -90,6 +90,8 @@ struct ExpertsOptions {
   int64_t layer_id = 0;
   ExpertFactory factory;  // empty: the built-in MLP
   int64_t unit_experts = 0;  // experts per streamed unit (see above); 0: not streamed
+  // The built-in MLP over tiles of its rows (MoEOptions::tiles): -1 untiled, 0 ceil(rows / d), N.
+  int64_t tiles = -1;
 };
 
 class ExpertsImpl : public torch::nn::Module {
@@ -162,8 +164,12 @@ class ExpertsImpl : public torch::nn::Module {
   std::vector<bool> active_units(const torch::Tensor& rows_per_expert);
   // The activation between the two products (h: the first product's output, bias included).
   torch::Tensor activate(const torch::Tensor& h) const;
-  // The batched MLP of one unit over its experts' padded rows x [count, T, d].
+  // The batched MLP of one unit over its experts' padded rows x [count, T, d] (over tiles of T
+  // when options_.tiles >= 0), and the product itself.
   torch::Tensor batched(const torch::Tensor& x, const Unit& unit) const;
+  torch::Tensor batched_product(const torch::Tensor& x, const Unit& unit) const;
+  std::vector<torch::Tensor> unit_parameters(const Unit& unit) const;
+  int64_t tiles_for(int64_t rows) const;  // options_.tiles over `rows` rows of width d
   // The grouped MLP of one unit over its experts' padded rows, told which rows are filled.
   torch::Tensor grouped_padded(const torch::Tensor& x, const torch::Tensor& filled,
                                const Unit& unit);
@@ -175,8 +181,12 @@ class ExpertsImpl : public torch::nn::Module {
   // One unit's grouped MLP over packed rows [N, packed_width()], its expert e's rows at
   // [offs[e-1], offs[e]) with offs = cumsum(counts); rows past the last group are left
   // unspecified.
+  // Over tiles of the rows when options_.tiles >= 0 (runtime/util/tiled.h).
   torch::Tensor run_packed(const torch::Tensor& packed, const torch::Tensor& counts,
                            const Unit& unit);
+  // The product itself, group e at rows [offs[e-1], offs[e]) of packed (offs: int64, ascending).
+  torch::Tensor packed_product(const torch::Tensor& packed, const torch::Tensor& offs,
+                               const Unit& unit);
   void check_input(const torch::Tensor& x) const;
   // User experts over x [E_local, T, d]; an expert of a unit not in `active` gives zeros.
   torch::Tensor run_user(const torch::Tensor& x, const std::vector<bool>& active = {});

@@ -51,6 +51,12 @@ void check(const MoEOptions& o) {
     throw Error(fmt::format("moe::MoE: exchange_chunks = {}; give the number of exchanges the local "
                             "experts' rows are cut into (>= 1)", o.exchange_chunks));
   }
+  if (o.tiles < -1 || (o.tiles >= 0 && o.expert_factory)) {
+    throw Error(fmt::format("moe::MoE: tiles = {}; give -1 (untiled), 0 (derived from the rows) or "
+                            "a count, for the built-in experts only (a user's expert modules are "
+                            "not tiled)",
+                            o.tiles));
+  }
   if (o.expert_unit_size < 0) {
     throw Error(fmt::format("moe::MoE: expert_unit_size = {}; give the experts per streamed unit "
                             "(>= 1), or 0 to keep a layer's local experts in one unit",
@@ -266,6 +272,7 @@ MoEImpl::MoEImpl(MoEOptions options) : options_(std::move(options)) {
   eo.layer_id = o.layer_id;
   eo.factory = o.expert_factory;
   eo.unit_experts = o.expert_unit_size;
+  eo.tiles = o.tiles;
   experts = register_module("experts", Experts(std::move(eo)));
   if (o.score_func == ScoreFunc::Sigmoid)  // a buffer of the gate: every export carries it
     expert_bias_ = gate->register_buffer(kExpertBiasBuffer, torch::zeros({o.num_experts}, torch::kFloat));

@@ -142,6 +142,13 @@ struct MoEOptions {
   // the other chunks' experts on a GPU (moe/exchange.h); 1: one exchange each way. The config's
   // moe.exchange_chunks.
   int64_t exchange_chunks = 1;
+  // Tiled experts (runtime/util/tiled.h): the built-in experts' two products run over tiles of
+  // their rows (the routed tokens, packed or capacity slots), each tile's [rows, ffn]
+  // intermediates recomputed in backward. -1: untiled; 0: ceil(rows / hidden_size) tiles (ALST's
+  // rule on the experts' rows); N: N tiles. Routing, the balance losses and the exchange see the
+  // whole call, so the layer computes what it computes untiled. The models set it from their
+  // mlp_tiles; built-in experts only.
+  int64_t tiles = -1;
 
   // The gate's options for one call (training flag and seed filled by the layer).
   GateOptions gate_options() const;

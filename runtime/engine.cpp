@@ -9,7 +9,7 @@
 #include <mutex>
 
 #include "runtime/checkpointing/settings.h"
-#include "runtime/checkpointing/tiled.h"
+#include "runtime/util/tiled.h"
 #include "runtime/cpu_threads.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -377,7 +377,7 @@ void Engine::backward(const torch::Tensor& loss) {
       log::info("[strata] warning: activation_checkpointing.mlp_tiles is {} but the model ran no "
                 "tiled computation in its first forward: a model tiles its feed-forward by "
                 "calling strata::checkpointing::tiled() with settings().mlp_tiles "
-                "(runtime/checkpointing/tiled.h; the example GPT and models/ do)",
+                "(runtime/util/tiled.h; the example GPT and models/ do)",
                 tiles);
   }
   for (auto* c : coordinators()) {

@@ -24,7 +24,7 @@
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/hf_export.h"
 #include "runtime/checkpointing/checkpoint.h"
-#include "runtime/checkpointing/tiled.h"
+#include "runtime/util/tiled.h"
 #include "runtime/config/config.h"
 #include "runtime/device_memory.h"
 #include "runtime/engine.h"

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
-#include "runtime/checkpointing/replay_state.h"
+#include "runtime/util/replay_state.h"
 #include "runtime/checkpointing/saved_inputs.h"
 #include "runtime/checkpointing/settings.h"
 #include "runtime/compat.h"

@@ -71,8 +71,8 @@ struct ActivationCheckpointingConfig {
   bool profile = false;
   // Strata's own: checkpointed inputs in swap files under this folder (io_uring store); "": off.
   std::string nvme_path;
-  // Strata's own: the models' feed-forward over tiles of the sequence (runtime/checkpointing/
-  // tiled.h); absent: untiled, 0: ceil(seq / hidden) tiles (ALST's count), N: N tiles.
+  // Strata's own: the models' feed-forward over tiles of the sequence (runtime/util/tiled.h);
+  // absent: untiled, 0: ceil(seq / hidden) tiles (ALST's count), N: N tiles.
   std::optional<int64_t> mlp_tiles;
 };
 

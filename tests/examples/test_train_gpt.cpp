@@ -284,8 +284,9 @@ TEST(TrainGpt, ResumeAtAnotherWorldSizeAfterAnOddStepKeepsWholeWindows) {
 }
 
 // The model is the user's plain LibTorch code: no Strata header, no Strata call.
-// But its activation checkpointing call, as a DeepSpeed model calls deepspeed.checkpointing, and
-// the library's fused head + loss, as a model calls Liger-Kernel's.
+// But its activation checkpointing and tiling calls, as a DeepSpeed model calls
+// deepspeed.checkpointing and ALST's TiledMLP, and the library's fused head + loss, as a model
+// calls Liger-Kernel's.
 TEST(GPT, TheModelKnowsNothingOfStrata) {
   for (const char* file : {"examples/gpt.h", "examples/gpt.cpp"}) {
     std::ifstream in(std::string(STRATA_SOURCE_DIR) + "/" + file);
@@ -295,7 +296,8 @@ TEST(GPT, TheModelKnowsNothingOfStrata) {
       ++line_no;
       const bool include = line.rfind("#include \"", 0) == 0 && line != "#include \"examples/gpt.h\"" &&
                            line != "#include \"runtime/nn/linear_cross_entropy.h\"" &&
-                           line != "#include \"runtime/checkpointing/checkpoint.h\"";
+                           line != "#include \"runtime/checkpointing/checkpoint.h\"" &&
+                           line != "#include \"runtime/util/tiled.h\"";
       const bool named = line.rfind("namespace ", 0) == 0 || line.find("// namespace") != std::string::npos;
       const bool call = !named && line.find("strata::") != std::string::npos;
       EXPECT_FALSE(include || call) << file << ":" << line_no << ": " << line;

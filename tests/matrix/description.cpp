@@ -146,12 +146,11 @@ Description generate(uint64_t seed, int max_world) {
       d.dropout = ckpt_rng.chance(30);
       break;
     }
-  // Tiled feed-forward (issue 58), dense models, a stream of its own; per phase, so that a
-  // resume switches it on or off (a checkpoint carries none of it).
+  // Tiled feed-forward (issue 58; tiny-moe: its experts' rows), a stream of its own; per phase,
+  // so that a resume switches it on or off (a checkpoint carries none of it).
   Rng tile_rng{seed * 0x8ebc6af09c88c6e3ull + 0x58};
-  if (d.model != "tiny-moe")
-    for (auto& p : d.phases)
-      if (tile_rng.chance(25)) p.mlp_tiles = tile_rng.pick<int>({0, 2, 3, 7});
+  for (auto& p : d.phases)
+    if (tile_rng.chance(25)) p.mlp_tiles = tile_rng.pick<int>({0, 2, 3, 7});
   // The masked model (issue 51): a block checkpointed whole keeps its mask beside x, two inputs
   // per checkpoint in every store. Half the descriptions that checkpoint; a stream of its own.
   Rng mask_rng{seed * 0xa0761d6478bd642full + 0x51};

@@ -36,8 +36,8 @@ struct Phase {
   // profile, synchronize_checkpoint_boundary and partition_activations' warning).
   std::string checkpointing = "";
   std::string checkpoint_store = "";
-  // Tiled feed-forward (dense models): activation_checkpointing.mlp_tiles, -1 left out, 0
-  // derived from the shapes, N tiles (runtime/checkpointing/tiled.h).
+  // Tiled feed-forward (tiny-moe: its experts' rows): activation_checkpointing.mlp_tiles, -1 left
+  // out, 0 derived from the shapes, N tiles (runtime/util/tiled.h).
   int mlp_tiles = -1;
 };
 

@@ -95,8 +95,10 @@ TEST(HfMoeOracle, LogitsLossAndGradientsWithTheBalanceLossOffAndOn) {
     const Oracle oracle(family);
     const auto& ids = oracle.at("input_ids");
     const auto& labels = oracle.at("labels");
-    for (const bool aux : {false, true}) {
-      const auto config = config_of(family, aux);
+    for (const int variant : {0, 1, 2}) {  // balance loss off, on, on with tiled experts
+      const bool aux = variant > 0;
+      auto config = config_of(family, aux);
+      if (variant == 2) config.mlp_tiles = 3;
       auto model = build(family, config);
       const std::string p = aux ? "aux." : "";
       double logits_error = 0;
@@ -124,8 +126,9 @@ TEST(HfMoeOracle, LogitsLossAndGradientsWithTheBalanceLossOffAndOn) {
         ++compared;
       }
       EXPECT_EQ(compared, ckpt::HfWeights(fixture_dir(family)).names().size());
-      std::printf("%s balance loss %s: relative error logits %.2e, loss %.2e, worst gradient %.2e\n",
-                  family.c_str(), aux ? "on" : "off", logits_error, loss_error, worst);
+      std::printf("%s balance loss %s%s: relative error logits %.2e, loss %.2e, worst gradient %.2e\n",
+                  family.c_str(), aux ? "on" : "off", variant == 2 ? ", tiled experts" : "",
+                  logits_error, loss_error, worst);
     }
   }
 }
@@ -179,9 +182,10 @@ TEST(HfMoeOracle, SeededFaultsAreCaught) {
 }
 
 // `world` ranks (each on its rows of the batch), ZeRO `stage`, experts over `ep_size` ranks: the
-// parameters after 3 AdamW steps against Hugging Face's; returns the worst distance.
+// parameters after 3 AdamW steps against Hugging Face's; returns the worst distance. `tiles`:
+// DecoderConfig::mlp_tiles (the experts over tiles of their rows).
 double train_and_compare(const std::string& family, bool aux, int stage, int ep_size, int rank,
-                         int world) {
+                         int world, int64_t tiles = -1) {
   const Oracle oracle(family);
   const auto& ids = oracle.at("input_ids");
   const auto& labels = oracle.at("labels");
@@ -196,7 +200,8 @@ double train_and_compare(const std::string& family, bool aux, int stage, int ep_
   if (ep_size > 1) json["moe"] = {{"ep_size", ep_size}, {"drop_tokens", false}};
   strata::InitOptions init;
   auto cfg = strata::load_engine_config(json, init);
-  const auto config = config_of(family, aux);
+  auto config = config_of(family, aux);
+  config.mlp_tiles = tiles;
   models::MoEPlacement placement;
   if (ep_size > 1)
     placement = strata::moe::MoEOptions::from_config(cfg.moe, config.hidden_size,
@@ -206,7 +211,8 @@ double train_and_compare(const std::string& family, bool aux, int stage, int ep_
   auto engine = std::make_shared<strata::ModelEngine<models::CausalLM>>(model, std::move(cfg),
                                                                         std::move(init));
   const double per_rank = double(counted(labels)) / double(world);
-  const std::string what = family + (aux ? " balance loss on" : " balance loss off") + " stage " +
+  const std::string what = family + (tiles >= 0 ? " tiled" : "") +
+                           (aux ? " balance loss on" : " balance loss off") + " stage " +
                            std::to_string(stage) + " ep_size " + std::to_string(ep_size) +
                            " rank " + std::to_string(rank) + "/" + std::to_string(world);
   const std::string p = aux ? "aux." : "";
@@ -257,6 +263,7 @@ TEST(HfMoeOracle, ThreeAdamWStepsAtStages0And3) {
       for (const int stage : {0, 3})
         if (!strata::test::kSanitized || (aux && stage == 3))  // CI's time under the sanitizer
           train_and_compare(family, aux, stage, 1, 0, 1);
+    train_and_compare(family, true, 3, 1, 0, 1, /*tiles=*/3);  // experts over tiles of their rows
   }
 }
 
@@ -276,6 +283,8 @@ TEST(HfMoeOracleWorker, TwoRanksAtEpSizes1And2) {
           // experts split.
           if (!strata::test::kSanitized || (aux && stage == 3 && ep == 2))
             train_and_compare(family, aux, stage, ep, rank, world);
+  // Tiled experts with the exchange between them: the tiles run on what each rank received.
+  for (const auto& family : kFamilies) train_and_compare(family, true, 3, 2, rank, world, /*tiles=*/2);
 }
 
 TEST(HfMoeOracleTwoRanks, EveryFamilyAtStages0And3AndEpSizes1And2) {

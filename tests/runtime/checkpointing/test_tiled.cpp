@@ -1,4 +1,4 @@
-// Tiled computation (runtime/checkpointing/tiled.h) against the untiled function under plain
+// Tiled computation (runtime/util/tiled.h) against the untiled function under plain
 // autograd: gradients to 1e-6 in float32 for every tile count (one, uneven, derived, more tiles
 // than positions), inside a checkpointed block, under CPU autocast, with dropout, with several
 // inputs and outputs; bfloat16 within the differential matrix's tolerance; bad calls named; and
@@ -9,7 +9,7 @@
 
 #include "runtime/checkpointing/checkpoint.h"
 #include "runtime/compat.h"
-#include "runtime/checkpointing/tiled.h"
+#include "runtime/util/tiled.h"
 #include "runtime/error.h"
 #include "tests/alloc_meter.h"
 

@@ -14,7 +14,7 @@
 
 #include "comm/process_group.h"
 #include "runtime/checkpoint/hf_folder.h"
-#include "runtime/checkpointing/tiled.h"
+#include "runtime/util/tiled.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
 #include "tests/offload/build_fs_dir.h"
@@ -32,7 +32,7 @@ int world() { return is_worker() ? strata::test_support::env_int("WORLD_SIZE") :
 
 constexpr int64_t kVocab = 16, kDim = 16;
 
-// `tiles` >= 0: the block runs over tiles of the sequence (runtime/checkpointing/tiled.h).
+// `tiles` >= 0: the block runs over tiles of the sequence (runtime/util/tiled.h).
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(int64_t tiles = -1) : tiles(tiles) {
     norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));

@@ -1,5 +1,5 @@
 // The tiled Function (tiled.h says the mechanism and its limits).
-#include "runtime/checkpointing/tiled.h"
+#include "runtime/util/tiled.h"
 
 #include <algorithm>
 #include <atomic>
@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/checkpointing/replay_state.h"
+#include "runtime/util/replay_state.h"
 #include "runtime/error.h"
 #include "runtime/util/recompute.h"
 
@@ -89,7 +89,7 @@ void refuse_side_outputs(const recompute::Region& region, const std::string& nam
     throw Error(fmt::format(
         "tiled computation: {} hands out a tensor besides its outputs (a layer's side output, "
         "such as the MoE layer's l_aux); tiling it would make one per tile. Tile the "
-        "position-wise part only (the MoE layer tiles its experts itself: moe.tiles)",
+        "position-wise part only (the MoE layer tiles its experts itself: moe::MoEOptions::tiles)",
         name));
 }
 

@@ -1,4 +1,4 @@
-#include "runtime/checkpointing/replay_state.h"
+#include "runtime/util/replay_state.h"
 
 #include <mutex>
 
