@@ -7,13 +7,13 @@
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include "runtime/util/replay_state.h"
 #include "runtime/checkpointing/saved_inputs.h"
 #include "runtime/checkpointing/settings.h"
 #include "runtime/compat.h"
 #include "runtime/error.h"
+#include "runtime/util/lost_gradients.h"
 #include "runtime/util/recompute.h"
 
 namespace strata::checkpointing {
@@ -77,37 +77,6 @@ torch::Tensor stand_in(const torch::Tensor& t) {
   auto s = torch::empty_strided(t.sizes(), std::vector<int64_t>(size_t(t.dim()), 0), t.options());
   torch::autograd::impl::set_gradient_edge(s, torch::autograd::impl::gradient_edge(t));
   return s;
-}
-
-// Throws when the recomputed graph reaches a leaf that requires grad and is neither an input nor
-// a parameter of the checkpoint: its gradient would be lost.
-void check_leaves(const std::vector<torch::Tensor>& outputs,
-                  const std::vector<torch::Tensor>& targets, const std::string& name) {
-  std::unordered_set<const void*> known;
-  for (const auto& t : targets) known.insert(t.unsafeGetTensorImpl());
-  std::unordered_set<torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> stack;
-  for (const auto& o : outputs)
-    if (auto fn = o.grad_fn()) stack.push_back(fn.get());
-  while (!stack.empty()) {
-    auto* node = stack.back();
-    stack.pop_back();
-    if (!seen.insert(node).second) continue;
-    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
-      const auto& v = acc->variable;
-      if (v.defined() && !known.count(v.unsafeGetTensorImpl()))
-        throw Error(fmt::format(
-            "activation checkpointing: {} reads a tensor of shape {} ({}) that requires grad "
-            "but is neither one of its arguments nor one of its parameters; its gradient would "
-            "be lost. Pass it as an argument, or list it in the params of "
-            "strata::checkpointing::checkpoint_function (a submodule's own parameters are "
-            "listed already)",
-            name, c10::str(v.sizes()), c10::toString(v.scalar_type())));
-      continue;
-    }
-    for (const auto& edge : node->next_edges())
-      if (edge.function) stack.push_back(edge.function.get());
-  }
 }
 
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
@@ -226,7 +195,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         out_grads.push_back(grads[k]);
       }
     }
-    check_leaves(grad_sources, targets, c.options.name);
+    recompute::check_leaves(grad_sources, targets, "activation checkpointing", c.options.name,
+                            "Pass it as an argument, or list it in the params of "
+                            "strata::checkpointing::checkpoint_function (a submodule's own "
+                            "parameters are listed already)");
     // The recomputed outputs themselves (a block's output, the input of a tail's product) are
     // no part of the graph's own backward (a node that needs its result saved it): stand-ins
     // keep their places in the graph, and their bytes go before that backward runs.

@@ -10,6 +10,7 @@
 
 #include "runtime/util/replay_state.h"
 #include "runtime/error.h"
+#include "runtime/util/lost_gradients.h"
 #include "runtime/util/recompute.h"
 
 namespace strata::checkpointing {
@@ -171,6 +172,10 @@ class TiledFunction : public torch::autograd::Function<TiledFunction> {
           source_grads.push_back(grads[k].narrow(c.dim, start, length));
         }
         if (sources.empty() || targets.empty()) continue;
+        if (start == 0)  // once: every tile runs the same function
+          recompute::check_leaves(sources, targets, "tiled computation", c.options.name,
+                                  "Pass it in the params of the tiled call (a module's own "
+                                  "parameters are passed by strata::checkpointing::tiled)");
         auto got = torch::autograd::grad(sources, targets, source_grads, /*retain_graph=*/false,
                                          /*create_graph=*/false, /*allow_unused=*/true);
         sources.clear();

@@ -229,11 +229,12 @@ TEST(Tiled, DropoutRecomputesTheMasksOfTheForward) {
 TEST(Tiled, BadCallsAreNamed) {
   FeedForward ff(8, 16);
   const auto x = torch::randn({2, 10, 8}, torch::requires_grad());
+  // (std::exception: an error raised in backward comes back through the autograd engine.)
   auto throws_naming = [](auto&& f, const std::string& words) {
     try {
       f();
       ADD_FAILURE() << "no error; expected one naming " << words;
-    } catch (const strata::Error& e) {
+    } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
@@ -249,6 +250,16 @@ TEST(Tiled, BadCallsAreNamed) {
   options.dim = 5;
   throws_naming([&] { ckpt::tiled(ff, x, options); }, "dimension 5");
   options.dim = -2;
+  // A parameter read but not passed: its gradient would be lost.
+  options.name = "the feed-forward";
+  throws_naming(
+      [&] {
+        ckpt::tiled_function([&](const torch::Tensor& t) { return ff(t); }, ff->up->parameters(), x,
+                             options)
+            .sum()
+            .backward();
+      },
+      "the feed-forward reads a tensor of shape");
   throws_naming(
       [&] {
         ckpt::tiled_tensors([](const std::vector<torch::Tensor>& t, int64_t, int64_t) { return t; },
