@@ -216,6 +216,7 @@ void Engine::start_monitors() {
   // activation_checkpointing: what strata::checkpoint() in the model does (process-wide, as
   // deepspeed.checkpointing.configure).
   checkpointing::configure(this, config_, data_parallel_rank());
+  tiled_calls_at_start_ = checkpointing::tiled_calls();  // this engine's model's calls are after
   for (const auto& w : config_.warnings) log::info("[strata] warning: {}", w);
 }
 
@@ -373,7 +374,7 @@ void Engine::backward(const torch::Tensor& loss) {
   if (!tiling_checked_) {
     tiling_checked_ = true;
     const int64_t tiles = checkpointing::settings().mlp_tiles;
-    if (tiles >= 0 && checkpointing::tiled_calls() == 0)
+    if (tiles >= 0 && checkpointing::tiled_calls() == tiled_calls_at_start_)
       log::info("[strata] warning: activation_checkpointing.mlp_tiles is {} but the model ran no "
                 "tiled computation in its first forward: a model tiles its feed-forward by "
                 "calling strata::checkpointing::tiled() with settings().mlp_tiles "

@@ -340,6 +340,7 @@ class Engine {
   int64_t skipped_steps_ = 0;
   bool last_step_skipped_ = false;
   bool tiling_checked_ = false;  // mlp_tiles set and never used: warned after the first backward
+  uint64_t tiled_calls_at_start_ = 0;  // checkpointing::tiled_calls() when the engine was built
   int64_t last_live_peak_ = 0;  // stage 3: live_param_bytes_peak() of the last window
   int64_t last_expert_peak_ = 0, expert_window_bytes_ = 0;  // streamed experts
   double last_grad_norm_;

@@ -11,6 +11,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/error.h"
+#include "runtime/util/tiled.h"
 #include "runtime/optim/registry.h"
 #include "runtime/sched/registry.h"
 
@@ -432,3 +433,33 @@ TEST(EngineMonitors, CsvAndTensorBoardReceiveTheTrainingScalars) {
 }
 
 }  // namespace
+
+// activation_checkpointing.mlp_tiles is the model's to act on: a model that makes no tiled call
+// in its first forward gets one warning after the first backward (the key never does nothing
+// silently), and a model that tiles gets none.
+TEST(EngineConfig, MlpTilesTheModelNeverUsesIsSaidOnce) {
+  for (const bool tiles : {false, true}) {
+    auto [net, ref] = twin_nets();
+    auto config = base_config(16, 1);
+    config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 1e-2}}}};
+    config["activation_checkpointing"] = {{"mlp_tiles", 2}};
+    auto engine = strata::initialize(net, config);
+    testing::internal::CaptureStdout();
+    for (int64_t step = 0; step < 2; ++step) {
+      auto d = batch(step, 16);
+      auto loss = engine->forward(d.x, d.y);
+      if (tiles)  // a tiled call, as a model's feed-forward would make
+        loss = loss + strata::checkpointing::tiled_function(
+                          [](const torch::Tensor& t) { return t * 0; }, {},
+                          d.x.unsqueeze(0).requires_grad_(true))
+                          .sum();
+      engine->backward(loss);
+      engine->step();
+    }
+    const std::string said = testing::internal::GetCapturedStdout();
+    size_t warnings = 0;
+    for (size_t at = 0; (at = said.find("mlp_tiles is 2 but the model ran no tiled", at)) != std::string::npos; ++at)
+      ++warnings;
+    EXPECT_EQ(warnings, tiles ? 0u : 1u) << said;
+  }
+}
