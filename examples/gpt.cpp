@@ -216,7 +216,8 @@ torch::Tensor BlockImpl::feed_forward(const torch::Tensor& h) {
 torch::Tensor BlockImpl::norm_feed_forward(const torch::Tensor& x) {
   // An MoE feed-forward tiles its experts itself (MoEOptions::tiles, set from mlp_tiles): its
   // routing and balance loss see the whole sequence.
-  if (mlp_tiles_ < 0 || !std::dynamic_pointer_cast<MLPImpl>(ffn_.ptr())) return feed_forward(norm2_(x));
+  if (mlp_tiles_ < 0 || !std::dynamic_pointer_cast<MLPImpl>(ffn_.ptr()))
+    return feed_forward(norm2_(x));
   ckpt::TileOptions options;
   options.tiles = mlp_tiles_;
   options.name = name() + ".mlp (tiled)";

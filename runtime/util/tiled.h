@@ -34,7 +34,8 @@
 //     (still one tile's intermediates at a time), and the outer recomputation runs the tiled
 //     Function;
 //   - layers with effects beyond their output (recompute::remember, side outputs such as the MoE
-//     layer's l_aux) are refused by name: the MoE layer tiles its experts itself (MoEOptions::tiles);
+//     layer's l_aux) are refused by name: the MoE layer tiles its experts itself
+//     (moe::MoEOptions::tiles);
 //   - one backward per forward, no double backward.
 #pragma once
 
