@@ -33,9 +33,11 @@
 //   - inside a checkpointed block the outer forward runs under no-grad: the tiles run plainly
 //     (still one tile's intermediates at a time), and the outer recomputation runs the tiled
 //     Function;
-//   - layers with effects beyond their output (recompute::remember, side outputs such as the MoE
-//     layer's l_aux) are refused by name: the MoE layer tiles its experts itself
+//   - values noted with recompute::remember are replayed in the recomputation; side outputs (the
+//     MoE layer's l_aux) are refused by name: the MoE layer tiles its experts itself
 //     (moe::MoEOptions::tiles);
+//   - a tensor that requires grad and is read without being an input or in `params` is refused
+//     by name in backward (its gradient would be lost), as a checkpoint's;
 //   - one backward per forward, no double backward.
 #pragma once
 
