@@ -41,10 +41,13 @@ using Clock = std::chrono::steady_clock;
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
 // The rendezvous store as Gloo sees it (wrapped per group in a gloo::rendezvous::PrefixStore).
+// Gloo publishes each member's address under "<prefix>/<group rank>"; a wait that times out
+// names the members whose keys never came, by world rank, as every other error does.
 class GlooStore : public gloo::rendezvous::Store {
  public:
-  GlooStore(detail::Store& store, std::chrono::milliseconds timeout, std::string group)
-      : store_(store), timeout_(timeout), group_(std::move(group)) {}
+  GlooStore(detail::Store& store, std::chrono::milliseconds timeout, const GroupInfo& group)
+      : store_(store), timeout_(timeout), group_(group), prefix_("strata/gloo/" + group.name + "/") {}
+  const std::string& prefix() const { return prefix_; }
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(key, std::string(data.begin(), data.end()));
   }
@@ -56,16 +59,48 @@ class GlooStore : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
-    if (!store_.wait_for(keys, timeout))
-      throw Error(fmt::format("Gloo rendezvous of group {} timed out after {} s waiting for "
-                              "store key(s) {}",
-                              group_, timeout.count() / 1000.0, fmt::join(keys, ", ")));
+    if (store_.wait_for(keys, timeout)) return;
+    throw Error(fmt::format("Gloo rendezvous of group {} timed out after {} s: {}", group_.name,
+                            timeout.count() / 1000.0, missing(keys)));
   }
 
  private:
+  // "rank 3 never published its address (...)", or the keys when they are not members' addresses
+  // or the store cannot say which are missing.
+  std::string missing(const std::vector<std::string>& keys) {
+    std::vector<std::string> absent;
+    try {
+      for (const auto& k : keys)
+        if (!store_.check({k})) absent.push_back(k);
+    } catch (const std::exception&) {
+      absent = keys;  // the store itself is gone; its own error came first on other paths
+    }
+    std::vector<int> ranks;
+    for (const auto& k : absent) {
+      if (k.compare(0, prefix_.size(), prefix_) != 0) return keys_text(absent);
+      const std::string tail = k.substr(prefix_.size());
+      if (tail.empty() || tail.find_first_not_of("0123456789") != std::string::npos ||
+          tail.size() > 6)
+        return keys_text(absent);
+      const int g = std::stoi(tail);
+      if (g >= group_.size()) return keys_text(absent);
+      ranks.push_back(group_.world_ranks[size_t(g)]);
+    }
+    if (ranks.empty()) return keys_text(keys);
+    return fmt::format("rank{} {} never published {} Gloo address (store key{} {}): the process "
+                       "died, hangs or has not started",
+                       ranks.size() > 1 ? "s" : "", fmt::join(ranks, ", "),
+                       ranks.size() > 1 ? "their" : "its", absent.size() > 1 ? "s" : "",
+                       fmt::join(absent, ", "));
+  }
+  static std::string keys_text(const std::vector<std::string>& keys) {
+    return fmt::format("waiting for store key(s) {}", fmt::join(keys, ", "));
+  }
+
   detail::Store& store_;
   std::chrono::milliseconds timeout_;
-  std::string group_;
+  const GroupInfo& group_;
+  std::string prefix_;
 };
 
 class CpuWork : public Work {
@@ -331,8 +366,9 @@ GlooBackend::GlooBackend(GroupInfo info, std::shared_ptr<GroupHealth> health)
   try {
     auto ctx = std::make_shared<gloo::rendezvous::Context>(g.rank, g.size());
     ctx->setTimeout(g.rt->timeout);
-    GlooStore store(*g.rt->store, g.rt->timeout, g.name);
-    gloo::rendezvous::PrefixStore prefixed("strata/gloo/" + g.name, store);
+    GlooStore store(*g.rt->store, g.rt->timeout, g);
+    gloo::rendezvous::PrefixStore prefixed(store.prefix().substr(0, store.prefix().size() - 1),
+                                           store);
     ctx->connectFullMesh(prefixed, device);
     impl_->ctx = std::move(ctx);
   } catch (const std::exception& e) {

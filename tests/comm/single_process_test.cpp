@@ -5,6 +5,8 @@
 
 #include "comm/gloo_backend.h"
 #include "comm/process_group.h"
+#include "comm/runtime.h"
+#include "comm/store.h"
 #include "runtime/error.h"
 
 namespace strata::comm {
@@ -100,6 +102,30 @@ TEST(CommSingleProcess, ViewsAndAnyDtype) {
   pg->all_gather(buf.select(1, 1), torch::tensor({1, 2, 3}, torch::kShort));  // stride 2
   EXPECT_TRUE(buf.equal(torch::tensor({{0, 1}, {0, 2}, {0, 3}}, torch::kShort)));
   EXPECT_ERROR(pg->all_reduce(mask), "all_reduce: dtype Bool of the input tensor is not supported");
+}
+
+// A member that passed the rendezvous but died before Gloo connected (a process killed at
+// start-up): the others' error names it by world rank, not by a store key.
+TEST(CommSingleProcess, GlooConnectNamesTheMemberThatNeverCame) {
+  auto rt = std::make_shared<detail::Runtime>();
+  rt->env.master_addr = "127.0.0.1";
+  rt->timeout = std::chrono::milliseconds(300);
+  rt->store = detail::Store::open("127.0.0.1", 0, /*server=*/true, std::chrono::seconds(5));
+  rt->gloo_device = detail::make_gloo_device(rt->env);
+  detail::GroupInfo g;
+  g.rt = rt;
+  g.name = "world/g1";
+  g.rank = 0;
+  g.world_ranks = {2, 5};  // this process is world rank 2; world rank 5 never connects
+  g.called = std::make_shared<std::atomic<uint64_t>>(0);
+  const std::string error = error_of(
+      [&] { detail::GlooBackend(g, std::make_shared<detail::GroupHealth>()); });
+  EXPECT_NE(error.find("group world/g1: rank 0 of 2 could not connect"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("timed out after 0.3 s: rank 5 never published its Gloo address (store "
+                       "key strata/gloo/world/g1/1)"),
+            std::string::npos)
+      << error;
 }
 
 TEST(CommSingleProcess, GlooSymbolsBindToTheLibglooStrataWasBuiltAgainst) {
