@@ -8,6 +8,8 @@
 # Strata's line: train_gpt's last metrics row (device_peak_bytes, device_bytes_per_token,
 # tokens_per_s); the peer's: its JSON line. A failed run (out of memory) says so and goes on.
 #   bench/run_long.sh OUT_DIR [LENGTHS...]   (default 32768 65536 131072 262144; build/bin, or $BIN)
+# LLAMA_DIR: where the random-weight model folder is written once (default OUT_DIR's; 2.5 GB).
+# The peer runs as rank 0 of 1 (DeepSpeed's own environment variables, no launcher needed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="$1"; shift
@@ -15,7 +17,7 @@ lengths=("$@")
 ((${#lengths[@]})) || lengths=(32768 65536 131072 262144)
 bin="${BIN:-build/bin}"
 mkdir -p "$out"
-folder="$out/llama-3.2-1b-random"
+folder="${LLAMA_DIR:-$out/llama-3.2-1b-random}"
 if [[ ! -f "$folder/config.json" ]]; then
   python3 - "$folder" <<'PY'
 import sys, torch
@@ -35,7 +37,9 @@ for T in "${lengths[@]}"; do
   echo "rc $?"
   tail -1 "$out/strata_$T.jsonl" 2>/dev/null || tail -3 "$out/strata_$T.log"
   echo "== T $T: alst peer"
-  python3 bench/peer_alst.py --arch llama-1b --T "$T" --steps 2 --warmup 1 >"$out/alst_$T.log" 2>&1
+  RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
+    TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" \
+    python3 bench/peer_alst.py --arch llama-1b --T "$T" --steps 2 --warmup 1 >"$out/alst_$T.log" 2>&1
   echo "rc $?"
   grep '^{' "$out/alst_$T.log" || tail -3 "$out/alst_$T.log"
 done
