@@ -19,6 +19,7 @@
 //   strata-bench moe-dispatch [--experts 64] [--tokens 16384] ...   (bench/moe_bench.cpp)
 //   strata-bench a2a [--sizes-mib 16,64,256,1024] (under strata-run) (bench/moe_bench.cpp)
 //   strata-bench moe-ops [--experts 64] [--k 6] ...  (bench/moe_bench.cpp, bench/op_census.h)
+//   strata-bench hf --hf-model DIR --config FILE [--B 4] [--T 2048] ...   (bench/hf_bench.cpp)
 //   strata-bench --version
 // MoE models (moe-8x, tiny-moe) get Strata's MoE layer (examples/gpt_moe.h) from the config's
 // moe block; their line adds the fraction of routes dropped over capacity.
@@ -55,10 +56,14 @@ int run_nvme(int argc, char** argv);  // bench/nvme_bench.cpp: the io_uring stor
 int run_moe_dispatch(int argc, char** argv);  // bench/moe_bench.cpp: MoE dispatch memory
 int run_a2a(int argc, char** argv);           // bench/moe_bench.cpp: all_to_all bandwidth
 int run_moe_ops(int argc, char** argv);       // bench/moe_bench.cpp: one MoE layer's op census
+int run_hf(int argc, char** argv);  // bench/hf_bench.cpp: a published architecture, as the peer
 }  // namespace strata::bench
 
 namespace {
 
+using strata::bench::matmul_peak;
+using strata::bench::peak_memory_gib;
+using strata::bench::reset_peak_memory;
 using strata::bench::synchronize;
 using Clock = std::chrono::steady_clock;
 
@@ -103,41 +108,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// The peak of a square matrix product in this run (bf16 on GPUs, fp32 on CPUs), TFLOP/s.
-double matmul_peak(const torch::Device& device) {
-  const int64_t n = device.is_cuda() ? 8192 : 1024;
-  const auto options = torch::TensorOptions().device(device).dtype(
-      device.is_cuda() ? torch::kBFloat16 : torch::kFloat);
-  auto a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
-  for (int i = 0; i < 3; ++i) torch::mm(a, b);
-  synchronize(device);
-  const auto t0 = Clock::now();
-  const int reps = 10;
-  for (int i = 0; i < reps; ++i) torch::mm(a, b);
-  synchronize(device);
-  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  return reps * 2.0 * n * n * n / s / 1e12;
-}
-
-// The caching allocator's peak of allocated (the peers' max_memory_allocated) or of reserved bytes.
-double peak_memory_gib(const torch::Device& device, bool reserved = false) {
-#if STRATA_BENCH_CUDA
-  if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return (reserved ? stats.reserved_bytes[0].peak : stats.allocated_bytes[0].peak) /
-           double(1 << 30);
-  }
-#endif
-  (void)reserved;
-  return 0.0;
-}
-
-void reset_peak_memory(const torch::Device& device) {
-#if STRATA_BENCH_CUDA
-  if (device.is_cuda())
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
-#endif
-}
 
 // The same micro-steps as the engine runs, written as a user would without Strata.
 struct PlainLoop {
@@ -552,6 +522,7 @@ int main(int argc, char** argv) {
       return strata::bench::run_moe_dispatch(argc, argv);
     if (argc >= 2 && std::string(argv[1]) == "a2a") return strata::bench::run_a2a(argc, argv);
     if (argc >= 2 && std::string(argv[1]) == "moe-ops") return strata::bench::run_moe_ops(argc, argv);
+    if (argc >= 2 && std::string(argv[1]) == "hf") return strata::bench::run_hf(argc, argv);
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata-bench: error: %s\n", e.what());
