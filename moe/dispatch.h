@@ -11,8 +11,8 @@
 // the token's output row.
 //
 // Expert parallelism: the [E * C, d] buffer is split equally along dim 0 by all_to_all (rank p
-// gets experts [p * E_local, (p + 1) * E_local)); all_to_all() here is differentiable, its
-// backward the same equal-split exchange of the gradient (it is its own inverse).
+// gets experts [p * E_local, (p + 1) * E_local)); comm::autograd::all_to_all is differentiable,
+// its backward the same equal-split exchange of the gradient (it is its own inverse).
 #pragma once
 
 #include <cstdint>
@@ -84,16 +84,5 @@ torch::Tensor bag_sums_embedding_bag(const torch::Tensor& table, const torch::Te
 torch::Tensor bag_sums_gathered(const torch::Tensor& table, const torch::Tensor& index,
                                 int64_t bag, const torch::Tensor& weight);
 }  // namespace detail
-
-// Equal-split all_to_all_single along dim 0 over `group` (dim 0 divisible by its size),
-// differentiable. Every member must call it, in the same order, forward and backward.
-torch::Tensor all_to_all(const torch::Tensor& x, const comm::GroupPtr& group);
-
-// Variable-split all_to_all_single along dim 0, differentiable: send[p] rows of x (in rank
-// order) go to rank p, recv[p] rows come from rank p (x.size(0) = sum(send)); the result has
-// sum(recv) rows. Backward sends the gradient back with the splits swapped. Zero splits are
-// fine; every member calls it, in the same order, forward and backward.
-torch::Tensor all_to_all_variable(const torch::Tensor& x, const comm::GroupPtr& group,
-                                  const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
 
 }  // namespace strata::moe
