@@ -8,6 +8,7 @@
 #include "models/rope.h"
 #include "moe/balance.h"
 #include "runtime/checkpointing/checkpoint.h"
+#include "runtime/sequence/ulysses.h"
 #include "runtime/util/tiled.h"
 #include "runtime/compat.h"
 #include "runtime/error.h"
@@ -90,8 +91,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   q = apply_rope(q.transpose(1, 2), cos, sin);
   k = apply_rope(k.transpose(1, 2), cos, sin);
   const auto v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-  const auto n = heads_ / kv_heads_;
-  const auto out = causal_attention(q, repeat_kv(k, n), repeat_kv(v, n));
+  // Under Ulysses a rank holds fewer query heads (and kv heads, or one replica): the same
+  // grouping, from the shapes it is given.
+  const auto attend = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+    const auto n = q.size(1) / k.size(1);
+    return causal_attention(q, repeat_kv(k, n), repeat_kv(v, n));
+  };
+  const auto out = sequence::ulysses_attention(q, k, v, sequence_group, attend);
   return o_proj(out.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
 }
 
@@ -191,7 +197,11 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids) {
                             family_name(config_.family), c10::str(input_ids.sizes()),
                             c10::toString(input_ids.scalar_type())));
   auto x = embed_tokens(input_ids);
-  const auto [cos, sin] = rope(input_ids.size(1), x.device(), x.scalar_type());
+  // Under Ulysses the shard's positions start at rank x its length.
+  const int64_t shards = sequence_group_ ? sequence_group_->size() : 1;
+  const int64_t shard = input_ids.size(1), first = sequence_group_ ? sequence_group_->rank() * shard : 0;
+  const auto& whole = rope(shard * shards, x.device(), x.scalar_type());
+  const auto cos = whole.first.narrow(0, first, shard), sin = whole.second.narrow(0, first, shard);
   for (size_t i = 0; i < layers->size(); ++i) {
     auto layer = layers->ptr<DecoderLayerImpl>(i);
     const bool checkpointed = checkpoint_every_ > 0 && (int64_t(i) + 1) % checkpoint_every_ == 0;
@@ -239,20 +249,56 @@ torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch:
   const auto h = model(input_ids);
   // transformers' shift: the target of position t is labels[:, t + 1], the last one -100.
   const auto t = labels.size(1);
-  const auto targets = torch::cat({labels.narrow(1, 1, t - 1),
-                                   torch::full({labels.size(0), 1}, -100, labels.options())},
-                                  1);
+  const auto targets = torch::cat({labels.narrow(1, 1, t - 1), next_shard_labels(labels)}, 1);
   nn::LinearCrossEntropyOptions options;
   options.chunk_rows = config_.loss_chunk_rows;
   const auto rows = h.reshape({-1, h.size(-1)});
-  auto loss = num_items_in_batch > 0
-                  ? nn::linear_cross_entropy_sum(rows, head_weight(), targets.reshape({-1}), options) /
-                        num_items_in_batch
-                  : nn::linear_cross_entropy(rows, head_weight(), targets.reshape({-1}), options);
+  const auto flat_targets = targets.reshape({-1});
+  torch::Tensor loss;
+  if (num_items_in_batch > 0) {
+    loss = nn::linear_cross_entropy_sum(rows, head_weight(), flat_targets, options) /
+           num_items_in_batch;
+  } else if (sequence_group_) {
+    // The mean over the whole sequence's counted tokens: each rank's sum over that count (a
+    // tensor: no wait for the host).
+    auto counted = targets.ne(-100).sum().to(torch::kFloat).reshape({1});
+    sequence_group_->all_reduce(counted, comm::ReduceOp::Sum);
+    loss = nn::linear_cross_entropy_sum(rows, head_weight(), flat_targets, options) /
+           counted.clamp_min(1).squeeze(0);
+  } else {
+    loss = nn::linear_cross_entropy(rows, head_weight(), flat_targets, options);
+  }
   // transformers adds the load-balancing loss only when the config asks for router logits.
   if (config_.output_router_logits && !moe_layers_.empty())
     loss = loss + aux_loss() * config_.router_aux_loss_coef;
   return loss;
+}
+
+void CausalLMImpl::set_sequence_parallel(comm::GroupPtr group) {
+  if (group && group->size() == 1) group = nullptr;
+  if (group) {
+    const int64_t P = group->size(), H = config_.num_attention_heads,
+                  KV = config_.num_key_value_heads;
+    if (H % P != 0 || (KV % P != 0 && P % KV != 0))
+      throw Error(fmt::format("{} model: {} attention heads and {} kv heads do not split over "
+                              "sequence_parallel_size {} (the heads must be a multiple of it, and "
+                              "the kv heads a multiple or a divisor of it)",
+                              family_name(config_.family), H, KV, P));
+  }
+  sequence_group_ = group;
+  model->sequence_group_ = group;
+  for (size_t i = 0; i < model->layers->size(); ++i)
+    model->layers->ptr<DecoderLayerImpl>(i)->self_attn->sequence_group = group;
+}
+
+torch::Tensor CausalLMImpl::next_shard_labels(const torch::Tensor& labels) const {
+  auto none = torch::full({labels.size(0), 1}, -100, labels.options());
+  if (!sequence_group_) return none;
+  // Every rank's first column; rank r's last target is rank r + 1's first label.
+  const int64_t P = sequence_group_->size(), r = sequence_group_->rank();
+  auto firsts = torch::empty({P, labels.size(0)}, labels.options());
+  sequence_group_->all_gather(firsts, labels.select(1, 0).contiguous());
+  return r + 1 < P ? firsts[r + 1].unsqueeze(1) : none;
 }
 
 torch::Tensor CausalLMImpl::aux_loss() const {

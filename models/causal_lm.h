@@ -50,6 +50,9 @@ class AttentionImpl : public torch::nn::Module {
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
+  // Ulysses: x holds this rank's shard of the sequence; attention runs over the whole sequence
+  // for this rank's heads (runtime/sequence/ulysses.h). Null: the whole sequence is here.
+  comm::GroupPtr sequence_group;
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -109,7 +112,9 @@ class DecoderModelImpl : public torch::nn::Module {
   const std::pair<torch::Tensor, torch::Tensor>& rope(int64_t seq, torch::Device device,
                                                       torch::ScalarType dtype);
 
+  friend class CausalLMImpl;  // sets sequence_group_
   DecoderConfig config_;
+  comm::GroupPtr sequence_group_;  // Ulysses: input_ids are this rank's shard of the positions
   torch::Tensor inverse_frequencies_;  // float32, on the host
   struct RopeCache {
     int64_t seq = -1;
@@ -143,6 +148,15 @@ class CausalLMImpl : public torch::nn::Module {
   // Data parallelism: the balance loss's statistics over every rank's tokens (moe/balance.h),
   // as one process would see the whole batch. Unset: each rank's own, as transformers does.
   void set_balance_group(comm::GroupPtr group) { balance_group_ = std::move(group); }
+  // Ulysses sequence parallelism (DeepSpeed's sequence_parallel_size): input_ids and labels are
+  // this rank's contiguous shard of each sample's positions, in the group's rank order
+  // (sequence::shard_sequence). RoPE takes the shard's global positions, attention exchanges
+  // heads for the sequence, the label after a shard's last position comes from the next rank,
+  // and the mean divides by the counted tokens of the whole sequence: the group's losses sum to
+  // the whole sequence's and their gradients, summed over the group, are its gradients. A
+  // collective over the group in every forward. Null: off.
+  void set_sequence_parallel(comm::GroupPtr group);
+  const comm::GroupPtr& sequence_group() const { return sequence_group_; }
   // The logits [batch, seq, vocab] (all at once: for evaluation and tests).
   torch::Tensor logits(const torch::Tensor& input_ids);
   // The output head's weight: lm_head.weight, or model.embed_tokens.weight when tied.
@@ -154,8 +168,13 @@ class CausalLMImpl : public torch::nn::Module {
 
  private:
   DecoderConfig config_;
+  // [batch, 1]: the label after this shard's last position (-100 on the last rank, or without
+  // sequence parallelism).
+  torch::Tensor next_shard_labels(const torch::Tensor& labels) const;
+
   std::vector<moe::MoEImpl*> moe_layers_;
   comm::GroupPtr balance_group_;
+  comm::GroupPtr sequence_group_;
 };
 TORCH_MODULE(CausalLM);
 
