@@ -77,4 +77,33 @@ const ParallelGroups& expert_groups(const GroupPtr& world, int ep_size) {
   return cache.emplace(key, std::move(g)).first->second;
 }
 
+std::vector<std::vector<int>> sequence_layout(int world_size, int sp_size) {
+  if (sp_size < 1 || world_size < 1 || world_size % sp_size != 0)
+    throw Error(fmt::format("sequence_parallel_size {} does not divide the world size {}: "
+                            "sequence-parallel groups are sequence_parallel_size consecutive ranks; "
+                            "choose a divisor of {}",
+                            sp_size, world_size, world_size));
+  std::vector<std::vector<int>> groups;
+  for (int g = 0; g < world_size / sp_size; ++g) {
+    std::vector<int> ranks;
+    for (int i = 0; i < sp_size; ++i) ranks.push_back(g * sp_size + i);
+    groups.push_back(std::move(ranks));
+  }
+  return groups;
+}
+
+GroupPtr sequence_group(const GroupPtr& world, int sp_size) {
+  static std::mutex mutex;
+  static std::map<std::pair<const ProcessGroup*, int>, GroupPtr> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto groups = sequence_layout(world ? world->size() : 1, sp_size);
+  if (sp_size == 1) return nullptr;
+  const auto key = std::make_pair(world.get(), sp_size);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  GroupPtr mine;
+  for (const auto& ranks : groups)  // every rank creates every group, in the same order
+    if (auto pg = world->new_group(ranks)) mine = pg;
+  return cache.emplace(key, mine).first->second;
+}
+
 }  // namespace strata::comm

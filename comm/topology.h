@@ -42,4 +42,16 @@ ParallelGroups create_expert_groups(const GroupPtr& world, int ep_size,
 // expert-parallel group (null), the expert-data-parallel group is `world`.
 const ParallelGroups& expert_groups(const GroupPtr& world, int ep_size);
 
+// Ulysses sequence parallelism, laid out as DeepSpeed does: sequence-parallel groups are runs of
+// sp_size consecutive ranks (each sample's sequence is split among them); ZeRO still partitions
+// over the whole world. World 8, sp 2: SP [0,1] [2,3] [4,5] [6,7]; the ranks that draw different
+// samples are world / sp_size, rank r drawing sample stream r / sp_size.
+std::vector<std::vector<int>> sequence_layout(int world_size, int sp_size);
+
+// This rank's sequence-parallel group for (world, sp_size), created on the first call and kept
+// for the process's life (as expert_groups): the model that shards its sequence and the engine
+// that trains it get the same group. A collective on the first call for a pair. sp_size 1 or
+// world null (one process; sp_size must then be 1): null.
+GroupPtr sequence_group(const GroupPtr& world, int sp_size);
+
 }  // namespace strata::comm

@@ -231,6 +231,11 @@ int run(const strata::examples::TrainArgs& args) {
     const auto rss_before = host_rss().first;  // the process before the model: LibTorch, buffers
     strata::models::CausalLM model(*hf_config, placement);
     model->set_balance_group(init.group);  // the balance loss over every rank's tokens
+    // Ulysses: each rank feeds its shard of every sample's positions (the engine finds the same
+    // cached group).
+    if (config.sequence_parallel_size > 1)
+      model->set_sequence_parallel(
+          strata::comm::sequence_group(init.group, int(config.sequence_parallel_size)));
     if (init.partitioned_init) init.partitioned_init->finish();
     const auto rss_built = host_rss().first;
     if (args.resume.empty()) {  // (a resume's checkpoint holds the weights)
@@ -264,6 +269,11 @@ int run(const strata::examples::TrainArgs& args) {
     module = model.ptr();
     engine = e;
   } else {
+    if (config.sequence_parallel_size > 1)
+      throw Error(fmt::format("{}: sequence_parallel_size {}: Ulysses is built into the "
+                              "published-architecture models (--hf-model); the example GPT has "
+                              "no sequence-parallel attention yet",
+                              args.config, config.sequence_parallel_size));
     GPT model = make_gpt(model_config, config.moe, args.seed, init.group);
     if (init.partitioned_init) init.partitioned_init->finish();
     const auto layers = strata::moe::moe_layers(*model);
@@ -295,6 +305,10 @@ int run(const strata::examples::TrainArgs& args) {
   const int64_t gas = engine->gradient_accumulation_steps();
   const int64_t world = engine->data_parallel_size();
   const int64_t rank = engine->data_parallel_rank();
+  // Ulysses: the ranks of a sequence-parallel group draw the same samples (each feeds its shard
+  // of their positions); the data is split over the batch shards.
+  const int64_t sp = engine->sequence_parallel_size();
+  const int64_t shards = engine->batch_shards(), shard = engine->batch_shard();
   const int64_t tokens_per_step = engine->train_batch_size() * model_config.seq_len;
   int64_t parameters = 0;
   for (const auto& p : module->parameters()) parameters += p.numel();
@@ -307,8 +321,10 @@ int run(const strata::examples::TrainArgs& args) {
                                        token_files.files.size(), tokens->samples_per_epoch(),
                                        model_config.seq_len));
   strata::log::info(
-      "train_gpt: {} steps of {} samples ({} micro x {} accumulation x {} ranks) x {} tokens",
-      steps, engine->train_batch_size(), micro, gas, world, model_config.seq_len);
+      "train_gpt: {} steps of {} samples ({} micro x {} accumulation x {} ranks{}) x {} tokens",
+      steps, engine->train_batch_size(), micro, gas, shards,
+      sp > 1 ? fmt::format(", each sample's tokens split over {} ranks", sp) : std::string(),
+      model_config.seq_len);
 
   std::ofstream metrics;
   if (!args.metrics_jsonl.empty() && rank == 0) {
@@ -321,7 +337,7 @@ int run(const strata::examples::TrainArgs& args) {
   // state says which step's data comes next (batches are a function of the step).
   // Token files: the position of step 0's first sample in the dataset's global order. A resume
   // continues at the position the checkpoint saved, whatever the new batch layout.
-  const int64_t global_batch = micro * world * gas;
+  const int64_t global_batch = micro * shards * gas;
   int64_t data_start = 0;
   int64_t first_step = 0;
   if (!args.resume.empty()) {
@@ -374,10 +390,10 @@ int run(const strata::examples::TrainArgs& args) {
     std::vector<int64_t> sample_ids;
     for (int64_t m = 0; m < gas; ++m) {
       // Sample j of the global batch is the same whatever the world: ranks take slices.
-      const int64_t first = (m * world + rank) * micro;
+      const int64_t first = (m * shards + shard) * micro;
       TokenData::Batch batch;
       if (tokens) {
-        auto b = tokens->batch(strata::data::TokenDataset::first_position(step, m, rank, world,
+        auto b = tokens->batch(strata::data::TokenDataset::first_position(step, m, shard, shards,
                                                                           micro, gas, data_start),
                                micro);
         batch = {b.tokens, b.targets};
@@ -388,7 +404,11 @@ int run(const strata::examples::TrainArgs& args) {
       // The engine keys the gates' noise by this global micro-batch (its chunk m * world + rank
       // of the step's batch), so any world size and accumulation draws the same for the same
       // samples, resumed or not.
-      auto loss = loss_of(batch.tokens.to(device), batch.targets.to(device));
+      // Ulysses: this rank's shard of the sample's positions (labels shifted across the shards by
+      // the model).
+      const auto& sequence_group = engine->sequence_parallel_group();
+      auto loss = loss_of(strata::sequence::shard_sequence(batch.tokens.to(device), sequence_group),
+                          strata::sequence::shard_sequence(batch.targets.to(device), sequence_group));
       for (auto* layer : moe_layers) {
         moe_sums[0] += layer->last().l_aux.detach().to(torch::kDouble);
         moe_sums[1] += layer->last().dropped.to(torch::kDouble);
@@ -412,10 +432,11 @@ int run(const strata::examples::TrainArgs& args) {
       else
         all[0].copy_(mine);
       step_ids.resize(size_t(global_batch));
-      for (int64_t r = 0; r < world; ++r)
+      for (int64_t r = 0; r < shards; ++r)  // shard r's samples, from its group's first rank
         for (int64_t m = 0; m < gas; ++m)
           for (int64_t i = 0; i < micro; ++i)
-            step_ids[size_t((m * world + r) * micro + i)] = all[r][m * micro + i].item<int64_t>();
+            step_ids[size_t((m * shards + r) * micro + i)] =
+                all[r * sp][m * micro + i].item<int64_t>();
     }
     // The global batch's mean loss (ranks' means averaged): one host sync per optimizer step.
     if (auto& group = engine->data_parallel_group()) {
@@ -425,7 +446,8 @@ int run(const strata::examples::TrainArgs& args) {
         group->all_reduce(moe_loads, strata::comm::ReduceOp::Sum);
       }
     }
-    const double loss = loss_sum.item<double>() / gas;
+    // Ulysses: a group's ranks hold parts of one sample's loss, summed (x sp over the mean).
+    const double loss = loss_sum.item<double>() * double(sp) / gas;
     const std::vector<double> lrs = engine->get_lr();  // the experts' groups after the dense ones
     const double lr = lrs.at(0);
     const auto now = Clock::now();

@@ -8,6 +8,7 @@
 #include <limits>
 #include <mutex>
 
+#include "comm/topology.h"
 #include "runtime/checkpointing/settings.h"
 #include "runtime/util/tiled.h"
 #include "runtime/cpu_threads.h"
@@ -70,6 +71,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, Config config, InitOpt
       scaler_(LossScaler::from_config(config_.fp16)),
       last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
   validate(options);
+  // Ulysses: the model that shards its sequence asked for the same (cached) group.
+  if (config_.sequence_parallel_size > 1)
+    sequence_group_ = comm::sequence_group(group_, int(config_.sequence_parallel_size));
   prepare_module(options);
   build_groups(options);
   configure_lr_scheduler(options);
@@ -353,8 +357,12 @@ void Engine::backward(const torch::Tensor& loss) {
     window_loss_ = window_loss_.defined() ? window_loss_ + l : l;
   }
   for (const auto& g : groups_) g->begin_backward(boundary, loss, scaler_.cur_scale());
-  // fp16: the loss scale; accumulation: 1/gas, so the window's gradients sum to the mean.
-  const double factor = scaler_.cur_scale() / static_cast<double>(gradient_accumulation_steps());
+  // fp16: the loss scale; accumulation: 1/gas, so the window's gradients sum to the mean;
+  // Ulysses: x sequence_parallel_size, so that the reduction's mean over every rank is the sum
+  // over each sequence group (its ranks' losses are parts of one sample's) averaged over the
+  // batch shards.
+  const double factor = scaler_.cur_scale() * sequence_parallel_size() /
+                        static_cast<double>(gradient_accumulation_steps());
   std::vector<zero::ParamCoordinator::Scope> scopes;
   for (auto* c : coordinators()) scopes.emplace_back(c, zero::ParamCoordinator::Phase::kBackward);
   if (factor != 1.0)

@@ -194,6 +194,16 @@ class Engine {
   const comm::GroupPtr& data_parallel_group() const { return group_; }
   int data_parallel_size() const { return group_ ? group_->size() : 1; }
   int data_parallel_rank() const { return group_ ? group_->rank() : 0; }
+  // Ulysses (sequence_parallel_size > 1, runtime/sequence/ulysses.h): this rank's
+  // sequence-parallel group (comm::sequence_group's; null without), and the ranks that draw
+  // different samples: batch_shards() of them, this rank drawing stream batch_shard() (the ranks
+  // of one group draw the same samples and each feeds its shard of their positions). ZeRO still
+  // partitions over the data-parallel group; the gradients are summed over each sequence group
+  // and averaged over the batch shards.
+  const comm::GroupPtr& sequence_parallel_group() const { return sequence_group_; }
+  int sequence_parallel_size() const { return int(config_.sequence_parallel_size); }
+  int batch_shards() const { return data_parallel_size() / sequence_parallel_size(); }
+  int batch_shard() const { return data_parallel_rank() / sequence_parallel_size(); }
   torch::nn::Module& module() { return *module_; }
   // The optimizer of every parameter but MoE experts (of all of them without MoE).
   // With the optimizer offloaded, a step may still be running after step() returned (its tiles
@@ -316,6 +326,7 @@ class Engine {
   std::shared_ptr<torch::nn::Module> module_;
   Config config_;
   comm::GroupPtr group_;
+  comm::GroupPtr sequence_group_;  // Ulysses: sequence_parallel_group()
   torch::Device device_{torch::kCPU};  // where the model trains (InitOptions::device)
   std::vector<torch::Tensor> params_;  // trainable parameters, in module order
   // How the parameters are held, reduced and stepped: the dense group, then the experts'

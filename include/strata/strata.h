@@ -33,3 +33,5 @@
 #include "runtime/nn/linear_cross_entropy.h"
 #include "runtime/optim/registry.h"
 #include "runtime/sched/registry.h"
+#include "runtime/sequence/ulysses.h"
+#include "comm/topology.h"

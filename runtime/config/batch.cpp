@@ -52,14 +52,22 @@ void resolve_batch(Config& cfg, Ctx& ctx) {
   }
   auto known = [&](const char* key, const Autoable<int64_t>& a) { return ctx.present.count(key) && !a.is_auto; };
   const bool has_t = known(T, t), has_m = known(M, m), has_g = known(G, g);
-  const int64_t world = cfg.world_size;
+  // The ranks that draw different samples: under Ulysses a sequence-parallel group of
+  // sequence_parallel_size ranks shares each sample (DeepSpeed's dp_world_size), said as such.
+  const int64_t sp = cfg.sequence_parallel_size;
+  const bool split = sp > 1 && cfg.world_size % sp == 0;
+  const int64_t world = split ? cfg.world_size / sp : cfg.world_size;
+  const std::string world_size =
+      split ? fmt::format("data-parallel size (world {} / sequence_parallel_size {})",
+                          cfg.world_size, sp)
+            : std::string("world size");
   int64_t mw = 0, mgw = 0;
 
   if (has_t && has_m && has_g) {
     if (!mul(m.value, world, mw) || !mul(mw, g.value, mgw) || mgw != t.value)
-      ctx.error(T, fmt::format("{} = {} but {} x {} x world size = {} x {} x {} = {}; they must match "
+      ctx.error(T, fmt::format("{} = {} but {} x {} x {} = {} x {} x {} = {}; they must match "
                                "exactly (or give two and let the third be derived)",
-                               T, t.value, M, G, m.value, g.value, world,
+                               T, t.value, M, G, world_size, m.value, g.value, world,
                                mgw && mw ? fmt::format("{}", mgw) : std::string("(overflow)")));
     return;
   }
@@ -70,9 +78,9 @@ void resolve_batch(Config& cfg, Ctx& ctx) {
     const char* missing_key = has_m ? G : M;
     int64_t divisor = 0;
     if (!mul(other, world, divisor) || t.value % divisor != 0) {
-      ctx.error(T, fmt::format("{} cannot be derived: {} = {} is not a multiple of {} x world size = {} x {}; "
+      ctx.error(T, fmt::format("{} cannot be derived: {} = {} is not a multiple of {} x {} = {} x {}; "
                                "make {} a multiple of {} or give {}",
-                               missing_key, T, t.value, other_key, other, world, T,
+                               missing_key, T, t.value, other_key, world_size, other, world, T,
                                divisor ? fmt::format("{}", divisor) : std::string("it"), missing_key));
       return;
     }
@@ -81,7 +89,7 @@ void resolve_batch(Config& cfg, Ctx& ctx) {
   }
   if (has_m && has_g) {
     if (!mul(m.value, world, mw) || !mul(mw, g.value, mgw)) {
-      ctx.error(M, fmt::format("{} x {} x world size overflows", M, G));
+      ctx.error(M, fmt::format("{} x {} x {} overflows", M, G, world_size));
       return;
     }
     derived(t, T, mgw, ctx);
@@ -89,8 +97,8 @@ void resolve_batch(Config& cfg, Ctx& ctx) {
   }
   if (has_t) {  // only train: one accumulation step
     if (t.value % world != 0) {
-      ctx.error(T, fmt::format("{} = {} is not a multiple of the world size {}; {} cannot be derived",
-                               T, t.value, world, M));
+      ctx.error(T, fmt::format("{} = {} is not a multiple of the {} {}; {} cannot be derived",
+                               T, t.value, world_size, world, M));
       return;
     }
     derived(g, G, 1, ctx);
@@ -99,7 +107,7 @@ void resolve_batch(Config& cfg, Ctx& ctx) {
   }
   if (has_m) {  // only micro: one accumulation step
     if (!mul(m.value, world, mw)) {
-      ctx.error(M, fmt::format("{} x world size overflows", M));
+      ctx.error(M, fmt::format("{} x {} overflows", M, world_size));
       return;
     }
     derived(g, G, 1, ctx);

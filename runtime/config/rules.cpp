@@ -42,6 +42,26 @@ void moe(const Config& cfg, Ctx& ctx) {
                           m.expert_unit_size, cfg.zero_optimization.stage));
 }
 
+// Ulysses: sequence-parallel groups are sequence_parallel_size consecutive ranks
+// (comm/topology.h), so it divides the world. Its MoE layers are not built yet.
+void sequence(const Config& cfg, Ctx& ctx) {
+  const int64_t sp = cfg.sequence_parallel_size;
+  if (sp <= 1) return;
+  const bool known = cfg.world_size > 1 || ctx.options.world_is_real;
+  if (known && cfg.world_size % sp != 0)
+    ctx.error("sequence_parallel_size",
+              fmt::format("sequence_parallel_size = {} does not divide the world size {}: "
+                          "sequence-parallel groups are sequence_parallel_size consecutive ranks; "
+                          "choose a divisor of {}",
+                          sp, cfg.world_size, cfg.world_size));
+  if (!cfg.moe.given.empty())
+    ctx.error("sequence_parallel_size",
+              fmt::format("sequence_parallel_size = {} with a moe block: sequence parallelism of "
+                          "MoE layers is not built yet (their balance loss and expert exchange "
+                          "assume whole sequences); drop one of the two",
+                          sp));
+}
+
 void unresolved_autos(Ctx& ctx) {
   for (const std::string& path : ctx.unresolved) {
     const std::string from = auto_source(path);
@@ -61,6 +81,7 @@ void unresolved_autos(Ctx& ctx) {
 void apply_rules(Config& cfg, Ctx& ctx) {
   precision(cfg, ctx);
   moe(cfg, ctx);
+  sequence(cfg, ctx);
   resolve_batch(cfg, ctx);
   unresolved_autos(ctx);
 }

@@ -45,9 +45,9 @@ Block make_root() {
       .describe("Data type of the gradient communication of sequence parallelism (fp32 by default)");
   b.add(&Config::sequence_parallel_size, "sequence_parallel_size")
       .min(1)
-      .not_implemented("sequence parallelism splits each sample across ranks")
-      .describe("Ranks that split each sample's sequence between them (DeepSpeed-Ulysses sequence parallelism); 1: "
-                "none");
+      .describe("Ranks that split each sample's sequence between them (DeepSpeed-Ulysses sequence parallelism: "
+                "groups of consecutive ranks; the batch keys count world / sequence_parallel_size "
+                "data-parallel ranks); 1: none");
   b.add(&Config::wall_clock_breakdown, "wall_clock_breakdown")
       .ignored("Strata's progress line reports the step time, not a per-phase breakdown")
       .describe("Time the forward, backward and optimizer-step phases and report each");

@@ -171,6 +171,30 @@ TEST(ConfigRejects, BatchDerivationMustDivide) {
   EXPECT_CONTAINS(load_error(R"({})"), "give train_batch_size or train_micro_batch_size_per_gpu");
 }
 
+// Ulysses: the batch keys count world / sequence_parallel_size ranks (DeepSpeed's dp_world_size),
+// and say so; sequence_parallel_size divides the world; MoE layers are not split yet.
+TEST(ConfigRejects, SequenceParallelSizeCountsTheDataParallelRanks) {
+  LoadOptions eight;
+  eight.world_size = 8;
+  const Config c = load(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
+                            "sequence_parallel_size": 2})", eight);
+  EXPECT_EQ(c.train_batch_size.value, 24);  // 2 x 3 x (8 / 2)
+  EXPECT_CONTAINS(load_error(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
+                                 "gradient_accumulation_steps": 2, "sequence_parallel_size": 4})",
+                             eight),
+                  "train_batch_size = 32 but train_micro_batch_size_per_gpu x "
+                  "gradient_accumulation_steps x data-parallel size (world 8 / "
+                  "sequence_parallel_size 4) = 2 x 2 x 2 = 8");
+  LoadOptions four;
+  four.world_size = 4;
+  EXPECT_CONTAINS(load_error(R"({"train_micro_batch_size_per_gpu": 2, "sequence_parallel_size": 3})",
+                             four),
+                  "sequence_parallel_size = 3 does not divide the world size 4");
+  EXPECT_CONTAINS(load_error(R"({"train_micro_batch_size_per_gpu": 2, "sequence_parallel_size": 2,
+                                 "moe": {"num_experts": 4}})", four),
+                  "sequence parallelism of MoE layers is not built yet");
+}
+
 TEST(ConfigRejects, UnresolvableAutoNamesTheKeyAndWhatResolvesIt) {
   const std::string lr = load_error(with(R"("optimizer": {"type": "AdamW", "params": {"lr": "auto"}})"));
   EXPECT_CONTAINS(lr, "optimizer.params.lr = \"auto\" and nothing resolves it");
@@ -204,7 +228,6 @@ TEST(ConfigRejects, UnimplementedMathChangingFeatures) {
       {R"("amp": {"enabled": true, "opt_level": "O1"})", "amp.enabled"},
       {R"("fp16": {"enabled": true, "fp16_master_weights_and_grads": true})", "fp16.fp16_master_weights_and_grads"},
       {R"("gradient_allreduce_op": "sum")", "gradient_allreduce_op"},
-      {R"("sequence_parallel_size": 2)", "sequence_parallel_size"},
       {R"("tensor_parallel": {"autotp_size": 4})", "tensor_parallel.autotp_size"},
   };
   for (const MathCase& c : cases) {

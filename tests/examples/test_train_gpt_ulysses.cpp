@@ -1,0 +1,162 @@
+// train_gpt --hf-model under Ulysses (sequence_parallel_size, issue 62) on real processes over
+// Gloo, against one rank training the same global batch on whole sequences (1e-5 relative, fp32):
+//  - sp 2 on 2 ranks, gas 2, stage 0;
+//  - sp 2 x 2 batch shards on 4 ranks, stage 3, every layer checkpointed;
+//  - sp 4 on 4 ranks (the kv heads replicated), stage 2, the MLP tiled, Qwen3 (q/k norm);
+//  - a run at sp 2 saved at step 2 and resumed at sp 1 on 1 rank and at sp 4 on 4 ranks: steps
+//    3 and 4 as the straight run's.
+// And the refusals: sp that does not divide the world, the example GPT.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../sanitized.h"
+#include "train_gpt_runs.h"
+
+// A namespace of its own: this file shares test_examples (one link) with others, and a unity
+// build compiles them as one translation unit.
+namespace train_ulysses {
+namespace {
+
+using namespace train_gpt_runs;
+
+std::string temp(const std::string& name) {
+  return testing::TempDir() + "/train_ulysses_" + std::to_string(getpid()) + "_" + name;
+}
+
+std::string fixture(const std::string& family) {
+  return std::string(STRATA_SOURCE_DIR) + "/tests/models/fixtures/" + family;
+}
+
+// Token ids below the fixtures' vocabulary (128), uint16.
+std::string token_file() {
+  const auto path = temp("tokens.bin");
+  if (!std::ifstream(path).good()) {
+    std::ofstream out(path, std::ios::binary);
+    uint32_t x = 777;
+    for (int i = 0; i < 20000; ++i) {
+      x = x * 1664525u + 1013904223u;
+      const uint16_t id = uint16_t((x >> 16) % 128);
+      out.write(reinterpret_cast<const char*>(&id), 2);
+    }
+  }
+  return path;
+}
+
+struct Case {
+  std::string family = "llama3";
+  int ranks = 1, sp = 1, stage = 0, steps = 4;
+  std::string extra;
+};
+
+// The metrics rows of a run, or none (with the output in the failure) when it failed.
+std::vector<nlohmann::json> train(const Case& c, const std::string& name,
+                                  std::string* output = nullptr) {
+  nlohmann::json config = {
+      {"train_batch_size", 4},
+      {"gradient_accumulation_steps", 2},
+      {"gradient_clipping", 1.0},  // the global norm is computed (and reported) every step
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}}},
+      {"zero_optimization", {{"stage", c.stage}}}};
+  if (c.sp > 1) config["sequence_parallel_size"] = c.sp;
+  if (c.stage == 3) config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  const auto path = temp(name + ".json");
+  std::ofstream(path) << config.dump();
+  const auto metrics = temp(name + ".jsonl");
+  const auto r = capture(std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus " +
+                         std::to_string(c.ranks) + " -- " + STRATA_BIN_DIR +
+                         "/train_gpt --device cpu --hf-model " + fixture(c.family) + " --config " +
+                         path + " --data tokens:" + token_file() + " --seq-len 32 --steps " +
+                         std::to_string(c.steps) + " --metrics-jsonl " + metrics + " " + c.extra);
+  if (output) *output = r.output;
+  if (r.exit_code != 0) {
+    if (!output) ADD_FAILURE() << name << "\n" << r.output;
+    return {};
+  }
+  return read_jsonl(metrics);
+}
+
+void expect_same_losses(const std::vector<nlohmann::json>& got,
+                        const std::vector<nlohmann::json>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double a = got[i].at("loss").get<double>(), b = want[i].at("loss").get<double>();
+    EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << what << ", step " << got[i].at("step");
+    // Adam's step hardly sees a gradient's scale; the norm does (the sum over a sequence group).
+    const double n = got[i].at("grad_norm").get<double>(), m = want[i].at("grad_norm").get<double>();
+    EXPECT_NEAR(n, m, 1e-5 * std::abs(m)) << what << ", step " << got[i].at("step") << " grad_norm";
+    EXPECT_EQ(got[i].at("samples"), want[i].at("samples")) << what;
+  }
+}
+
+TEST(TrainGptUlysses, ShardedSequencesTrainAsWholeOnes) {
+  struct Variant {
+    Case c;
+    const char* name;
+  };
+  std::vector<Variant> variants = {
+      {{"llama3", 2, 2, 0, 4, ""}, "sp2_stage0"},
+      {{"llama3", 4, 2, 3, 4, "--activation-checkpointing every"}, "sp2x2_stage3_ckpt"},
+      {{"qwen3", 4, 4, 2, 4, "--tiled-mlp 2"}, "sp4_stage2_tiled"},
+  };
+  for (const auto& v : variants) {
+    if (strata::test::kSanitized && v.c.ranks != 4) continue;  // CI's sanitized suite: 4 ranks
+    SCOPED_TRACE(v.name);
+    Case one = v.c;
+    one.ranks = 1;
+    one.sp = 1;
+    const auto want = train(one, std::string(v.name) + "_one");
+    const auto got = train(v.c, v.name);
+    expect_same_losses(got, want, v.name);
+  }
+}
+
+TEST(TrainGptUlysses, ResumesAtAnotherSequenceParallelSize) {
+  Case straight{"llama3", 2, 2, 3, 4, ""};
+  const auto want = train(straight, "straight");
+  Case first = straight;
+  first.steps = 2;
+  const auto save = temp("ckpt");
+  first.extra = "--save-dir " + save;
+  train(first, "first");
+  for (const auto& [ranks, sp] : {std::pair{1, 1}, std::pair{4, 4}}) {
+    if (strata::test::kSanitized && ranks == 1) continue;
+    Case resumed = straight;
+    resumed.ranks = ranks;
+    resumed.sp = sp;
+    resumed.extra = "--resume " + save;
+    const auto got = train(resumed, "resumed_sp" + std::to_string(sp));
+    expect_same_losses(got, std::vector<nlohmann::json>(want.begin() + 2, want.end()),
+                       "resumed at sp " + std::to_string(sp));
+  }
+}
+
+TEST(TrainGptUlysses, WhatItCannotSplitIsRefusedByName) {
+  std::string out;
+  Case three{"llama3", 4, 3, 0, 1, ""};
+  EXPECT_TRUE(train(three, "sp3_of_4", &out).empty());
+  EXPECT_NE(out.find("sequence_parallel_size = 3 does not divide the world size 4"),
+            std::string::npos)
+      << out;
+  const auto gpt = capture(std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus 2 -- " +
+                           STRATA_BIN_DIR + "/train_gpt --device cpu --model tiny --config " +
+                           [] {
+                             const auto p = temp("gpt.json");
+                             std::ofstream(p) << R"({"train_micro_batch_size_per_gpu": 2,
+                                 "sequence_parallel_size": 2})";
+                             return p;
+                           }() + " --steps 1");
+  EXPECT_NE(gpt.exit_code, 0);
+  EXPECT_NE(gpt.output.find("Ulysses is built into the published-architecture models"),
+            std::string::npos)
+      << gpt.output;
+}
+
+}  // namespace
+}  // namespace train_ulysses
