@@ -106,7 +106,8 @@ TEST(TrainGptUlysses, ShardedSequencesTrainAsWholeOnes) {
       {{"qwen3", 4, 4, 2, 4, "--tiled-mlp 2"}, "sp4_stage2_tiled"},
   };
   for (const auto& v : variants) {
-    if (strata::test::kSanitized && v.c.ranks != 4) continue;  // CI's sanitized suite: 4 ranks
+    // CI's sanitized suite (its time): the 4-rank stage-3 case.
+    if (strata::test::kSanitized && std::string(v.name) != "sp2x2_stage3_ckpt") continue;
     SCOPED_TRACE(v.name);
     Case one = v.c;
     one.ranks = 1;
@@ -118,6 +119,7 @@ TEST(TrainGptUlysses, ShardedSequencesTrainAsWholeOnes) {
 }
 
 TEST(TrainGptUlysses, ResumesAtAnotherSequenceParallelSize) {
+  if (strata::test::kSanitized) GTEST_SKIP() << "five train_gpt runs: the release suite's";
   Case straight{"llama3", 2, 2, 3, 4, ""};
   const auto want = train(straight, "straight");
   Case first = straight;
@@ -126,7 +128,6 @@ TEST(TrainGptUlysses, ResumesAtAnotherSequenceParallelSize) {
   first.extra = "--save-dir " + save;
   train(first, "first");
   for (const auto& [ranks, sp] : {std::pair{1, 1}, std::pair{4, 4}}) {
-    if (strata::test::kSanitized && ranks == 1) continue;
     Case resumed = straight;
     resumed.ranks = ranks;
     resumed.sp = sp;

@@ -21,7 +21,9 @@
 #include "tests/comm/ranks.h"
 #include "tests/models/oracle_util.h"
 
-namespace strata::test {
+// Named: this binary also holds tests/runtime/sequence/test_ulysses.cpp (main() is there), and a
+// unity build compiles them as one translation unit.
+namespace strata::test::ulysses_models {
 namespace {
 
 constexpr int64_t kBatch = 2, kSeq = 16;
@@ -94,7 +96,7 @@ TEST(UlyssesModels, ShardedSequenceGivesTheWholeSequencesLossAndGradients) {
   };
   for (const Case& c : {Case{"llama3", 2, "", -1}, Case{"qwen3", 2, "every", -1},
                         Case{"llama3_tied", 4, "", 2}, Case{"llama3", 4, "every", 0}}) {
-    if (kSanitized && c.world == 2) continue;  // CI's sanitized suite: the 4-rank cases
+    if (kSanitized && !(c.world == 4 && c.tiles == 0)) continue;  // CI's sanitized suite: one case
     LaunchSpec spec;
     spec.scenario = "ulysses_causal_lm";
     spec.world = c.world;
@@ -133,6 +135,4 @@ TEST(UlyssesModels, HeadsThatDoNotSplitAreRefused) {
 }
 
 }  // namespace
-}  // namespace strata::test
-
-int main(int argc, char** argv) { return strata::test::test_main(argc, argv); }
+}  // namespace strata::test::ulysses_models
