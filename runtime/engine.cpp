@@ -418,9 +418,12 @@ void Engine::step() {
 }
 
 void Engine::write_step_events() {
-  // The window's mean loss over every rank (a collective: every rank takes part).
-  auto loss = window_loss_.defined() ? window_loss_ / double(gradient_accumulation_steps())
-                                     : torch::zeros({});
+  // The window's mean loss over every rank (a collective: every rank takes part). Ulysses: a
+  // sequence group's ranks hold parts of one sample's loss, so the mean over ranks x sp.
+  auto loss = window_loss_.defined()
+                  ? window_loss_ * (double(sequence_parallel_size()) /
+                                    double(gradient_accumulation_steps()))
+                  : torch::zeros({});
   window_loss_ = torch::Tensor();
   if (group_) group_->all_reduce(loss, comm::ReduceOp::Avg);
   if (!monitors_enabled()) return;

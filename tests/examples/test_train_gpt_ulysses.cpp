@@ -3,6 +3,7 @@
 //  - sp 2 on 2 ranks, gas 2, stage 0;
 //  - sp 2 x 2 batch shards on 4 ranks, stage 3, every layer checkpointed;
 //  - sp 4 on 4 ranks (the kv heads replicated), stage 2, the MLP tiled, Qwen3 (q/k norm);
+//  - sp 2 on 2 ranks, stage 2 with the optimizer in host memory, tied embeddings;
 //  - a run at sp 2 saved at step 2 and resumed at sp 1 on 1 rank and at sp 4 on 4 ranks: steps
 //    3 and 4 as the straight run's.
 // And the refusals: sp that does not divide the world, the example GPT.
@@ -53,6 +54,7 @@ struct Case {
   std::string family = "llama3";
   int ranks = 1, sp = 1, stage = 0, steps = 4;
   std::string extra;
+  bool offload = false;  // offload_optimizer to the CPU
 };
 
 // The metrics rows of a run, or none (with the output in the failure) when it failed.
@@ -65,7 +67,10 @@ std::vector<nlohmann::json> train(const Case& c, const std::string& name,
       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}}},
       {"zero_optimization", {{"stage", c.stage}}}};
   if (c.sp > 1) config["sequence_parallel_size"] = c.sp;
+  // The engine's own train_loss event, beside train_gpt's metrics.
+  config["csv_monitor"] = {{"enabled", true}, {"output_path", temp(name + "_csv")}, {"job_name", "j"}};
   if (c.stage == 3) config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  if (c.offload) config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   const auto path = temp(name + ".json");
   std::ofstream(path) << config.dump();
   const auto metrics = temp(name + ".jsonl");
@@ -95,6 +100,16 @@ void expect_same_losses(const std::vector<nlohmann::json>& got,
   }
 }
 
+// The last value of the engine's csv_monitor train_loss of run `name`.
+double monitored_loss(const std::string& name) {
+  std::ifstream in(temp(name + "_csv") + "/j/Train_Samples_train_loss.csv");
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty() && line != "\r") last = line;
+  const auto comma = last.rfind(',');
+  return comma == std::string::npos ? -1 : std::stod(last.substr(comma + 1));
+}
+
 TEST(TrainGptUlysses, ShardedSequencesTrainAsWholeOnes) {
   struct Variant {
     Case c;
@@ -104,6 +119,7 @@ TEST(TrainGptUlysses, ShardedSequencesTrainAsWholeOnes) {
       {{"llama3", 2, 2, 0, 4, ""}, "sp2_stage0"},
       {{"llama3", 4, 2, 3, 4, "--activation-checkpointing every"}, "sp2x2_stage3_ckpt"},
       {{"qwen3", 4, 4, 2, 4, "--tiled-mlp 2"}, "sp4_stage2_tiled"},
+      {{"llama3_tied", 2, 2, 2, 4, "", true}, "sp2_stage2_offload"},
   };
   for (const auto& v : variants) {
     // CI's sanitized suite (its time): the 4-rank stage-3 case.
@@ -115,6 +131,10 @@ TEST(TrainGptUlysses, ShardedSequencesTrainAsWholeOnes) {
     const auto want = train(one, std::string(v.name) + "_one");
     const auto got = train(v.c, v.name);
     expect_same_losses(got, want, v.name);
+    // The engine's monitor reports the group's loss, not a rank's part of it.
+    ASSERT_FALSE(got.empty());
+    const double last = got.back().at("loss").get<double>();
+    EXPECT_NEAR(monitored_loss(v.name), last, 1e-5 * std::abs(last)) << v.name;
   }
 }
 
