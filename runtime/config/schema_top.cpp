@@ -41,13 +41,17 @@ Block make_root() {
   b.add(&Config::seq_parallel_comm_data_type, "seq_parallel_comm_data_type")
       .alias("seq_parallel_communication_data_type")
       .one_of({"fp16", "bf16", "fp32"}, true)
-      .ignored("Strata has no sequence parallelism")
+      .ignored("Strata's sequence-parallel gradients reduce over the data-parallel group like any "
+               "other, in communication_data_type; its attention exchange moves the activations' "
+               "own dtype")
       .describe("Data type of the gradient communication of sequence parallelism (fp32 by default)");
   b.add(&Config::sequence_parallel_size, "sequence_parallel_size")
       .min(1)
       .describe("Ranks that split each sample's sequence between them (DeepSpeed-Ulysses sequence parallelism: "
                 "groups of consecutive ranks; the batch keys count world / sequence_parallel_size "
-                "data-parallel ranks); 1: none");
+                "data-parallel ranks). Strata: built into the published-architecture models "
+                "(models::CausalLM, train_gpt --hf-model); a model of one's own calls "
+                "strata::sequence::ulysses_attention; 1: none");
   b.add(&Config::wall_clock_breakdown, "wall_clock_breakdown")
       .ignored("Strata's progress line reports the step time, not a per-phase breakdown")
       .describe("Time the forward, backward and optimizer-step phases and report each");
