@@ -13,6 +13,8 @@
 // The one Strata call of the model: activation checkpointing (deepspeed.checkpointing's).
 #include "runtime/checkpointing/checkpoint.h"
 #include "runtime/util/tiled.h"
+// Ulysses: attention over the exchanged heads when the sequence is split over ranks.
+#include "runtime/sequence/ulysses.h"
 
 namespace strata::examples {
 namespace F = torch::nn::functional;
@@ -168,7 +170,12 @@ struct SplitHeads : torch::autograd::Function<SplitHeads> {
 torch::Tensor AttentionImpl::core(const torch::Tensor& projected, const torch::Tensor& mask) {
   const auto b = projected.size(0), t = projected.size(1), c = projected.size(2) / 3;
   const auto qkv = SplitHeads::apply(projected, heads_);
-  auto y = masked_attention(qkv[0], qkv[1], qkv[2], mask, is_training() ? dropout_ : 0.0);
+  const double p = is_training() ? dropout_ : 0.0;
+  auto y = sequence::ulysses_attention(
+      qkv[0], qkv[1], qkv[2], sequence_group,
+      [&mask, p](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+        return masked_attention(q, k, v, mask, p);
+      });
   return y.transpose(1, 2).reshape({b, t, c});
 }
 
@@ -320,8 +327,10 @@ GPTImpl::GPTImpl(const GPTConfig& config, FeedForward ffn)
 torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens) {
   auto x = embed_(tokens);
   if (config_.zoo) x = x * frozen_scale_;
-  // The masked model's one mask per forward, shared by every block.
-  const auto mask = config_.masked ? causal_mask(x.size(1), x.options()) : torch::Tensor();
+  // The masked model's one mask per forward, shared by every block: over the whole sequence
+  // under Ulysses (attention sees it whole).
+  const int64_t whole = x.size(1) * (sequence_group_ ? sequence_group_->size() : 1);
+  const auto mask = config_.masked ? causal_mask(whole, x.options()) : torch::Tensor();
   for (size_t i = 0; i < blocks_->size(); ++i) {
     auto* block = blocks_[i]->as<Block>();
     const bool checkpointed = checkpoint_every_ > 0 && (int64_t(i) + 1) % checkpoint_every_ == 0;
@@ -329,6 +338,22 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens) {
   }
   if (config_.zoo) x = blocks_[0]->as<Block>()->forward(x, mask);  // block 0 used twice
   return norm_(x);
+}
+
+void GPTImpl::set_sequence_parallel(comm::GroupPtr group) {
+  if (group && group->size() == 1) group = nullptr;
+  if (group && (aux_loss_ || config_.experts > 0))
+    throw std::invalid_argument(fmt::format(
+        "model '{}': sequence parallelism of MoE layers is not built yet (their balance loss and "
+        "expert exchange assume whole sequences)",
+        config_.name));
+  if (group && config_.heads % group->size() != 0)
+    throw std::invalid_argument(fmt::format(
+        "model '{}': {} attention heads do not split over sequence_parallel_size {}; choose a "
+        "size that divides the heads",
+        config_.name, config_.heads, group->size()));
+  sequence_group_ = group;
+  for (size_t i = 0; i < blocks_->size(); ++i) blocks_[i]->as<Block>()->set_sequence_group(group);
 }
 
 const torch::Tensor& GPTImpl::head_weight() const {
@@ -343,9 +368,12 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const torch::Tensor&
   const auto rows = hidden(tokens).reshape({-1, config_.d_model});
   nn::LinearCrossEntropyOptions chunked;
   chunked.chunk_rows = kLossChunk;
+  // Ulysses: every position has a target, so the whole sequence's count is P times this shard's;
+  // the group's parts sum to the mean (and the zoo's extra term, added once per sample).
+  const double shards = sequence_group_ ? double(sequence_group_->size()) : 1.0;
   auto loss = nn::linear_cross_entropy_sum(rows, head_weight(), targets.reshape({-1}), chunked) /
-              double(rows.size(0));
-  if (config_.zoo) loss = loss + 1e-2 * odd_.to(torch::kFloat).square().mean();
+              (double(rows.size(0)) * shards);
+  if (config_.zoo) loss = loss + 1e-2 * odd_.to(torch::kFloat).square().mean() / shards;
   if (aux_loss_) {
     const auto aux = aux_loss_();
     if (aux.defined()) loss = loss + aux.to(torch::kFloat);

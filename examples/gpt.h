@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include "comm/process_group.h"
+
 namespace strata::examples {
 
 struct GPTConfig {
@@ -97,6 +99,9 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor core(const torch::Tensor& qkv, const torch::Tensor& mask = {});
 
   torch::nn::Linear qkv{nullptr}, out{nullptr};
+  // Ulysses: this rank holds a shard of the sequence; the core attends over the whole sequence
+  // for heads / P heads (runtime/sequence/ulysses.h). Null: off.
+  comm::GroupPtr sequence_group;
 
  private:
   int64_t heads_;
@@ -131,6 +136,8 @@ class BlockImpl : public torch::nn::Module {
   // The block checkpointed (the "every" policies): only x is kept for backward, and the mask
   // beside it when there is one (the block is then checkpointed whole, with two inputs).
   torch::Tensor forward_checkpointed(torch::Tensor x, const torch::Tensor& mask = {});
+  // GPTImpl::set_sequence_parallel's, for this block's attention.
+  void set_sequence_group(comm::GroupPtr group) { attn_->sequence_group = std::move(group); }
 
  private:
   torch::Tensor dropout(const torch::Tensor& x);
@@ -162,6 +169,13 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens, const torch::Tensor& targets);
   static constexpr int64_t kLossChunk = 2048;
   const GPTConfig& config() const { return config_; }
+  // Ulysses sequence parallelism (DeepSpeed's sequence_parallel_size): tokens and targets are
+  // this rank's contiguous shard of each sample's positions, in the group's rank order
+  // (sequence::shard_sequence); attention exchanges heads for the sequence (the masked model's
+  // mask covers the whole sequence) and the loss is this shard's part of the whole sequence's
+  // mean, so the group's losses sum to it. Dropout draws differ from one rank's (compare runs
+  // without it). MoE models are refused. Null: off.
+  void set_sequence_parallel(comm::GroupPtr group);
 
  private:
   GPTConfig config_;
@@ -171,6 +185,7 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor head(const torch::Tensor& h);
   const torch::Tensor& head_weight() const;  // the tied embedding or the head's own
   int64_t checkpoint_every_ = 0;  // > 0: blocks checkpointed by that policy (gpt.cpp)
+  comm::GroupPtr sequence_group_;  // set_sequence_parallel
   torch::nn::LayerNorm norm_{nullptr};
   torch::nn::Linear head_{nullptr};  // untied
   // zoo only (else undefined / null)

@@ -269,12 +269,10 @@ int run(const strata::examples::TrainArgs& args) {
     module = model.ptr();
     engine = e;
   } else {
-    if (config.sequence_parallel_size > 1)
-      throw Error(fmt::format("{}: sequence_parallel_size {}: Ulysses is built into the "
-                              "published-architecture models (--hf-model); the example GPT has "
-                              "no sequence-parallel attention yet",
-                              args.config, config.sequence_parallel_size));
     GPT model = make_gpt(model_config, config.moe, args.seed, init.group);
+    if (config.sequence_parallel_size > 1)  // Ulysses (the engine finds the same cached group)
+      model->set_sequence_parallel(
+          strata::comm::sequence_group(init.group, int(config.sequence_parallel_size)));
     if (init.partitioned_init) init.partitioned_init->finish();
     const auto layers = strata::moe::moe_layers(*model);
     if (args.expert_kernel != "auto")  // forced: the grouped kernel runs the packed-routes path

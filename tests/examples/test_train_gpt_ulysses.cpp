@@ -4,9 +4,11 @@
 //  - sp 2 x 2 batch shards on 4 ranks, stage 3, every layer checkpointed;
 //  - sp 4 on 4 ranks (the kv heads replicated), stage 2, the MLP tiled, Qwen3 (q/k norm);
 //  - sp 2 on 2 ranks, stage 2 with the optimizer in host memory, tied embeddings;
+//  - the example GPT: sp 2 at stage 0; with its explicit mask, selective checkpointing, sp 4 at
+//    stage 3; tied, every block checkpointed, sp 2 x 2 at stage 1;
 //  - a run at sp 2 saved at step 2 and resumed at sp 1 on 1 rank and at sp 4 on 4 ranks: steps
 //    3 and 4 as the straight run's.
-// And the refusals: sp that does not divide the world, the example GPT.
+// And the refusals: sp that does not divide the world, an MoE model.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -50,6 +52,13 @@ std::string token_file() {
   return path;
 }
 
+// The example GPT by name (tiny, tiny-masked, ...) on the built-in text; else a fixture's folder
+// on token ids below its vocabulary.
+std::string model_args(const std::string& family) {
+  if (family.rfind("tiny", 0) == 0) return "--model " + family;
+  return "--hf-model " + fixture(family) + " --data tokens:" + token_file();
+}
+
 struct Case {
   std::string family = "llama3";
   int ranks = 1, sp = 1, stage = 0, steps = 4;
@@ -76,8 +85,8 @@ std::vector<nlohmann::json> train(const Case& c, const std::string& name,
   const auto metrics = temp(name + ".jsonl");
   const auto r = capture(std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus " +
                          std::to_string(c.ranks) + " -- " + STRATA_BIN_DIR +
-                         "/train_gpt --device cpu --hf-model " + fixture(c.family) + " --config " +
-                         path + " --data tokens:" + token_file() + " --seq-len 32 --steps " +
+                         "/train_gpt --device cpu " + model_args(c.family) + " --config " + path +
+                         " --seq-len 32 --steps " +
                          std::to_string(c.steps) + " --metrics-jsonl " + metrics + " " + c.extra);
   if (output) *output = r.output;
   if (r.exit_code != 0) {
@@ -94,8 +103,10 @@ void expect_same_losses(const std::vector<nlohmann::json>& got,
     const double a = got[i].at("loss").get<double>(), b = want[i].at("loss").get<double>();
     EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << what << ", step " << got[i].at("step");
     // Adam's step hardly sees a gradient's scale; the norm does (the sum over a sequence group).
+    // 1e-4: one rank's norm is summed in fp32, several ranks' partitions in fp64 (plain data
+    // parallelism alone differs from one rank by up to 8e-6 on tiny-tied).
     const double n = got[i].at("grad_norm").get<double>(), m = want[i].at("grad_norm").get<double>();
-    EXPECT_NEAR(n, m, 1e-5 * std::abs(m)) << what << ", step " << got[i].at("step") << " grad_norm";
+    EXPECT_NEAR(n, m, 1e-4 * std::abs(m)) << what << ", step " << got[i].at("step") << " grad_norm";
     EXPECT_EQ(got[i].at("samples"), want[i].at("samples")) << what;
   }
 }
@@ -120,6 +131,9 @@ TEST(TrainGptUlysses, ShardedSequencesTrainAsWholeOnes) {
       {{"llama3", 4, 2, 3, 4, "--activation-checkpointing every"}, "sp2x2_stage3_ckpt"},
       {{"qwen3", 4, 4, 2, 4, "--tiled-mlp 2"}, "sp4_stage2_tiled"},
       {{"llama3_tied", 2, 2, 2, 4, "", true}, "sp2_stage2_offload"},
+      {{"tiny", 2, 2, 0, 4, ""}, "gpt_sp2_stage0"},
+      {{"tiny-masked", 4, 4, 3, 4, "--activation-checkpointing selective"}, "gpt_masked_sp4_stage3"},
+      {{"tiny-tied", 4, 2, 1, 4, "--activation-checkpointing every"}, "gpt_tied_sp2x2_stage1"},
   };
   for (const auto& v : variants) {
     // CI's sanitized suite (its time): the 4-rank stage-3 case.
@@ -165,18 +179,18 @@ TEST(TrainGptUlysses, WhatItCannotSplitIsRefusedByName) {
   EXPECT_NE(out.find("sequence_parallel_size = 3 does not divide the world size 4"),
             std::string::npos)
       << out;
-  const auto gpt = capture(std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus 2 -- " +
-                           STRATA_BIN_DIR + "/train_gpt --device cpu --model tiny --config " +
+  const auto moe = capture(std::string(STRATA_BIN_DIR) + "/strata-run --num_gpus 2 -- " +
+                           STRATA_BIN_DIR + "/train_gpt --device cpu --model tiny-moe --config " +
                            [] {
-                             const auto p = temp("gpt.json");
+                             const auto p = temp("moe.json");
                              std::ofstream(p) << R"({"train_micro_batch_size_per_gpu": 2,
                                  "sequence_parallel_size": 2})";
                              return p;
                            }() + " --steps 1");
-  EXPECT_NE(gpt.exit_code, 0);
-  EXPECT_NE(gpt.output.find("Ulysses is built into the published-architecture models"),
+  EXPECT_NE(moe.exit_code, 0);
+  EXPECT_NE(moe.output.find("sequence parallelism of MoE layers is not built yet"),
             std::string::npos)
-      << gpt.output;
+      << moe.output;
 }
 
 }  // namespace
