@@ -1,6 +1,7 @@
 #include "runtime/checkpoint/hf_folder.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
