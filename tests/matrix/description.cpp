@@ -197,6 +197,19 @@ Description generate(uint64_t seed, int max_world) {
   // Token files (issue 66), a stream of their own.
   Rng data_rng{seed * 0x94d049bb133111ebull + 0x66};
   d.token_data = data_rng.chance(25);
+  // Ulysses (issue 62), a stream of its own: a fifth of the dense models' phases split each
+  // sample's 64 positions over 2 or 4 ranks where the ranks fit (tiny's 4 heads split either
+  // way), the world growing by that factor; a resume may switch it on, off or to another size.
+  Rng sp_rng{seed * 0xc2b2ae3d27d4eb4full + 0x62};
+  for (auto& p : d.phases) {
+    if (d.model == "tiny-moe" || !sp_rng.chance(20)) continue;
+    std::vector<int> fits;
+    for (int sp : {2, 4})
+      if (p.world * sp <= max_world) fits.push_back(sp);
+    if (fits.empty()) continue;
+    p.sp = sp_rng.pick(fits);
+    p.world *= p.sp;
+  }
   return d;
 }
 
@@ -212,7 +225,8 @@ nlohmann::json to_json(const Description& d) {
                       {"expert_window", p.expert_window}, {"exchange_chunks", p.exchange_chunks},
                       {"super_offload", p.super_offload},
                       {"checkpointing", p.checkpointing},
-                      {"checkpoint_store", p.checkpoint_store}, {"mlp_tiles", p.mlp_tiles}});
+                      {"checkpoint_store", p.checkpoint_store}, {"mlp_tiles", p.mlp_tiles},
+                      {"sp", p.sp}});
   return {{"seed", d.seed}, {"model", d.model}, {"dropout", d.dropout}, {"masked", d.masked},
           {"dtype", d.dtype},
           {"optimizer", d.optimizer},
@@ -248,7 +262,8 @@ Description from_json(const nlohmann::json& j) {
   for (const auto& pj : j.value("phases", nlohmann::json::array())) {
     Phase p;
     p.world = pj.value("world", 1);
-    p.gas = pj.value("gas", d.per_step / p.world);
+    p.sp = pj.value("sp", 1);
+    p.gas = pj.value("gas", d.per_step / (p.world / p.sp));
     p.stage = pj.value("stage", 0);
     p.offload_optimizer = pj.value("offload_optimizer", std::string("none"));
     p.offload_param = pj.value("offload_param", std::string("none"));
@@ -308,6 +323,7 @@ std::string summary(const Description& d) {
     else if (!p.checkpoint_store.empty())
       s << " ac-block=" << p.checkpoint_store;
     if (p.mlp_tiles >= 0) s << " tiles=" << (p.mlp_tiles == 0 ? "auto" : std::to_string(p.mlp_tiles));
+    if (p.sp > 1) s << " sp" << p.sp;
   }
   if (d.model == "tiny-moe")
     s << " | k" << d.top_k << " cf" << d.capacity_factor << (d.drop_tokens ? " drop" : " dropless")
@@ -332,7 +348,7 @@ int64_t complexity(const Description& d) {
          (p.adam_grain != 0) + (p.expert_unit != 0) + (p.expert_window != 0) +
          (p.exchange_chunks > 1) + p.super_offload +
          (p.checkpointing.empty() ? 0 : p.checkpointing == "every" ? 1 : 2) +
-         !p.checkpoint_store.empty() + (p.mlp_tiles >= 0);
+         !p.checkpoint_store.empty() + (p.mlp_tiles >= 0) + (p.sp > 1);
   }
   c += (d.persistence_threshold != 0) + (d.reduce_bucket_size != 0) +
        (d.allgather_bucket_size != 0) + (d.prefetch_bucket_size != 0) +
@@ -375,6 +391,7 @@ std::vector<Description> simplifications(const Description& d) {
     with([ps](Description& s) {
       s.per_step = ps;
       for (auto& p : s.phases) {
+        p.world /= p.sp, p.sp = 1;  // the sample-drawing ranks alone
         if (ps % p.world != 0 || ps / p.world > 3) p.world = 1;
         p.gas = ps / p.world;
         if (p.world % p.ep_size != 0) p.ep_size = 1;
@@ -385,7 +402,8 @@ std::vector<Description> simplifications(const Description& d) {
   for (size_t i = 0; i < d.phases.size(); ++i) {
     const auto& p = d.phases[i];
     auto on = [&](auto&& change) { with([&](Description& s) { change(s.phases[i]); }); };
-    for (int w = 1; w < p.world; ++w)
+    if (p.sp > 1) on([](Phase& q) { q.world /= q.sp, q.sp = 1; });
+    for (int w = 1; w < p.world && p.sp == 1; ++w)
       if (d.per_step % w == 0 && d.per_step / w <= 3)
         on([&](Phase& q) { q.world = w, q.gas = d.per_step / w, q.ep_size = w % q.ep_size ? 1 : q.ep_size; });
     if (p.offload_param != "none") on([](Phase& q) { q.offload_param = "none"; });

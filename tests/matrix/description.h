@@ -17,7 +17,7 @@ namespace matrix {
 // One launch of train_gpt: the part of a description that may change at a resume.
 struct Phase {
   int world = 1;           // CPU ranks over Gloo (strata-run --num_gpus)
-  int gas = 1;             // gradient_accumulation_steps; world * gas is the description's `per_step`
+  int gas = 1;             // gradient_accumulation_steps; (world / sp) * gas is the description's `per_step`
   int stage = 0;           // zero_optimization.stage
   std::string offload_optimizer = "none";  // none | cpu | nvme
   std::string offload_param = "none";      // none | cpu | nvme
@@ -39,6 +39,9 @@ struct Phase {
   // Tiled feed-forward (tiny-moe: its experts' rows): activation_checkpointing.mlp_tiles, -1 left
   // out, 0 derived from the shapes, N tiles (runtime/util/tiled.h).
   int mlp_tiles = -1;
+  // Ulysses (issue 62): sequence_parallel_size; world is sp x the ranks that draw different
+  // samples. 1: none (left out). Never with tiny-moe (refused: not built).
+  int sp = 1;
 };
 
 struct Description {

@@ -244,6 +244,7 @@ nlohmann::json config_for(const Description& d, const Phase& p, const std::strin
   if (store == "extras") ac["synchronize_checkpoint_boundary"] = true, ac["partition_activations"] = true;
   if (p.mlp_tiles >= 0) ac["mlp_tiles"] = p.mlp_tiles;
   if (!ac.empty()) c["activation_checkpointing"] = ac;
+  if (p.sp > 1) c["sequence_parallel_size"] = p.sp;
   return c;
 }
 

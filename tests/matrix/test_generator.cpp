@@ -20,13 +20,15 @@ TEST(MatrixGenerator, DescriptionsArePureFunctionsOfTheSeedAndRoundTripThroughJs
   }
 }
 
-// Every phase keeps the global batch (world x gas = per_step, micro the same), so the oracle's
+// Every phase keeps the global batch ((world / sp) x gas = per_step, micro the same), so the oracle's
 // one process with per_step micro-batches sees the same samples and the same gate calls.
 TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
   std::set<std::string> models, dtypes, optimizers;
   std::set<int> stages, worlds;
   int resumes = 0, world_changes = 0, odd_windows = 0, streamed = 0, switched_checkpointing = 0;
   int dropout = 0;
+  std::set<int> sequence_sizes;
+  int sequence_resumes = 0;
   std::set<std::string> policies, stores, blocks_alone;
   for (uint64_t s = 0; s < 2000; ++s) {
     const auto d = generate(s, s % 2 ? 4 : 2);
@@ -34,8 +36,12 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
     EXPECT_EQ(d.phases.size(), d.save_at > 0 ? 2u : 1u);
     EXPECT_LT(d.save_at, d.steps);
     for (const auto& p : d.phases) {
-      EXPECT_EQ(p.world * p.gas, d.per_step) << summary(d);
+      EXPECT_EQ(p.world % p.sp, 0) << summary(d);
+      EXPECT_EQ((p.world / p.sp) * p.gas, d.per_step) << summary(d);
       EXPECT_LE(p.world, s % 2 ? 4 : 2);
+      // Ulysses: dense models only (tiny's 4 heads split over 2 or 4 ranks).
+      if (p.sp > 1) EXPECT_NE(d.model, "tiny-moe") << summary(d);
+      sequence_sizes.insert(p.sp);
       EXPECT_LE(p.gas, 3);
       stages.insert(p.stage), worlds.insert(p.world);
       // Streamed experts: tiny-moe at stage 3 only, a window only with a unit size.
@@ -64,12 +70,15 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
     if (d.phases.size() == 2) {
       ++resumes;
       world_changes += d.phases[0].world != d.phases[1].world;
+      sequence_resumes += d.phases[0].sp != d.phases[1].sp;
       // Micro-steps done before the save, odd, and resumed with another accumulation.
       odd_windows += (d.save_at * d.phases[0].gas) % 2 == 1 && d.phases[0].gas != d.phases[1].gas;
     }
   }
   EXPECT_EQ(stages, (std::set<int>{0, 1, 2, 3}));
   EXPECT_EQ(worlds, (std::set<int>{1, 2, 3, 4}));
+  EXPECT_EQ(sequence_sizes, (std::set<int>{1, 2, 4}));
+  EXPECT_GT(sequence_resumes, 100);  // resumed at another sequence_parallel_size
   EXPECT_EQ(models, (std::set<std::string>{"tiny", "tiny-tied", "tiny-zoo", "tiny-moe"}));
   EXPECT_EQ(dtypes, (std::set<std::string>{"fp32", "bf16", "fp16", "autocast"}));
   EXPECT_GE(optimizers.size(), 5u);
@@ -187,7 +196,7 @@ TEST(MatrixShrinker, EverySimplificationIsSmallerAndKeepsTheLayoutValid) {
     for (const auto& c : simplifications(d)) {
       EXPECT_LT(complexity(c), complexity(d));
       EXPECT_EQ(c.phases.size(), c.save_at > 0 ? 2u : 1u) << summary(c);
-      for (const auto& p : c.phases) EXPECT_EQ(p.world * p.gas, c.per_step) << summary(c);
+      for (const auto& p : c.phases) EXPECT_EQ((p.world / p.sp) * p.gas, c.per_step) << summary(c);
     }
   }
   // Issue 51's dimensions are each dropped by a move of their own; the plain model drops the
