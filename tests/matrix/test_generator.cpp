@@ -40,7 +40,9 @@ TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
       EXPECT_EQ((p.world / p.sp) * p.gas, d.per_step) << summary(d);
       EXPECT_LE(p.world, s % 2 ? 4 : 2);
       // Ulysses: dense models only (tiny's 4 heads split over 2 or 4 ranks).
-      if (p.sp > 1) EXPECT_NE(d.model, "tiny-moe") << summary(d);
+      if (p.sp > 1) {
+        EXPECT_NE(d.model, "tiny-moe") << summary(d);
+      }
       sequence_sizes.insert(p.sp);
       EXPECT_LE(p.gas, 3);
       stages.insert(p.stage), worlds.insert(p.world);
