@@ -202,14 +202,16 @@ TEST(HfConfig, ParameterNamesAreHuggingFacesStateDictNames) {
 }
 
 // The layering (ARCHITECTURE.md): models/ use the runtime's public APIs only (activation
-// checkpointing and tiling, the fused loss, the MoE layer and its balance loss, the Hugging Face
-// import and export maps, the base headers), and nothing of the runtime includes them.
+// checkpointing and tiling, Ulysses' attention exchange, the fused loss, the MoE layer and its
+// balance loss, the Hugging Face import and export maps, the base headers), and nothing of the
+// runtime includes them.
 TEST(ModelsLayer, UsesThePublicApisOnlyAndNothingBelowIncludesIt) {
   namespace fs = std::filesystem;
   const fs::path root = STRATA_SOURCE_DIR;
   const std::regex include("^\\s*#include \"([^\"]+)\"");
   const std::regex allowed_in_models(
       "models/.*|runtime/checkpointing/checkpoint\\.h|runtime/util/tiled\\.h|runtime/nn/.*|"
+      "runtime/sequence/ulysses\\.h|"
       "runtime/(error|compat|log)\\.h|"
       "runtime/config/(json_reader|schema)\\.h|moe/(layer|balance)\\.h|"
       "runtime/checkpoint/(import_weights|hf_export|hf_folder)\\.h");
