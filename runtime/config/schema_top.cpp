@@ -45,13 +45,13 @@ Block make_root() {
                "other, in communication_data_type; its attention exchange moves the activations' "
                "own dtype")
       .describe("Data type of the gradient communication of sequence parallelism (fp32 by default)");
+  // Strata: groups of consecutive ranks; the batch keys count world / sequence_parallel_size
+  // data-parallel ranks (rules.cpp, batch.cpp); built into models::CausalLM and the example GPT,
+  // a model of one's own calls strata::sequence::ulysses_attention (README, docs/models.md).
   b.add(&Config::sequence_parallel_size, "sequence_parallel_size")
       .min(1)
-      .describe("Ranks that split each sample's sequence between them (DeepSpeed-Ulysses sequence parallelism: "
-                "groups of consecutive ranks; the batch keys count world / sequence_parallel_size "
-                "data-parallel ranks). Strata: built into the published-architecture models "
-                "(models::CausalLM, train_gpt --hf-model); a model of one's own calls "
-                "strata::sequence::ulysses_attention; 1: none");
+      .describe("Ranks that split each sample's sequence between them (DeepSpeed-Ulysses sequence "
+                "parallelism); 1: none");
   b.add(&Config::wall_clock_breakdown, "wall_clock_breakdown")
       .ignored("Strata's progress line reports the step time, not a per-phase breakdown")
       .describe("Time the forward, backward and optimizer-step phases and report each");
