@@ -46,7 +46,8 @@ inline double matmul_peak(const torch::Device& device) {
 inline double peak_memory_gib(const torch::Device& device, bool reserved = false) {
 #if STRATA_BENCH_CUDA
   if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    const auto stats =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
     return (reserved ? stats.reserved_bytes[0].peak : stats.allocated_bytes[0].peak) /
            double(1 << 30);
   }

@@ -99,10 +99,10 @@ double active_parameters(const models::DecoderConfig& c) {
                       2 * d * double(c.num_key_value_heads) * hd;
   double layers = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    layers += attn + (c.is_moe_layer(l)
-                          ? 3 * d * double(c.moe_intermediate_size) * double(c.num_experts_per_tok) +
-                                d * double(c.num_experts)
-                          : 3 * d * double(c.intermediate_size));
+    layers += attn + (c.is_moe_layer(l) ? 3 * d * double(c.moe_intermediate_size) *
+                                                  double(c.num_experts_per_tok) +
+                                              d * double(c.num_experts)
+                                        : 3 * d * double(c.intermediate_size));
   return layers + double(c.vocab_size) * d;
 }
 

@@ -38,7 +38,8 @@ struct AllToAll : torch::autograd::Function<AllToAll> {
 };
 
 torch::Tensor exchange_variable(const torch::Tensor& x, const GroupPtr& group,
-                                const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+                                const std::vector<int64_t>& send,
+                                const std::vector<int64_t>& recv) {
   int64_t rows = 0;
   for (const auto r : recv) rows += r;
   auto shape = x.sizes().vec();
@@ -73,18 +74,19 @@ struct AllToAllVariable : torch::autograd::Function<AllToAllVariable> {
 torch::Tensor all_to_all(const torch::Tensor& x, const GroupPtr& group) {
   if (!group || group->size() == 1) return x;
   if (x.dim() < 1 || x.size(0) % group->size() != 0) {
-    throw Error(fmt::format("comm::autograd::all_to_all: dim 0 of {} does not split equally over the {} ranks "
-                            "of group {}", c10::str(x.sizes()), group->size(), group->name()));
+    throw Error(fmt::format("comm::autograd::all_to_all: dim 0 of {} does not split equally over "
+                            "the {} ranks of group {}", c10::str(x.sizes()), group->size(), group->name()));
   }
   return AllToAll::apply(x, group);
 }
 
 torch::Tensor all_to_all_variable(const torch::Tensor& x, const GroupPtr& group,
-                                  const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+                                  const std::vector<int64_t>& send,
+                                const std::vector<int64_t>& recv) {
   if (!group) throw Error("comm::autograd::all_to_all_variable: no group");
   if (x.dim() < 1 || int64_t(send.size()) != group->size() || int64_t(recv.size()) != group->size())
-    throw Error(fmt::format("comm::autograd::all_to_all_variable: {} with {} send and {} receive splits over "
-                            "the {} ranks of group {}", c10::str(x.sizes()), send.size(),
+    throw Error(fmt::format("comm::autograd::all_to_all_variable: {} with {} send and {} receive "
+                            "splits over the {} ranks of group {}", c10::str(x.sizes()), send.size(),
                             recv.size(), group->size(), group->name()));
   return AllToAllVariable::apply(x, group, send, recv);
 }

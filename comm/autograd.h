@@ -21,6 +21,7 @@ torch::Tensor all_to_all(const torch::Tensor& x, const comm::GroupPtr& group);
 // sum(recv) rows. Backward sends the gradient back with the splits swapped. Zero splits are
 // fine; every member calls it, in the same order, forward and backward.
 torch::Tensor all_to_all_variable(const torch::Tensor& x, const comm::GroupPtr& group,
-                                  const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
+                                  const std::vector<int64_t>& send,
+                                  const std::vector<int64_t>& recv);
 
 }  // namespace strata::comm::autograd

@@ -46,7 +46,10 @@ using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 class GlooStore : public gloo::rendezvous::Store {
  public:
   GlooStore(detail::Store& store, std::chrono::milliseconds timeout, const GroupInfo& group)
-      : store_(store), timeout_(timeout), group_(group), prefix_("strata/gloo/" + group.name + "/") {}
+      : store_(store),
+        timeout_(timeout),
+        group_(group),
+        prefix_("strata/gloo/" + group.name + "/") {}
   const std::string& prefix() const { return prefix_; }
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(key, std::string(data.begin(), data.end()));

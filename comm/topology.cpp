@@ -80,8 +80,8 @@ const ParallelGroups& expert_groups(const GroupPtr& world, int ep_size) {
 std::vector<std::vector<int>> sequence_layout(int world_size, int sp_size) {
   if (sp_size < 1 || world_size < 1 || world_size % sp_size != 0)
     throw Error(fmt::format("sequence_parallel_size {} does not divide the world size {}: "
-                            "sequence-parallel groups are sequence_parallel_size consecutive ranks; "
-                            "choose a divisor of {}",
+                            "sequence-parallel groups are sequence_parallel_size consecutive "
+                            "ranks; choose a divisor of {}",
                             sp_size, world_size, world_size));
   std::vector<std::vector<int>> groups;
   for (int g = 0; g < world_size / sp_size; ++g) {

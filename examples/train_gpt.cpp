@@ -405,8 +405,9 @@ int run(const strata::examples::TrainArgs& args) {
       // Ulysses: this rank's shard of the sample's positions (labels shifted across the shards by
       // the model).
       const auto& sequence_group = engine->sequence_parallel_group();
-      auto loss = loss_of(strata::sequence::shard_sequence(batch.tokens.to(device), sequence_group),
-                          strata::sequence::shard_sequence(batch.targets.to(device), sequence_group));
+      using strata::sequence::shard_sequence;
+      auto loss = loss_of(shard_sequence(batch.tokens.to(device), sequence_group),
+                          shard_sequence(batch.targets.to(device), sequence_group));
       for (auto* layer : moe_layers) {
         moe_sums[0] += layer->last().l_aux.detach().to(torch::kDouble);
         moe_sums[1] += layer->last().dropped.to(torch::kDouble);

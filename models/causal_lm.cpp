@@ -84,12 +84,15 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     const auto xhat = x.to(torch::kFloat) * rstd;
     torch::Tensor dx, dweight;
     if (ctx->needs_input_grad(0)) {
-      // mul's gradient for the normed rows, cast to their dtype, then to fp32 (the to()s' backward).
+      // mul's gradient for the normed rows, cast to their dtype, then to fp32 (the to()s'
+      // backward).
       const auto g = (gy * weight).to(x.scalar_type()).to(torch::kFloat);
       dx = ((g - xhat * (g * xhat).mean(-1, /*keepdim=*/true)) * rstd).to(x.scalar_type());
     }
     if (ctx->needs_input_grad(1))
-      dweight = (gy * xhat.to(x.scalar_type())).sum_to_size(weight.sizes()).to(weight.scalar_type());
+      dweight = (gy * xhat.to(x.scalar_type()))
+                    .sum_to_size(weight.sizes())
+                    .to(weight.scalar_type());
     return {dx, dweight, torch::Tensor()};
   }
 };
@@ -233,7 +236,8 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids) {
   auto x = embed_tokens(input_ids);
   // Under Ulysses the shard's positions start at rank x its length.
   const int64_t shards = sequence_group_ ? sequence_group_->size() : 1;
-  const int64_t shard = input_ids.size(1), first = sequence_group_ ? sequence_group_->rank() * shard : 0;
+  const int64_t shard = input_ids.size(1);
+  const int64_t first = sequence_group_ ? sequence_group_->rank() * shard : 0;
   const auto& whole = rope(shard * shards, x.device(), x.scalar_type());
   const auto cos = whole.first.narrow(0, first, shard), sin = whole.second.narrow(0, first, shard);
   for (size_t i = 0; i < layers->size(); ++i) {

@@ -100,7 +100,8 @@ ExchangeResult exchange_with_experts(const torch::Tensor& x, int64_t k, const Ga
   std::vector<torch::Tensor> arrived(static_cast<size_t>(nc));
   int64_t offset = 0, received = 0;
   for (int64_t c = 0; c < nc; ++c) {
-    arrived[size_t(c)] = comm::autograd::all_to_all_variable(send.narrow(0, offset, chunk_rows[size_t(c)]), group,
+    arrived[size_t(c)] = comm::autograd::all_to_all_variable(
+        send.narrow(0, offset, chunk_rows[size_t(c)]), group,
                                              send_split[size_t(c)], recv_split[size_t(c)]);
     offset += chunk_rows[size_t(c)];
   }
@@ -149,7 +150,8 @@ ExchangeResult exchange_with_experts(const torch::Tensor& x, int64_t k, const Ga
         reorder ? gather_unique_rows(out, block_permutation(at_expert, at_arrival, length, rows, dev))
                 : out;
     returned.push_back(
-        comm::autograd::all_to_all_variable(back, group, recv_split[size_t(c)], send_split[size_t(c)]));
+        comm::autograd::all_to_all_variable(back, group, recv_split[size_t(c)],
+                                            send_split[size_t(c)]));
   }
   ExchangeResult result;
   result.rows_back = nc == 1 ? returned.front() : torch::cat(returned);

@@ -78,8 +78,8 @@ void resolve_batch(Config& cfg, Ctx& ctx) {
     const char* missing_key = has_m ? G : M;
     int64_t divisor = 0;
     if (!mul(other, world, divisor) || t.value % divisor != 0) {
-      ctx.error(T, fmt::format("{} cannot be derived: {} = {} is not a multiple of {} x {} = {} x {}; "
-                               "make {} a multiple of {} or give {}",
+      ctx.error(T, fmt::format("{} cannot be derived: {} = {} is not a multiple of {} x {} = {} x "
+                               "{}; make {} a multiple of {} or give {}",
                                missing_key, T, t.value, other_key, world_size, other, world, T,
                                divisor ? fmt::format("{}", divisor) : std::string("it"), missing_key));
       return;

@@ -67,7 +67,8 @@ torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
                             H, P, group->name()));
   if (KV % P != 0 && P % KV != 0)
     throw Error(fmt::format("ulysses_attention: {} kv heads over the {} ranks of group {}: the "
-                            "kv heads must be a multiple of the ranks, or the ranks of the kv heads",
+                            "kv heads must be a multiple of the ranks, or the ranks of the kv "
+                            "heads",
                             KV, P, group->name()));
   if (H % KV != 0)
     throw Error(fmt::format("ulysses_attention: {} query heads are not a multiple of {} kv heads",

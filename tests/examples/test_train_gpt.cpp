@@ -285,8 +285,9 @@ TEST(TrainGpt, ResumeAtAnotherWorldSizeAfterAnOddStepKeepsWholeWindows) {
 
 // The model is the user's plain LibTorch code: no Strata header, no Strata call.
 // But its activation checkpointing and tiling calls, as a DeepSpeed model calls
-// deepspeed.checkpointing and ALST's TiledMLP, and the library's fused head + loss, as a model
-// calls Liger-Kernel's.
+// deepspeed.checkpointing and ALST's TiledMLP, the library's fused head + loss, as a model
+// calls Liger-Kernel's, and Ulysses' attention exchange (with its group's type), as a DeepSpeed
+// model wraps its attention in DistributedAttention.
 TEST(GPT, TheModelKnowsNothingOfStrata) {
   for (const char* file : {"examples/gpt.h", "examples/gpt.cpp"}) {
     std::ifstream in(std::string(STRATA_SOURCE_DIR) + "/" + file);
@@ -297,7 +298,9 @@ TEST(GPT, TheModelKnowsNothingOfStrata) {
       const bool include = line.rfind("#include \"", 0) == 0 && line != "#include \"examples/gpt.h\"" &&
                            line != "#include \"runtime/nn/linear_cross_entropy.h\"" &&
                            line != "#include \"runtime/checkpointing/checkpoint.h\"" &&
-                           line != "#include \"runtime/util/tiled.h\"";
+                           line != "#include \"runtime/util/tiled.h\"" &&
+                           line != "#include \"runtime/sequence/ulysses.h\"" &&
+                           line != "#include \"comm/process_group.h\"";
       const bool named = line.rfind("namespace ", 0) == 0 || line.find("// namespace") != std::string::npos;
       const bool call = !named && line.find("strata::") != std::string::npos;
       EXPECT_FALSE(include || call) << file << ":" << line_no << ": " << line;

@@ -77,7 +77,8 @@ std::vector<nlohmann::json> train(const Case& c, const std::string& name,
       {"zero_optimization", {{"stage", c.stage}}}};
   if (c.sp > 1) config["sequence_parallel_size"] = c.sp;
   // The engine's own train_loss event, beside train_gpt's metrics.
-  config["csv_monitor"] = {{"enabled", true}, {"output_path", temp(name + "_csv")}, {"job_name", "j"}};
+  config["csv_monitor"] = {
+      {"enabled", true}, {"output_path", temp(name + "_csv")}, {"job_name", "j"}};
   if (c.stage == 3) config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
   if (c.offload) config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   const auto path = temp(name + ".json");
@@ -105,7 +106,8 @@ void expect_same_losses(const std::vector<nlohmann::json>& got,
     // Adam's step hardly sees a gradient's scale; the norm does (the sum over a sequence group).
     // 1e-4: one rank's norm is summed in fp32, several ranks' partitions in fp64 (plain data
     // parallelism alone differs from one rank by up to 8e-6 on tiny-tied).
-    const double n = got[i].at("grad_norm").get<double>(), m = want[i].at("grad_norm").get<double>();
+    const double n = got[i].at("grad_norm").get<double>();
+    const double m = want[i].at("grad_norm").get<double>();
     EXPECT_NEAR(n, m, 1e-4 * std::abs(m)) << what << ", step " << got[i].at("step") << " grad_norm";
     EXPECT_EQ(got[i].at("samples"), want[i].at("samples")) << what;
   }
@@ -132,7 +134,8 @@ TEST(TrainGptUlysses, ShardedSequencesTrainAsWholeOnes) {
       {{"qwen3", 4, 4, 2, 4, "--tiled-mlp 2"}, "sp4_stage2_tiled"},
       {{"llama3_tied", 2, 2, 2, 4, "", true}, "sp2_stage2_offload"},
       {{"tiny", 2, 2, 0, 4, ""}, "gpt_sp2_stage0"},
-      {{"tiny-masked", 4, 4, 3, 4, "--activation-checkpointing selective"}, "gpt_masked_sp4_stage3"},
+      {{"tiny-masked", 4, 4, 3, 4, "--activation-checkpointing selective"},
+       "gpt_masked_sp4_stage3"},
       {{"tiny-tied", 4, 2, 1, 4, "--activation-checkpointing every"}, "gpt_tied_sp2x2_stage1"},
   };
   for (const auto& v : variants) {

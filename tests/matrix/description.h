@@ -17,7 +17,7 @@ namespace matrix {
 // One launch of train_gpt: the part of a description that may change at a resume.
 struct Phase {
   int world = 1;           // CPU ranks over Gloo (strata-run --num_gpus)
-  int gas = 1;             // gradient_accumulation_steps; (world / sp) * gas is the description's `per_step`
+  int gas = 1;             // gradient_accumulation_steps; (world / sp) * gas is `per_step`
   int stage = 0;           // zero_optimization.stage
   std::string offload_optimizer = "none";  // none | cpu | nvme
   std::string offload_param = "none";      // none | cpu | nvme

@@ -20,8 +20,8 @@ TEST(MatrixGenerator, DescriptionsArePureFunctionsOfTheSeedAndRoundTripThroughJs
   }
 }
 
-// Every phase keeps the global batch ((world / sp) x gas = per_step, micro the same), so the oracle's
-// one process with per_step micro-batches sees the same samples and the same gate calls.
+// Every phase keeps the global batch ((world / sp) x gas = per_step, micro the same), so the
+// oracle's one process with per_step micro-batches sees the same samples and the same gate calls.
 TEST(MatrixGenerator, EveryPhaseKeepsTheGlobalBatchAndTheWorldBound) {
   std::set<std::string> models, dtypes, optimizers;
   std::set<int> stages, worlds;

@@ -59,7 +59,8 @@ STRATA_SCENARIO(ulysses_causal_lm) {
 
   auto sharded = build(config);
   sharded->set_sequence_parallel(world);
-  auto loss = sharded->forward(sequence::shard_sequence(ids, world), sequence::shard_sequence(labels, world));
+  auto loss = sharded->forward(sequence::shard_sequence(ids, world),
+                               sequence::shard_sequence(labels, world));
   loss.backward();
   auto total = loss.detach().clone().reshape({1});
   world->all_reduce(total, comm::ReduceOp::Sum);

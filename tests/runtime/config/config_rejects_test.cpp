@@ -187,8 +187,8 @@ TEST(ConfigRejects, SequenceParallelSizeCountsTheDataParallelRanks) {
                   "sequence_parallel_size 4) = 2 x 2 x 2 = 8");
   LoadOptions four;
   four.world_size = 4;
-  EXPECT_CONTAINS(load_error(R"({"train_micro_batch_size_per_gpu": 2, "sequence_parallel_size": 3})",
-                             four),
+  EXPECT_CONTAINS(load_error(R"({"train_micro_batch_size_per_gpu": 2,
+                                 "sequence_parallel_size": 3})", four),
                   "sequence_parallel_size = 3 does not divide the world size 4");
   EXPECT_CONTAINS(load_error(R"({"train_micro_batch_size_per_gpu": 2, "sequence_parallel_size": 2,
                                  "moe": {"num_experts": 4}})", four),

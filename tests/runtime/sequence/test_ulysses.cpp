@@ -88,8 +88,8 @@ STRATA_SCENARIO(ulysses_attention) {
   if (fwd != expect || bwd != expect)
     throw Error(fmt::format("{}: {} bytes to others forward and {} backward; the shapes say {}", at,
                             fwd, bwd, expect));
-  std::printf("MESSAGE: %s: %lld bytes to other ranks per direction = (2 x %lld query + 2 x %lld kv "
-              "heads) x %lld bytes x (P - 1) / P\n",
+  std::printf("MESSAGE: %s: %lld bytes to other ranks per direction = (2 x %lld query + 2 x %lld "
+              "kv heads) x %lld bytes x (P - 1) / P\n",
               at.c_str(), (long long)fwd, (long long)kH, (long long)kv_sent, (long long)per_head);
 }
 
@@ -97,7 +97,8 @@ TEST(Ulysses, AttentionOverShardsEqualsTheWholeSequenceAtTwoAndFourRanks) {
   // kv heads: as many as the query heads, fewer (a multiple of P), fewer than P (replicated).
   for (const int P : {2, 4})
     for (const int kv : {8, 4, 2, 1}) {
-      if (kSanitized && !(P == 4 && kv == 2)) continue;  // CI's sanitized suite: the replicated case
+      // CI's sanitized suite: the replicated case.
+      if (kSanitized && !(P == 4 && kv == 2)) continue;
       LaunchSpec spec;
       spec.scenario = "ulysses_attention";
       spec.world = P;
@@ -114,7 +115,8 @@ TEST(Ulysses, ShardsAndShiftedLabels) {
   EXPECT_TRUE(sequence::shard_sequence(x, nullptr).equal(x));
   const auto labels = torch::tensor({{5, 6, 7, 8}}, torch::kLong);
   EXPECT_TRUE(sequence::shift_labels(labels).equal(torch::tensor({{6, 7, 8, -100}}, torch::kLong)));
-  EXPECT_TRUE(sequence::shift_labels(labels, -1).equal(torch::tensor({{6, 7, 8, -1}}, torch::kLong)));
+  EXPECT_TRUE(
+      sequence::shift_labels(labels, -1).equal(torch::tensor({{6, 7, 8, -1}}, torch::kLong)));
   const auto q = torch::randn({1, 2, 4, 4});
   // Without a group, the attention runs as given.
   const auto out = sequence::ulysses_attention(q, q, q, nullptr, causal_gqa);
