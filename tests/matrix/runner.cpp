@@ -159,8 +159,21 @@ static bool scales_exactly_in_bf16(const Description& d) {
   return true;
 }
 
+// Ulysses in 16 bits: each rank's weight gradients sum its shard's rows and round to 16 bits
+// before the ranks add them in fp32, where the oracle rounds one sum over the whole sequence once.
+// The oracle is then the noisier run: measured on tiny-tied bf16 at sp 4 (seed 1208, 5 Adam
+// steps), the gradient norm against an fp32 run drifted +0.4% to +2.5% for the oracle and -0.04%
+// to -0.6% for the sequence-parallel run, 3.0% apart at step 5 (losses within 1e-4 of each other).
+static bool splits_sequences_in_16_bits(const Description& d) {
+  if (d.dtype == "fp32") return false;
+  for (const Phase& p : d.phases)
+    if (p.sp > 1) return true;
+  return false;
+}
+
 Tolerance tolerance_for(const Description& d) {
   if (d.dtype == "fp32") return {1e-5, 1e-4, 1e-9, 0.25};
+  if (splits_sequences_in_16_bits(d)) return {2e-3, 5e-2, 1e-9, 4.0};
   if (d.dtype == "autocast" && d.model != "tiny-moe" && scales_exactly_in_bf16(d))
     return {5e-4, 5e-3, 1e-9, 4.0};
   return {2e-3, 1e-2, 1e-9, 4.0};  // bf16 (and fp16 where it trains)
