@@ -10,6 +10,7 @@
 
 #include "comm/topology.h"
 #include "runtime/checkpointing/settings.h"
+#include "runtime/sequence/ulysses.h"
 #include "runtime/util/tiled.h"
 #include "runtime/cpu_threads.h"
 #include "runtime/error.h"
@@ -220,6 +221,7 @@ void Engine::start_monitors() {
   // activation_checkpointing: what strata::checkpoint() in the model does (process-wide, as
   // deepspeed.checkpointing.configure).
   checkpointing::configure(this, config_, data_parallel_rank());
+  exchanges_at_start_ = sequence::exchanges();
   tiled_calls_at_start_ = checkpointing::tiled_calls();  // this engine's model's calls are after
   for (const auto& w : config_.warnings) log::info("[strata] warning: {}", w);
 }
@@ -381,6 +383,16 @@ void Engine::backward(const torch::Tensor& loss) {
   // activation_checkpointing.mlp_tiles is the model's to act on: said once when it did not.
   if (!tiling_checked_) {
     tiling_checked_ = true;
+    // Ulysses: a model that never exchanged attended within its shard only; its gradients are
+    // another model's. Refused before the first step.
+    if (sequence_parallel_size() > 1 && sequence::exchanges() == exchanges_at_start_)
+      throw Error(fmt::format(
+          "{}: sequence_parallel_size is {} but the model's first forward ran no Ulysses attention "
+          "exchange: each rank attended within its own shard of the sequence. Call "
+          "strata::sequence::ulysses_attention with engine->sequence_parallel_group() in the "
+          "model's attention (models::CausalLM and examples::GPT do it after "
+          "set_sequence_parallel), or drop the key",
+          config_.source, sequence_parallel_size()));
     const int64_t tiles = checkpointing::settings().mlp_tiles;
     if (tiles >= 0 && checkpointing::tiled_calls() == tiled_calls_at_start_)
       log::info("[strata] warning: activation_checkpointing.mlp_tiles is {} but the model ran no "

@@ -352,6 +352,7 @@ class Engine {
   bool last_step_skipped_ = false;
   bool tiling_checked_ = false;  // mlp_tiles set and never used: warned after the first backward
   uint64_t tiled_calls_at_start_ = 0;  // checkpointing::tiled_calls() when the engine was built
+  uint64_t exchanges_at_start_ = 0;    // sequence::exchanges() then (Ulysses' check)
   int64_t last_live_peak_ = 0;  // stage 3: live_param_bytes_peak() of the last window
   int64_t last_expert_peak_ = 0, expert_window_bytes_ = 0;  // streamed experts
   double last_grad_norm_;

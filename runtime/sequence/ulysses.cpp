@@ -1,5 +1,7 @@
 #include "runtime/sequence/ulysses.h"
 
+#include <atomic>
+
 #include <fmt/format.h>
 
 #include "comm/autograd.h"
@@ -34,6 +36,8 @@ torch::Tensor blocks_to_heads(const torch::Tensor& y) {
   const auto P = y.size(0), h = y.size(1), B = y.size(2), s = y.size(3), hd = y.size(4);
   return y.permute({2, 0, 1, 3, 4}).reshape({B, P * h, s, hd});
 }
+
+std::atomic<uint64_t> exchange_count{0};
 
 torch::Tensor gather_sequence(const torch::Tensor& x, const comm::GroupPtr& group) {
   const int64_t P = group->size();
@@ -73,6 +77,7 @@ torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
   if (H % KV != 0)
     throw Error(fmt::format("ulysses_attention: {} query heads are not a multiple of {} kv heads",
                             H, KV));
+  exchange_count.fetch_add(1, std::memory_order_relaxed);
   const int64_t times = KV < P ? P / KV : 1;
   const auto q_all = gather_sequence(q, group);
   const auto k_all = gather_sequence(replicate_heads(k, times), group);
@@ -85,6 +90,8 @@ torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
                             c10::str(out.sizes()), c10::str(q_all.sizes())));
   return blocks_to_heads(comm::autograd::all_to_all(sequence_to_blocks(out, P), group));
 }
+
+uint64_t exchanges() { return exchange_count.load(std::memory_order_relaxed); }
 
 torch::Tensor shard_sequence(const torch::Tensor& x, const comm::GroupPtr& group, int64_t dim) {
   if (!group || group->size() == 1) return x;

@@ -36,6 +36,10 @@ torch::Tensor ulysses_attention(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, const comm::GroupPtr& group,
                                 const AttentionFn& attention);
 
+// How many exchanges ulysses_attention has run in this process (over groups of 2+ ranks): the
+// engine checks that a model under sequence_parallel_size > 1 made any.
+uint64_t exchanges();
+
 // This rank's contiguous shard of `x` along `dim` (the sequence): length / P positions from
 // rank * length / P. length must be divisible by P.
 torch::Tensor shard_sequence(const torch::Tensor& x, const comm::GroupPtr& group, int64_t dim = 1);

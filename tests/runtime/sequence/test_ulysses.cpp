@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "comm/process_group.h"
+#include "runtime/engine.h"
 #include "runtime/error.h"
 #include "runtime/sequence/ulysses.h"
 #include "tests/comm/ranks.h"
@@ -108,6 +109,36 @@ TEST(Ulysses, AttentionOverShardsEqualsTheWholeSequenceAtTwoAndFourRanks) {
       l.print_messages();
       EXPECT_TRUE(l.all_ok()) << "P " << P << " kv " << kv << ": " << l.report();
     }
+}
+
+// A model under sequence_parallel_size 2 that never exchanges attends within its shard: the
+// engine refuses it after the first backward, before any step, on every rank.
+STRATA_SCENARIO(ulysses_unexchanged) {
+  auto world = comm::init_process_group();
+  torch::manual_seed(1);
+  torch::nn::Linear model(4, 4);
+  InitOptions options;
+  options.group = world;
+  auto engine = initialize(model, nlohmann::json::parse(R"({"train_micro_batch_size_per_gpu": 1,
+      "sequence_parallel_size": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})"),
+                           options);
+  const auto loss = engine->forward(torch::randn({1, 4})).sum();
+  try {
+    engine->backward(loss);
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("ran no Ulysses attention exchange") == std::string::npos)
+      throw Error(std::string("unexpected error: ") + e.what());
+    return;
+  }
+  throw Error("a model that never exchanged trained under sequence_parallel_size 2");
+}
+
+TEST(Ulysses, AModelThatNeverExchangesIsRefused) {
+  LaunchSpec spec;
+  spec.scenario = "ulysses_unexchanged";
+  spec.world = 2;
+  auto l = run_ranks(spec);
+  EXPECT_TRUE(l.all_ok()) << l.report();
 }
 
 TEST(Ulysses, ShardsAndShiftedLabels) {
