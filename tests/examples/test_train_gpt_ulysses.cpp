@@ -33,24 +33,9 @@ std::string temp(const std::string& name) {
   return testing::TempDir() + "/train_ulysses_" + std::to_string(getpid()) + "_" + name;
 }
 
-std::string fixture(const std::string& family) {
-  return std::string(STRATA_SOURCE_DIR) + "/tests/models/fixtures/" + family;
-}
+std::string fixture(const std::string& family) { return hf_fixture(family); }
 
-// Token ids below the fixtures' vocabulary (128), uint16.
-std::string token_file() {
-  const auto path = temp("tokens.bin");
-  if (!std::ifstream(path).good()) {
-    std::ofstream out(path, std::ios::binary);
-    uint32_t x = 777;
-    for (int i = 0; i < 20000; ++i) {
-      x = x * 1664525u + 1013904223u;
-      const uint16_t id = uint16_t((x >> 16) % 128);
-      out.write(reinterpret_cast<const char*>(&id), 2);
-    }
-  }
-  return path;
-}
+std::string token_file() { return fixture_tokens(temp("tokens.bin"), 777u); }
 
 // The example GPT by name (tiny, tiny-masked, ...) on the built-in text; else a fixture's folder
 // on token ids below its vocabulary.

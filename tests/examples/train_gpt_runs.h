@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -47,6 +48,26 @@ inline std::string launch(int ranks, const std::string& args) {
                          std::to_string(ranks) + " -- " + STRATA_BIN_DIR +
                          "/train_gpt --device cpu " + args);
   return r.exit_code == 0 ? std::string() : r.output;
+}
+
+// The Hugging Face fixtures' folder (tests/models/fixtures: save_pretrained's output).
+inline std::string hf_fixture(const std::string& family) {
+  return std::string(STRATA_SOURCE_DIR) + "/tests/models/fixtures/" + family;
+}
+
+// A token file at `path` (written once): 20,000 uint16 ids below the fixtures' vocabulary (128),
+// from a linear congruential stream seeded with `seed`.
+inline std::string fixture_tokens(const std::string& path, uint32_t seed) {
+  if (!std::ifstream(path).good()) {
+    std::ofstream out(path, std::ios::binary);
+    uint32_t x = seed;
+    for (int i = 0; i < 20000; ++i) {
+      x = x * 1664525u + 1013904223u;
+      const uint16_t id = uint16_t((x >> 16) % 128);
+      out.write(reinterpret_cast<const char*>(&id), 2);
+    }
+  }
+  return path;
 }
 
 }  // namespace train_gpt_runs
