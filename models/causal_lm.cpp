@@ -13,6 +13,9 @@
 #include "runtime/compat.h"
 #include "runtime/error.h"
 #include "runtime/nn/linear_cross_entropy.h"
+#include "runtime/nn/rms_norm.h"
+#include "runtime/nn/rotary.h"
+#include "runtime/nn/swiglu.h"
 
 namespace strata::models {
 namespace {
@@ -54,53 +57,30 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n) {
   return x.unsqueeze(2).expand({b, kv, n, t, d}).reshape({b, kv * n, t, d});
 }
 
+// Causal attention of q's heads over k's and v's fewer, grouped heads (q's head h reads kv head
+// h / (q heads / kv heads)). On a GPU with LibTorch 2.5 or later, SDPA's enable_gqa reads each kv
+// head in place for its group (transformers' way on CUDA): no copies of k and v for every query
+// head, nor of their gradients (at long sequences, 2 x 8 KB per token of a 1B Llama's layer).
+torch::Tensor grouped_causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                       const torch::Tensor& v) {
+  const auto n = q.size(1) / k.size(1);
+#if STRATA_TORCH_AT_LEAST(2, 5)
+  if (n > 1 && q.is_cuda())
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true, /*scale=*/std::nullopt,
+                                            /*enable_gqa=*/true);
+#endif
+  return causal_attention(q, repeat_kv(k, n), repeat_kv(v, n));
+}
+
 }  // namespace
 
 RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({size}));
 }
 
-namespace {
-
-// Hugging Face's RMSNorm, weight * (x32 * rsqrt(mean(x32^2) + eps)).to(x's dtype), as one autograd
-// node that keeps x and the fp32 reciprocal norm of each row: autograd's own graph of the same
-// ops keeps the fp32 copy of x and the normed rows besides (3x x's bytes in bf16), and runs about
-// ten elementwise kernels in backward where this runs five. The gradient is the chain rule of the
-// same function: dx = rstd * (g - xhat * mean(g * xhat)) in fp32, g the incoming gradient of the
-// normed rows cast to fp32 as autograd casts it.
-struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, double eps) {
-    const auto xf = x.to(torch::kFloat);
-    const auto rstd = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-    ctx->save_for_backward({x, weight, rstd});
-    return weight * (xf * rstd).to(x.scalar_type());
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &weight = saved[1], &rstd = saved[2];
-    const auto& gy = grads[0];
-    const auto xhat = x.to(torch::kFloat) * rstd;
-    torch::Tensor dx, dweight;
-    if (ctx->needs_input_grad(0)) {
-      // mul's gradient for the normed rows, cast to their dtype, then to fp32 (the to()s'
-      // backward).
-      const auto g = (gy * weight).to(x.scalar_type()).to(torch::kFloat);
-      dx = ((g - xhat * (g * xhat).mean(-1, /*keepdim=*/true)) * rstd).to(x.scalar_type());
-    }
-    if (ctx->needs_input_grad(1))
-      dweight = (gy * xhat.to(x.scalar_type()))
-                    .sum_to_size(weight.sizes())
-                    .to(weight.scalar_type());
-    return {dx, dweight, torch::Tensor()};
-  }
-};
-
-}  // namespace
-
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  return RmsNormFunction::apply(x, weight, eps_);
+  return nn::rms_norm(x, weight, eps_);
 }
 
 AttentionImpl::AttentionImpl(const DecoderConfig& c)
@@ -125,16 +105,12 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     q = q_norm(q);
     k = k_norm(k);
   }
-  q = apply_rope(q.transpose(1, 2), cos, sin);
-  k = apply_rope(k.transpose(1, 2), cos, sin);
+  q = nn::rotary(q.transpose(1, 2), cos, sin);
+  k = nn::rotary(k.transpose(1, 2), cos, sin);
   const auto v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
   // Under Ulysses a rank holds fewer query heads (and kv heads, or one replica): the same
   // grouping, from the shapes it is given.
-  const auto attend = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    const auto n = q.size(1) / k.size(1);
-    return causal_attention(q, repeat_kv(k, n), repeat_kv(v, n));
-  };
-  const auto out = sequence::ulysses_attention(q, k, v, sequence_group, attend);
+  const auto out = sequence::ulysses_attention(q, k, v, sequence_group, grouped_causal_attention);
   return o_proj(out.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
 }
 
@@ -146,7 +122,7 @@ MLPImpl::MLPImpl(const DecoderConfig& c) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+  return down_proj(nn::swiglu(gate_proj(x), up_proj(x)));
 }
 
 moe::MoEOptions moe_layer_options(const DecoderConfig& c, int64_t layer,

@@ -33,10 +33,4 @@ std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& invers
   return {angles.cos().to(dtype), angles.sin().to(dtype)};
 }
 
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const auto half = x.size(-1) / 2;
-  const auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
-}
-
 }  // namespace strata::models

@@ -20,7 +20,6 @@ std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& invers
                                                      int64_t seq, torch::Device device,
                                                      torch::ScalarType dtype);
 
-// x [batch, heads, seq, head_dim] rotated by cos, sin [seq, head_dim].
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+// x [batch, heads, seq, head_dim] is rotated by cos, sin with strata::nn::rotary (runtime/nn/rotary.h).
 
 }  // namespace strata::models

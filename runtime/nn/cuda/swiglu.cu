@@ -1,0 +1,102 @@
+// SwiGLU, silu(gate) * up, elementwise. Rounded as LibTorch's composite F::silu(gate) * up rounds:
+// s = round_T(silu(g)), out = round_T(s * u); backward du = round_T(dy * s),
+// dg = round_T(round_T(dy * u) * sigmoid(g) * (1 + g * (1 - sigmoid(g)))). Saves gate and up only
+// (autograd's graph keeps silu(gate) too: a third tensor of the MLP's widest shape per layer).
+#include <type_traits>
+
+#include "runtime/nn/cuda/floats.cuh"
+
+namespace strata::nn::cuda {
+namespace {
+
+// LibTorch's silu and silu_backward in float (expf, their association), so results round alike.
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+template <class T, int N>
+__global__ void __launch_bounds__(256)
+    swiglu_forward(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
+                   int64_t n) {
+  for (int64_t j = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * N; j < n;
+       j += int64_t(gridDim.x) * blockDim.x * N) {
+    float g[N], u[N];
+    load<N>(gate + j, g);
+    load<N>(up + j, u);
+#pragma unroll
+    for (int k = 0; k < N; ++k) g[k] = round_to<T>(silu(g[k])) * u[k];
+    store<N>(out + j, g);
+  }
+}
+
+template <class T, int N>
+__global__ void __launch_bounds__(256)
+    swiglu_backward(const T* __restrict__ grad_out, const T* __restrict__ gate,
+                    const T* __restrict__ up, T* __restrict__ grad_gate, T* __restrict__ grad_up,
+                    int64_t n) {
+  for (int64_t j = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * N; j < n;
+       j += int64_t(gridDim.x) * blockDim.x * N) {
+    float dy[N], g[N], u[N];
+    load<N>(grad_out + j, dy);
+    load<N>(gate + j, g);
+    load<N>(up + j, u);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float sig = sigmoid(g[k]);
+      const float s = round_to<T>(silu(g[k]));
+      const float ds = round_to<T>(dy[k] * u[k]);
+      u[k] = dy[k] * s;                                // up's gradient
+      g[k] = ds * sig * (1.0f + g[k] * (1.0f - sig));  // gate's
+    }
+    store<N>(grad_up + j, u);
+    store<N>(grad_gate + j, g);
+  }
+}
+
+template <class T> cudaError_t run(const SwiGlu& a, bool backward) {
+  if (a.n == 0) return cudaSuccess;
+  constexpr int n = 16 / sizeof(T);
+  bool packed = a.n % n == 0;
+  for (const void* p : {a.gate, a.up, a.out, a.grad_out, a.grad_gate, a.grad_up})
+    if (p != nullptr && !aligned(p, 16)) packed = false;
+  const int per_thread = packed ? n : 1;
+  const int threads = 256;
+  int64_t blocks = (a.n / per_thread + threads - 1) / threads;
+  const int64_t cap = int64_t(a.multiprocessors > 0 ? a.multiprocessors : 132) * 16;
+  if (blocks > cap) blocks = cap;
+  if (blocks < 1) blocks = 1;
+  auto stream = static_cast<cudaStream_t>(a.stream);
+  auto* gate = static_cast<const T*>(a.gate);
+  auto* up = static_cast<const T*>(a.up);
+  if (!backward) {
+    auto* out = static_cast<T*>(a.out);
+    if (packed)
+      swiglu_forward<T, n><<<unsigned(blocks), threads, 0, stream>>>(gate, up, out, a.n);
+    else
+      swiglu_forward<T, 1><<<unsigned(blocks), threads, 0, stream>>>(gate, up, out, a.n);
+  } else {
+    auto* dy = static_cast<const T*>(a.grad_out);
+    auto* dg = static_cast<T*>(a.grad_gate);
+    auto* du = static_cast<T*>(a.grad_up);
+    if (packed)
+      swiglu_backward<T, n><<<unsigned(blocks), threads, 0, stream>>>(dy, gate, up, dg, du, a.n);
+    else
+      swiglu_backward<T, 1><<<unsigned(blocks), threads, 0, stream>>>(dy, gate, up, dg, du, a.n);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+const char* launch_swiglu_forward(const SwiGlu& a) {
+  return error_text(with_type(a.type, [&](auto* tag) {
+    return run<std::remove_pointer_t<decltype(tag)>>(a, false);
+  }));
+}
+
+const char* launch_swiglu_backward(const SwiGlu& a) {
+  return error_text(with_type(a.type, [&](auto* tag) {
+    return run<std::remove_pointer_t<decltype(tag)>>(a, true);
+  }));
+}
+
+}  // namespace strata::nn::cuda

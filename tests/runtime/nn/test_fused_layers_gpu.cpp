@@ -1,0 +1,215 @@
+// runtime/nn's CUDA kernels (RMSNorm, rotary embedding, SwiGLU) against Hugging Face's formulas
+// written op by op on the same GPU: values and gradients (bit for bit where the kernel rounds each
+// product as LibTorch does and nvcc cannot fuse a multiply-add; within rounding elsewhere), in the
+// layouts the models pass; and under ZeRO-3, where the kernel's reads of a released weight must
+// gather it like any op's: the losses of stage 0 and the norm's unit gathered in forward and in
+// backward. Skips without a CUDA device.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "runtime/engine.h"
+#include "runtime/nn/rms_norm.h"
+#include "runtime/nn/rotary.h"
+#include "runtime/nn/swiglu.h"
+
+namespace strata::test::fused_layers_gpu {
+namespace {
+
+namespace F = torch::nn::functional;
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (or this LibTorch has no CUDA)"
+
+const torch::Device kCuda(torch::kCUDA, 0);
+
+double rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max() /
+          b.to(torch::kDouble).abs().max().clamp_min(1e-30))
+      .item<double>();
+}
+
+// The share of elements that are equal.
+double same(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.eq(b).to(torch::kDouble).mean().item<double>();
+}
+
+struct Run {
+  torch::Tensor y;
+  std::vector<torch::Tensor> grads;
+};
+
+template <class Fn>
+Run run(Fn&& f, std::vector<torch::Tensor> inputs, const torch::Tensor& probe) {
+  for (auto& t : inputs) t = t.detach().clone().requires_grad_(true);
+  auto y = f(inputs);
+  (y.to(torch::kFloat) * probe).sum().backward();
+  Run r{y.detach(), {}};
+  for (auto& t : inputs) r.grads.push_back(t.grad());
+  return r;
+}
+
+torch::Tensor rotary_op_by_op(const torch::Tensor& x, const torch::Tensor& cos,
+                              const torch::Tensor& sin) {
+  const auto half = x.size(-1) / 2;
+  return x * cos + torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * sin;
+}
+
+TEST(FusedLayersGpu, RotaryIsTheCompositeBitForBitInBf16) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(1);
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat, torch::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    // [b, t, h, d] viewed as [b, h, t, d], the tables a window of longer ones.
+    const auto x = torch::randn({2, 300, 4, 64}, kCuda).to(dtype).transpose(1, 2);
+    const auto angles = torch::rand({400, 32}, kCuda) * 100;
+    const auto cos_all = torch::cat({angles, angles}, -1).cos().to(dtype);
+    const auto sin_all = torch::cat({angles, angles}, -1).sin().to(dtype);
+    const auto cos = cos_all.narrow(0, 50, 300), sin = sin_all.narrow(0, 50, 300);
+    const auto probe = torch::randn({2, 4, 300, 64}, kCuda);
+    const auto got = run([&](auto& in) { return nn::rotary(in[0], cos, sin); }, {x}, probe);
+    const auto want = run([&](auto& in) { return rotary_op_by_op(in[0], cos, sin); }, {x}, probe);
+    EXPECT_TRUE(got.y.strides() == x.strides()) << "the kernel writes in x's layout";
+    if (dtype == torch::kFloat) {  // nvcc fuses x1 * c1 - x2 * s1 into one rounding
+      EXPECT_LE(rel(got.y, want.y), 1e-6);
+      EXPECT_LE(rel(got.grads[0], want.grads[0]), 1e-6);
+    } else {
+      EXPECT_TRUE(got.y.equal(want.y));
+      EXPECT_TRUE(got.grads[0].equal(want.grads[0]));
+    }
+  }
+}
+
+TEST(FusedLayersGpu, SwiGluIsTheCompositeWithinRounding) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(2);
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat, torch::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    for (const int64_t width : {4096, 333}) {  // packed 16-byte loads, and not
+      const auto gate = (torch::randn({64, width}, kCuda) * 4).to(dtype);
+      const auto up = torch::randn({64, width}, kCuda).to(dtype);
+      const auto probe = torch::randn({64, width}, kCuda);
+      const auto got = run([](auto& in) { return nn::swiglu(in[0], in[1]); }, {gate, up}, probe);
+      const auto want = run([](auto& in) { return F::silu(in[0]) * in[1]; }, {gate, up}, probe);
+      const double tol = dtype == torch::kFloat ? 1e-6 : 1e-2;
+      EXPECT_LE(rel(got.y, want.y), tol);
+      EXPECT_LE(rel(got.grads[0], want.grads[0]), tol);
+      EXPECT_LE(rel(got.grads[1], want.grads[1]), tol);
+      // The same function rounded the same way: differences are rare last-bit ones.
+      EXPECT_GE(same(got.y, want.y), 0.999);
+      EXPECT_GE(same(got.grads[1], want.grads[1]), 0.999);
+      EXPECT_GE(same(got.grads[0], want.grads[0]), 0.99);
+    }
+  }
+}
+
+torch::Tensor rms_op_by_op(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  const auto xf = x.to(torch::kFloat);
+  return w * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+}
+
+TEST(FusedLayersGpu, RmsNormIsHuggingFacesFormulaWithinRounding) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(3);
+  struct Case {
+    torch::ScalarType x, w;
+    int64_t rows, cols;
+    double tol;
+  };
+  // Llama's hidden rows, Qwen3's per-head q/k norm rows, a width that is no multiple of 8,
+  // autocast's fp32 weight on bf16 rows.
+  for (const auto& c : {Case{torch::kFloat, torch::kFloat, 1000, 2048, 1e-5},
+                        Case{torch::kBFloat16, torch::kBFloat16, 4096, 2048, 2e-2},
+                        Case{torch::kBFloat16, torch::kBFloat16, 20000, 128, 2e-2},
+                        Case{torch::kHalf, torch::kHalf, 300, 1000, 5e-3},
+                        Case{torch::kBFloat16, torch::kFloat, 500, 768, 2e-2}}) {
+    SCOPED_TRACE(std::string(c10::toString(c.x)) + " rows of " + std::to_string(c.cols) + ", " +
+                 c10::toString(c.w) + " weight");
+    const auto x = (torch::randn({c.rows, c.cols}, kCuda) * 3).to(c.x);
+    const auto w = (1 + 0.1 * torch::randn({c.cols}, kCuda)).to(c.w);
+    const auto probe = torch::randn({c.rows, c.cols}, kCuda);
+    const auto got = run([](auto& in) { return nn::rms_norm(in[0], in[1], 1e-5); }, {x, w}, probe);
+    const auto want = run([](auto& in) { return rms_op_by_op(in[0], in[1], 1e-5); }, {x, w}, probe);
+    EXPECT_EQ(got.y.scalar_type(), want.y.scalar_type());
+    EXPECT_EQ(got.grads[1].scalar_type(), c.w);
+    EXPECT_LE(rel(got.y, want.y), c.tol);
+    EXPECT_LE(rel(got.grads[0], want.grads[0]), c.tol);
+    EXPECT_LE(rel(got.grads[1], want.grads[1]), c.tol);
+    if (c.x != torch::kFloat) {
+      EXPECT_GE(same(got.y, want.y), 0.99);
+    }
+  }
+}
+
+struct NormImpl : torch::nn::Module {
+  NormImpl() { weight = register_parameter("weight", torch::ones({32})); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(Norm);
+
+// Embedding -> Linear -> SwiGLU -> RMSNorm -> head, every module its own ZeRO-3 unit.
+struct NormNetImpl : torch::nn::Module {
+  NormNetImpl() {
+    embed = register_module("embed", torch::nn::Embedding(64, 32));
+    proj = register_module("proj", torch::nn::Linear(32, 64));
+    norm = register_module("norm", Norm());
+    head = register_module("head", torch::nn::Linear(32, 64));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    auto h = proj(embed(x));
+    h = nn::swiglu(h.narrow(-1, 0, 32).contiguous(), h.narrow(-1, 32, 32).contiguous());
+    h = nn::rms_norm(h, norm->weight, 1e-6);
+    return F::cross_entropy(head(h).reshape({-1, 64}), y.reshape({-1}));
+  }
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::Linear proj{nullptr}, head{nullptr};
+  Norm norm{nullptr};
+};
+TORCH_MODULE(NormNet);
+
+TEST(FusedLayersGpu, ZeroStage3GathersTheNormsWeightForTheKernelBothWays) {
+  SKIP_WITHOUT_CUDA();
+  std::vector<float> losses[2];
+  for (const int stage : {0, 3}) {
+    torch::manual_seed(4);
+    NormNet net;
+    net->to(kCuda);
+    json config = {{"train_batch_size", 4},
+                   {"steps_per_print", 1000},
+                   {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}}}}},
+                   {"zero_optimization",
+                    {{"stage", stage},
+                     {"stage3_param_persistence_threshold", 0},
+                     {"stage3_max_reuse_distance", 0}}}};
+    if (stage != 3) config["zero_optimization"].erase("stage3_max_reuse_distance");
+    if (stage != 3) config["zero_optimization"].erase("stage3_param_persistence_threshold");
+    auto engine = initialize(net, config);
+    const zero::ParamUnits* units = stage == 3 ? engine->stage3_units() : nullptr;
+    int64_t norm_unit = -1;
+    if (units)
+      for (size_t u = 0; u < units->size(); ++u)
+        for (const auto& n : units->unit(u).names)
+          if (n == "norm.weight") norm_unit = int64_t(u);
+    if (units) {
+      ASSERT_GE(norm_unit, 0);
+    }
+    for (int step = 0; step < 4; ++step) {
+      torch::manual_seed(100 + step);
+      const auto x = torch::randint(0, 64, {4, 8}).to(kCuda);
+      const auto y = torch::randint(0, 64, {4, 8}).to(kCuda);
+      const int64_t before = units ? units->unit(size_t(norm_unit)).gathers : 0;
+      auto loss = engine->forward(x, y);
+      losses[stage == 3].push_back(loss.item<float>());
+      engine->backward(loss);
+      engine->step();
+      if (units && step > 0) {  // step 1 records the trace
+        EXPECT_EQ(units->unit(size_t(norm_unit)).gathers - before, 2) << "step " << step;
+      }
+    }
+  }
+  ASSERT_EQ(losses[0].size(), losses[1].size());
+  for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[0][i], losses[1][i], 1e-5) << i;
+  EXPECT_LT(losses[0].back(), losses[0].front());
+}
+
+}  // namespace
+}  // namespace strata::test::fused_layers_gpu
