@@ -5,12 +5,50 @@
 
 #include <fmt/format.h>
 
+#include <ATen/record_function.h>
+
+#if STRATA_HAS_CUDA
+#include "runtime/nn/cuda_bridge.h"
+#endif
+
 namespace strata::nn {
 namespace {
 
 namespace F = torch::nn::functional;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+#if STRATA_HAS_CUDA
+// The CUDA kernel (cuda/cross_entropy.cu) takes a chunk's logits on the GPU, rows of at most 2^31
+// elements, of fp32/bf16/fp16.
+bool fused_kernel_fits(const torch::Tensor& logits) {
+  return logits.is_cuda() && logits.dim() == 2 && logits.size(1) > 0 &&
+         detail::kernel_type(logits.scalar_type()).has_value();
+}
+
+// Each row's loss (0 for an ignored target) as float [rows]; with `grad`, the logits become the
+// loss's gradient in place (zero rows for ignored targets).
+torch::Tensor fused_softmax_cross_entropy(torch::Tensor& logits, const torch::Tensor& targets,
+                                          int64_t ignore_index, bool grad) {
+  RECORD_FUNCTION("strata::softmax_cross_entropy", std::vector<c10::IValue>({logits, targets}));
+  c10::cuda::CUDAGuard guard(logits.device());
+  const auto t = targets.to(logits.device(), torch::kLong).contiguous();
+  auto row_loss = torch::empty({logits.size(0)}, logits.options().dtype(torch::kFloat));
+  cuda::SoftmaxCrossEntropy a;
+  a.logits = logits.data_ptr();
+  a.targets = t.data_ptr<int64_t>();
+  a.row_loss = row_loss.data_ptr<float>();
+  a.type = *detail::kernel_type(logits.scalar_type());
+  a.rows = logits.size(0);
+  a.vocab = logits.size(1);
+  a.ignore_index = ignore_index;
+  a.write_grad = grad;
+  a.stream = detail::current_stream(logits);
+  a.multiprocessors = detail::multiprocessors();
+  detail::check_launch(cuda::launch_softmax_cross_entropy(a), "linear_cross_entropy");
+  return row_loss;
+}
+#endif
 
 struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h,
@@ -31,29 +69,45 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       const auto ignored = targets.narrow(0, s, n).eq(ignore_index).unsqueeze(1);
       const auto tc = targets.narrow(0, s, n).unsqueeze(1).masked_fill(ignored, 0);
       const auto logits = F::linear(hc, weight);
-      // One fused pass for the log-probabilities (in float: the logits are 16-bit under autocast).
-      auto log_p = torch::log_softmax(logits.to(torch::kFloat), 1);
-      const auto target_log_p = log_p.gather(1, tc);
-      loss -= target_log_p.masked_fill(ignored, 0.0).sum();
-      if (!want_h && !want_w) continue;
-      // d loss / d logits = softmax - one_hot(target): exp of the log-probabilities, written in
-      // the logits' dtype (float in, one rounding); the targets' entries computed in float.
-      torch::Tensor g = log_p;
-      if (logits.scalar_type() == torch::kFloat) {
-        g.exp_();
-      } else {
-        g = torch::empty_like(logits);
-        torch::exp_out(g, log_p);
+      torch::Tensor g;  // d loss / d logits, in the logits' dtype
+      bool rows_zeroed = false;  // the ignored rows of g are zeros already
+#if STRATA_HAS_CUDA
+      if (fused_kernel_fits(logits)) {
+        g = logits.is_contiguous() ? logits : logits.contiguous();
+        loss += fused_softmax_cross_entropy(g, targets.narrow(0, s, n), ignore_index,
+                                            want_h || want_w)
+                    .sum();
+        rows_zeroed = true;
       }
-      log_p = torch::Tensor();
-      g.scatter_(1, tc, target_log_p.exp().sub_(1.0).to(g.scalar_type()));
+#endif
+      if (!g.defined()) {
+        // One fused pass for the log-probabilities (in float: the logits are 16-bit under
+        // autocast).
+        auto log_p = torch::log_softmax(logits.to(torch::kFloat), 1);
+        const auto target_log_p = log_p.gather(1, tc);
+        loss -= target_log_p.masked_fill(ignored, 0.0).sum();
+        if (!want_h && !want_w) continue;
+        // d loss / d logits = softmax - one_hot(target): exp of the log-probabilities, written in
+        // the logits' dtype (float in, one rounding); the targets' entries computed in float.
+        g = log_p;
+        if (logits.scalar_type() == torch::kFloat) {
+          g.exp_();
+        } else {
+          g = torch::empty_like(logits);
+          torch::exp_out(g, log_p);
+        }
+        log_p = torch::Tensor();
+        g.scatter_(1, tc, target_log_p.exp().sub_(1.0).to(g.scalar_type()));
+      }
+      if (!want_h && !want_w) continue;
       if (want_h) {
         if (!w_g.defined()) w_g = weight.to(g.scalar_type());
         auto out = grad_h.narrow(0, s, n);
         if (out.scalar_type() == g.scalar_type()) torch::mm_out(out, g, w_g);  // no temporary
         else out.copy_(g.mm(w_g));
-        out.masked_fill_(ignored, 0.0);
+        if (!rows_zeroed) out.masked_fill_(ignored, 0.0);
       }
+      // h's ignored rows masked too: g's zero rows would carry a NaN of theirs into W's gradient.
       if (want_w) grad_w.add_(g.t().mm(hc.to(g.scalar_type()).masked_fill(ignored, 0.0)));
     }
     ctx->save_for_backward({grad_h, grad_w});

@@ -85,3 +85,25 @@ const char* launch_swiglu_forward(const SwiGlu& launch);
 const char* launch_swiglu_backward(const SwiGlu& launch);
 
 }  // namespace strata::nn::cuda
+
+namespace strata::nn::cuda {
+
+// Softmax cross-entropy over rows of `vocab` contiguous logits (fp32/bf16/fp16), in place: each
+// row's loss, log(sum(exp(l))) - l[target], into row_loss (0 for a target equal to ignore_index,
+// NaN for one outside [0, vocab)); with write_grad, the row becomes the loss's gradient
+// softmax(l) - one_hot(target) in the logits' type (zeros for an ignored row).
+struct SoftmaxCrossEntropy {
+  void* logits = nullptr;
+  const int64_t* targets = nullptr;
+  float* row_loss = nullptr;
+  FloatType type = FloatType::kFloat32;
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  int64_t ignore_index = -100;
+  bool write_grad = false;
+  void* stream = nullptr;
+  int multiprocessors = 0;
+};
+const char* launch_softmax_cross_entropy(const SoftmaxCrossEntropy& launch);
+
+}  // namespace strata::nn::cuda

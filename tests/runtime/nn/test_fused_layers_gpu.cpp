@@ -1,4 +1,4 @@
-// runtime/nn's CUDA kernels (RMSNorm, rotary embedding, SwiGLU) against Hugging Face's formulas
+// runtime/nn's CUDA kernels (RMSNorm, rotary embedding, SwiGLU, the fused loss's softmax) against Hugging Face's formulas
 // written op by op on the same GPU: values and gradients (bit for bit where the kernel rounds each
 // product as LibTorch does and nvcc cannot fuse a multiply-add; within rounding elsewhere), in the
 // layouts the models pass; and under ZeRO-3, where the kernel's reads of a released weight must
@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "runtime/engine.h"
+#include "runtime/nn/linear_cross_entropy.h"
 #include "runtime/nn/rms_norm.h"
 #include "runtime/nn/rotary.h"
 #include "runtime/nn/swiglu.h"
@@ -136,6 +137,36 @@ TEST(FusedLayersGpu, RmsNormIsHuggingFacesFormulaWithinRounding) {
     EXPECT_LE(rel(got.grads[1], want.grads[1]), c.tol);
     if (c.x != torch::kFloat) {
       EXPECT_GE(same(got.y, want.y), 0.99);
+    }
+  }
+}
+
+// The fused head + loss's kernel (softmax cross-entropy in place over each chunk's logits) against
+// LibTorch's linear + cross_entropy: ignored targets, chunks that do not divide the rows, a vocabulary
+// that is no multiple of 8 (unpacked loads).
+TEST(FusedLayersGpu, LinearCrossEntropyKernelIsTorchsWithinRounding) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(5);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const int64_t vocab : {4096, 1001}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + ", vocab " + std::to_string(vocab));
+      const auto h = torch::randn({300, 64}, kCuda).to(dtype);
+      const auto w = (torch::randn({vocab, 64}, kCuda) * 0.3).to(dtype);
+      auto targets = torch::randint(0, vocab, {300}, torch::TensorOptions(kCuda).dtype(torch::kLong));
+      targets.narrow(0, 10, 20).fill_(-100);
+      const auto probe = torch::ones({}, kCuda);
+      nn::LinearCrossEntropyOptions options;
+      options.chunk_rows = 128;
+      const auto got = run([&](auto& in) { return nn::linear_cross_entropy(in[0], in[1], targets, options); },
+                           {h, w}, probe);
+      const auto want = run([&](auto& in) {
+        return F::cross_entropy(F::linear(in[0], in[1]).to(torch::kFloat), targets);
+      }, {h, w}, probe);
+      const double tol = dtype == torch::kFloat ? 1e-5 : 2e-2;
+      EXPECT_LE(rel(got.y, want.y), dtype == torch::kFloat ? 1e-6 : 1e-3);
+      EXPECT_LE(rel(got.grads[0], want.grads[0]), tol);
+      EXPECT_LE(rel(got.grads[1], want.grads[1]), tol);
+      EXPECT_TRUE(got.grads[0].narrow(0, 10, 20).eq(0).all().item<bool>());
     }
   }
 }
