@@ -14,4 +14,9 @@ namespace strata::nn {
 
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 
+// The same of the halves of gate_up's last dimension, [gate | up] (a packed projection, as the MoE
+// experts' grouped product writes it): the output has half its last dimension, and backward hands
+// back one gradient for the packed tensor, with no copy of either half on the way.
+torch::Tensor swiglu(const torch::Tensor& gate_up);
+
 }  // namespace strata::nn

@@ -67,8 +67,10 @@ struct Rotary {
 };
 const char* launch_rotary(const Rotary& launch);
 
-// SwiGLU, silu(gate) * up, over n contiguous elements of one type; backward writes both inputs'
-// gradients from the output's, recomputing silu(gate).
+// SwiGLU, silu(gate) * up, over `rows` rows of `cols` elements of one type: gate's and up's rows
+// `in_stride` elements apart (gate and up two tensors, or the halves of one [rows, 2 * cols]); out
+// contiguous; backward writes both inputs' gradients (rows `grad_stride` apart) from the output's,
+// recomputing silu(gate).
 struct SwiGlu {
   const void* gate = nullptr;
   const void* up = nullptr;
@@ -77,7 +79,10 @@ struct SwiGlu {
   void* grad_gate = nullptr;
   void* grad_up = nullptr;
   FloatType type = FloatType::kFloat32;
-  int64_t n = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t in_stride = 0;
+  int64_t grad_stride = 0;
   void* stream = nullptr;
   int multiprocessors = 0;
 };

@@ -89,6 +89,25 @@ TEST(SwiGlu, IsSiluTimesUpWithAutogradsGradientsBitForBit) {
   EXPECT_THROW(nn::swiglu(torch::zeros({2, 3}), torch::zeros({3, 2})), std::invalid_argument);
 }
 
+// The packed form: gate and up the halves of one projection's output.
+TEST(SwiGlu, OfThePackedHalvesIsTheSameWithOneGradient) {
+  torch::manual_seed(9);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    auto h = (torch::randn({5, 2, 48}) * 3).to(dtype).requires_grad_(true);
+    auto h2 = h.detach().clone().requires_grad_(true);
+    const auto probe = torch::randn({5, 2, 24});
+    const auto got = nn::swiglu(h);
+    const auto want = F::silu(h2.narrow(-1, 0, 24)) * h2.narrow(-1, 24, 24);
+    (got.to(torch::kFloat) * probe).sum().backward();
+    (want.to(torch::kFloat) * probe).sum().backward();
+    EXPECT_EQ(got.sizes(), want.sizes());
+    EXPECT_TRUE(got.equal(want));
+    EXPECT_TRUE(h.grad().equal(h2.grad()));
+  }
+  EXPECT_THROW(nn::swiglu(torch::zeros({2, 5})), std::invalid_argument);
+}
+
 // One node keeps gate and up (alive anyway: the projections' outputs); autograd's graph of the
 // composite keeps silu(gate) besides.
 TEST(SwiGlu, KeepsNothingBeyondItsInputsForBackward) {

@@ -99,6 +99,11 @@ TEST(FusedLayersGpu, SwiGluIsTheCompositeWithinRounding) {
       EXPECT_GE(same(got.y, want.y), 0.999);
       EXPECT_GE(same(got.grads[1], want.grads[1]), 0.999);
       EXPECT_GE(same(got.grads[0], want.grads[0]), 0.99);
+      // The packed form over [gate | up] halves of one tensor.
+      const auto packed = torch::cat({gate, up}, -1);
+      const auto got_packed = run([](auto& in) { return nn::swiglu(in[0]); }, {packed}, probe);
+      EXPECT_TRUE(got_packed.y.equal(got.y));
+      EXPECT_TRUE(got_packed.grads[0].equal(torch::cat({got.grads[0], got.grads[1]}, -1)));
     }
   }
 }
