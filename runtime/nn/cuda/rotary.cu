@@ -2,6 +2,8 @@
 // product and the sum rounded to the element type as LibTorch's composite
 // x * cos + cat(-x2, x1) * sin rounds them, so the result is the composite's bit for bit (and the
 // backward the composite's autograd gradient, g * cos + cat(g2 * sin2, -(g1 * sin1))).
+#include <type_traits>
+
 #include "runtime/nn/cuda/floats.cuh"
 
 namespace strata::nn::cuda {

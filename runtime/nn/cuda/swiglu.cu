@@ -2,6 +2,7 @@
 // s = round_T(silu(g)), out = round_T(s * u); backward du = round_T(dy * s),
 // dg = round_T(round_T(dy * u) * sigmoid(g) * (1 + g * (1 - sigmoid(g)))). Saves gate and up only
 // (autograd's graph keeps silu(gate) too: a third tensor of the MLP's widest shape per layer).
+#include <initializer_list>
 #include <type_traits>
 
 #include "runtime/nn/cuda/floats.cuh"
@@ -65,7 +66,8 @@ template <class T> cudaError_t run(const SwiGlu& a, bool backward) {
   if (total == 0) return cudaSuccess;
   constexpr int n = 16 / sizeof(T);
   bool packed = a.cols % n == 0 && a.in_stride % n == 0 && a.grad_stride % n == 0;
-  for (const void* p : {a.gate, a.up, a.out, a.grad_out, a.grad_gate, a.grad_up})
+  for (const void* p : std::initializer_list<const void*>{a.gate, a.up, a.out, a.grad_out,
+                                                        a.grad_gate, a.grad_up})
     if (p != nullptr && !aligned(p, 16)) packed = false;
   const int per_thread = packed ? n : 1;
   const int threads = 256;
