@@ -149,26 +149,28 @@ template <class T, class W> cudaError_t backward_typed(const RmsNormBackward& a)
   return cudaGetLastError();
 }
 
-// The (x, weight) type pairs: the weight of x's type, or fp32.
-template <template <class, class> class Launch, class A>
-cudaError_t dispatch(const A& a) {
-  return with_type(a.x_type, [&](auto* x_tag) -> cudaError_t {
-    using T = std::remove_pointer_t<decltype(x_tag)>;
-    if (a.weight_type == FloatType::kFloat32) return Launch<T, float>::run(a);
-    return with_type(a.weight_type, [&](auto* w_tag) -> cudaError_t {
-      using W = std::remove_pointer_t<decltype(w_tag)>;
-      if constexpr (std::is_same_v<T, W>) return Launch<T, W>::run(a);
-      return cudaErrorInvalidValue;
-    });
-  });
-}
-
 template <class T, class W> struct Forward {
   static cudaError_t run(const RmsNormForward& a) { return forward_typed<T, W>(a); }
 };
 template <class T, class W> struct Backward {
   static cudaError_t run(const RmsNormBackward& a) { return backward_typed<T, W>(a); }
 };
+
+// The (x, weight) type pairs: the weight of x's type, or fp32.
+template <template <class, class> class Launch, class A>
+cudaError_t dispatch(const A& a) {
+  const bool fp32_weight = a.weight_type == FloatType::kFloat32;
+  if (!fp32_weight && a.weight_type != a.x_type) return cudaErrorInvalidValue;
+  switch (a.x_type) {
+    case FloatType::kFloat32: return Launch<float, float>::run(a);
+    case FloatType::kBFloat16:
+      return fp32_weight ? Launch<__nv_bfloat16, float>::run(a)
+                         : Launch<__nv_bfloat16, __nv_bfloat16>::run(a);
+    case FloatType::kFloat16:
+      return fp32_weight ? Launch<__half, float>::run(a) : Launch<__half, __half>::run(a);
+  }
+  return cudaErrorInvalidValue;
+}
 
 }  // namespace
 
