@@ -8,7 +8,7 @@
 //   strata-bench hf --hf-model DIR|config.json --config FILE [--B 4] [--T 2048] [--steps 10]
 //                   [--warmup 3] [--batch FILE (B x T int64, row-major)] [--seed S]
 //                   [--activation-checkpointing every|every:K] [--tiled-mlp none|auto|N]
-//                   [--profile STEPS] [--device cuda|cpu]
+//                   [--profile STEPS] [--device cuda|cpu] [--fused-projections 1|0]
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -36,6 +36,7 @@ struct HfArgs {
   std::string hf_model, config, batch_file, device, checkpointing;
   int64_t B = 4, T = 2048, steps = 10, warmup = 3, profile = 0, seed = 0;
   std::optional<int64_t> tiled_mlp;
+  bool fused_projections = true;  // models::DecoderConfig::fused_projections
 };
 
 HfArgs parse_hf(int argc, char** argv) {
@@ -55,6 +56,7 @@ HfArgs parse_hf(int argc, char** argv) {
     else if (flag == "--warmup") a.warmup = std::stoll(value);
     else if (flag == "--profile") a.profile = std::stoll(value);
     else if (flag == "--seed") a.seed = std::stoll(value);
+    else if (flag == "--fused-projections") a.fused_projections = value != "0";
     else if (flag == "--tiled-mlp")
       a.tiled_mlp = value == "none" ? -1 : value == "auto" ? 0 : std::stoll(value);
     else
@@ -62,7 +64,7 @@ HfArgs parse_hf(int argc, char** argv) {
                   " (usage: strata-bench hf --hf-model DIR --config FILE [--B N] [--T N] "
                   "[--steps N] [--warmup N] [--batch FILE] [--seed S] "
                   "[--activation-checkpointing every|every:K] [--tiled-mlp none|auto|N] "
-                  "[--profile STEPS] [--device cuda|cpu])");
+                  "[--profile STEPS] [--device cuda|cpu] [--fused-projections 1|0])");
   }
   if (a.hf_model.empty() || a.config.empty())
     throw Error("strata-bench hf: --hf-model DIR and --config FILE are required");
@@ -120,6 +122,7 @@ int run_hf(int argc, char** argv) {
   const double peak = matmul_peak(device);
   auto hf = models::read_hf_config(args.hf_model);
   hf.checkpointing = args.checkpointing;
+  hf.fused_projections = args.fused_projections;
   const bool weights = has_weights(args.hf_model);
   hf.init_weights = !weights;  // transformers' draw only when nothing is loaded over it
 

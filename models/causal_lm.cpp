@@ -84,7 +84,10 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 }
 
 AttentionImpl::AttentionImpl(const DecoderConfig& c)
-    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+    : heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim),
+      fused_(c.fused_projections && !c.qk_norm) {
   const double std = c.init_weights ? c.initializer_range : -1;
   q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.attention_bias, std));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std));
@@ -99,22 +102,36 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c)
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                      const torch::Tensor& sin) {
   const auto b = x.size(0), t = x.size(1);
-  auto q = q_proj(x).view({b, t, heads_, head_dim_});
-  auto k = k_proj(x).view({b, t, kv_heads_, head_dim_});
+  const int64_t qw = heads_ * head_dim_, kw = kv_heads_ * head_dim_;
+  torch::Tensor q, k, v;
+  if (fused_) {
+    // [q | k | v] in one product; the three are views of it (rotary and SDPA take the strides).
+    const auto qkv = F::linear(x, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}),
+                               q_proj->bias.defined()
+                                   ? torch::cat({q_proj->bias, k_proj->bias, v_proj->bias})
+                                   : torch::Tensor());
+    q = qkv.narrow(-1, 0, qw).view({b, t, heads_, head_dim_});
+    k = qkv.narrow(-1, qw, kw).view({b, t, kv_heads_, head_dim_});
+    v = qkv.narrow(-1, qw + kw, kw).view({b, t, kv_heads_, head_dim_});
+  } else {
+    q = q_proj(x).view({b, t, heads_, head_dim_});
+    k = k_proj(x).view({b, t, kv_heads_, head_dim_});
+    v = v_proj(x).view({b, t, kv_heads_, head_dim_});
+  }
   if (q_norm) {
     q = q_norm(q);
     k = k_norm(k);
   }
   q = nn::rotary(q.transpose(1, 2), cos, sin);
   k = nn::rotary(k.transpose(1, 2), cos, sin);
-  const auto v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+  v = v.transpose(1, 2);
   // Under Ulysses a rank holds fewer query heads (and kv heads, or one replica): the same
   // grouping, from the shapes it is given.
   const auto out = sequence::ulysses_attention(q, k, v, sequence_group, grouped_causal_attention);
   return o_proj(out.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
 }
 
-MLPImpl::MLPImpl(const DecoderConfig& c) {
+MLPImpl::MLPImpl(const DecoderConfig& c) : fused_(c.fused_projections && c.mlp_tiles < 0) {
   const double std = c.init_weights ? c.initializer_range : -1;
   gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias, std));
   up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias, std));
@@ -122,7 +139,13 @@ MLPImpl::MLPImpl(const DecoderConfig& c) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return down_proj(nn::swiglu(gate_proj(x), up_proj(x)));
+  if (!fused_) return down_proj(nn::swiglu(gate_proj(x), up_proj(x)));
+  // [gate | up] in one product (not per tile: a tiled MLP would concatenate once per tile).
+  const auto gate_up =
+      F::linear(x, torch::cat({gate_proj->weight, up_proj->weight}),
+                gate_proj->bias.defined() ? torch::cat({gate_proj->bias, up_proj->bias})
+                                          : torch::Tensor());
+  return down_proj(nn::swiglu(gate_up));
 }
 
 moe::MoEOptions moe_layer_options(const DecoderConfig& c, int64_t layer,

@@ -56,6 +56,7 @@ class AttentionImpl : public torch::nn::Module {
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
+  bool fused_;  // DecoderConfig::fused_projections, without q/k norms
 };
 TORCH_MODULE(Attention);
 
@@ -65,6 +66,9 @@ class MLPImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  bool fused_;  // DecoderConfig::fused_projections, untiled
 };
 TORCH_MODULE(MLP);
 

@@ -82,6 +82,10 @@ struct DecoderConfig {
   // The sparse layers' MoE layers tile their experts' rows instead (moe::MoEOptions::tiles).
   int64_t mlp_tiles = -1;
   int64_t loss_chunk_rows = 2048;  // the fused head + loss's rows at once (runtime/nn)
+  // One matrix product for q, k and v (layers without q/k norms) and one for gate and up (untiled
+  // MLPs), over the weights concatenated at each forward: fewer, wider products (k's and v's alone
+  // are narrow) and one input gradient each. The parameters stay Hugging Face's, one per projection.
+  bool fused_projections = true;
   // Draw transformers' initial weights (normal(0, initializer_range)). false: LibTorch's own
   // initialisation stays, for a model whose weights are all loaded next (import_weights checks
   // that every one is): inside a PartitionedInit each tensor is then partitioned once, never
