@@ -57,8 +57,9 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     const int64_t rows = h.size(0);
     const bool want_h = h.requires_grad(), want_w = weight.requires_grad();
     torch::Tensor grad_h = want_h ? torch::empty_like(h) : torch::Tensor();
-    torch::Tensor grad_w =
-        want_w ? torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat)) : torch::Tensor();
+    // W's gradient: summed over the chunks in float32, or, from one chunk, the product in the
+    // logits' dtype (one rounding either way before it is handed back in W's dtype).
+    torch::Tensor grad_w;
     auto loss = torch::zeros({}, h.options().dtype(torch::kFloat));
     torch::Tensor w_g;  // the weight in the gradient's dtype, cast once (not once per chunk)
     for (int64_t s = 0; s < rows; s += chunk_rows) {
@@ -108,8 +109,13 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
         if (!rows_zeroed) out.masked_fill_(ignored, 0.0);
       }
       // h's ignored rows masked too: g's zero rows would carry a NaN of theirs into W's gradient.
-      if (want_w) grad_w.add_(g.t().mm(hc.to(g.scalar_type()).masked_fill(ignored, 0.0)));
+      if (want_w) {
+        auto part = g.t().mm(hc.to(g.scalar_type()).masked_fill(ignored, 0.0));
+        if (grad_w.defined()) grad_w.add_(part);
+        else grad_w = n == rows ? part : part.to(torch::kFloat);
+      }
     }
+    if (want_w && !grad_w.defined()) grad_w = torch::zeros(weight.sizes(), weight.options());
     ctx->save_for_backward({grad_h, grad_w});
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     return loss;
