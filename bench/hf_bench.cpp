@@ -8,7 +8,7 @@
 //   strata-bench hf --hf-model DIR|config.json --config FILE [--B 4] [--T 2048] [--steps 10]
 //                   [--warmup 3] [--batch FILE (B x T int64, row-major)] [--seed S]
 //                   [--activation-checkpointing every|every:K] [--tiled-mlp none|auto|N]
-//                   [--profile STEPS] [--device cuda|cpu] [--fused-projections 1|0]
+//                   [--profile STEPS] [--device cuda|cpu] [--fused-projections 1|0] [--sdpa-gqa 1|0]
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -37,6 +37,7 @@ struct HfArgs {
   int64_t B = 4, T = 2048, steps = 10, warmup = 3, profile = 0, seed = 0;
   std::optional<int64_t> tiled_mlp;
   bool fused_projections = true;  // models::DecoderConfig::fused_projections
+  bool sdpa_gqa = true;           // models::DecoderConfig::sdpa_gqa
 };
 
 HfArgs parse_hf(int argc, char** argv) {
@@ -57,6 +58,7 @@ HfArgs parse_hf(int argc, char** argv) {
     else if (flag == "--profile") a.profile = std::stoll(value);
     else if (flag == "--seed") a.seed = std::stoll(value);
     else if (flag == "--fused-projections") a.fused_projections = value != "0";
+    else if (flag == "--sdpa-gqa") a.sdpa_gqa = value != "0";
     else if (flag == "--tiled-mlp")
       a.tiled_mlp = value == "none" ? -1 : value == "auto" ? 0 : std::stoll(value);
     else
@@ -64,7 +66,7 @@ HfArgs parse_hf(int argc, char** argv) {
                   " (usage: strata-bench hf --hf-model DIR --config FILE [--B N] [--T N] "
                   "[--steps N] [--warmup N] [--batch FILE] [--seed S] "
                   "[--activation-checkpointing every|every:K] [--tiled-mlp none|auto|N] "
-                  "[--profile STEPS] [--device cuda|cpu] [--fused-projections 1|0])");
+                  "[--profile STEPS] [--device cuda|cpu] [--fused-projections 1|0] [--sdpa-gqa 1|0])");
   }
   if (a.hf_model.empty() || a.config.empty())
     throw Error("strata-bench hf: --hf-model DIR and --config FILE are required");
@@ -123,6 +125,7 @@ int run_hf(int argc, char** argv) {
   auto hf = models::read_hf_config(args.hf_model);
   hf.checkpointing = args.checkpointing;
   hf.fused_projections = args.fused_projections;
+  hf.sdpa_gqa = args.sdpa_gqa;
   const bool weights = has_weights(args.hf_model);
   hf.init_weights = !weights;  // transformers' draw only when nothing is loaded over it
 

@@ -62,10 +62,10 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n) {
 // head in place for its group (transformers' way on CUDA): no copies of k and v for every query
 // head, nor of their gradients (at long sequences, 2 x 8 KB per token of a 1B Llama's layer).
 torch::Tensor grouped_causal_attention(const torch::Tensor& q, const torch::Tensor& k,
-                                       const torch::Tensor& v) {
+                                       const torch::Tensor& v, bool sdpa_gqa) {
   const auto n = q.size(1) / k.size(1);
 #if STRATA_TORCH_AT_LEAST(2, 5)
-  if (n > 1 && q.is_cuda())
+  if (n > 1 && q.is_cuda() && sdpa_gqa)
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                             /*is_causal=*/true, /*scale=*/std::nullopt,
                                             /*enable_gqa=*/true);
@@ -87,7 +87,8 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c)
     : heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.head_dim),
-      fused_(c.fused_projections && !c.qk_norm) {
+      fused_(c.fused_projections && !c.qk_norm),
+      sdpa_gqa_(c.sdpa_gqa) {
   const double std = c.init_weights ? c.initializer_range : -1;
   q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.attention_bias, std));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std));
@@ -127,7 +128,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   v = v.transpose(1, 2);
   // Under Ulysses a rank holds fewer query heads (and kv heads, or one replica): the same
   // grouping, from the shapes it is given.
-  const auto out = sequence::ulysses_attention(q, k, v, sequence_group, grouped_causal_attention);
+  const auto attend = [this](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+    return grouped_causal_attention(q, k, v, sdpa_gqa_);
+  };
+  const auto out = sequence::ulysses_attention(q, k, v, sequence_group, attend);
   return o_proj(out.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
 }
 

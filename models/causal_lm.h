@@ -57,6 +57,7 @@ class AttentionImpl : public torch::nn::Module {
  private:
   int64_t heads_, kv_heads_, head_dim_;
   bool fused_;  // DecoderConfig::fused_projections, without q/k norms
+  bool sdpa_gqa_;  // DecoderConfig::sdpa_gqa
 };
 TORCH_MODULE(Attention);
 

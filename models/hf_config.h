@@ -86,6 +86,10 @@ struct DecoderConfig {
   // MLPs), over the weights concatenated at each forward: fewer, wider products (k's and v's alone
   // are narrow) and one input gradient each. The parameters stay Hugging Face's, one per projection.
   bool fused_projections = true;
+  // Grouped kv heads read in place by SDPA's enable_gqa (CUDA, LibTorch >= 2.5); false: copied for
+  // each query head first (transformers' repeat_kv), which leaves SDPA every backend, cuDNN's
+  // included, at the copies' memory (2 x 2 bytes x q heads x head_dim per token, and gradients).
+  bool sdpa_gqa = true;
   // Draw transformers' initial weights (normal(0, initializer_range)). false: LibTorch's own
   // initialisation stays, for a model whose weights are all loaded next (import_weights checks
   // that every one is): inside a PartitionedInit each tensor is then partitioned once, never
