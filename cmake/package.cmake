@@ -42,7 +42,7 @@ target_link_libraries(strata INTERFACE strata_models strata_runtime)
 # --- install -------------------------------------------------------------------------------------
 set(STRATA_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/Strata)
 # The static libraries Strata::strata links, users before what they use (one pass of the linker).
-set(STRATA_PACKAGE_LIBS strata_models strata_runtime strata_monitor strata_precision strata_zero strata_moe strata_recompute strata_config
+set(STRATA_PACKAGE_LIBS strata_models strata_runtime strata_nn strata_monitor strata_precision strata_zero strata_moe strata_recompute strata_config
                         strata_offload strata_comm strata_util)
 install(TARGETS ${STRATA_PACKAGE_LIBS} ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS strata-run strata-config strata-ckpt train_gpt
