@@ -106,14 +106,18 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   const int64_t qw = heads_ * head_dim_, kw = kv_heads_ * head_dim_;
   torch::Tensor q, k, v;
   if (fused_) {
-    // [q | k | v] in one product; the three are views of it (rotary and SDPA take the strides).
+    // [q | k | v] in one product. split's gradient is one cat of the three (three narrows would
+    // each zero-fill the whole width); q and k stay views (rotary takes their strides and writes
+    // new tensors), v is copied out so that attention keeps v for backward, not the whole product
+    // (a 1B Llama's is 6 KB per token and layer, v 1 KB).
     const auto qkv = F::linear(x, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}),
                                q_proj->bias.defined()
                                    ? torch::cat({q_proj->bias, k_proj->bias, v_proj->bias})
                                    : torch::Tensor());
-    q = qkv.narrow(-1, 0, qw).view({b, t, heads_, head_dim_});
-    k = qkv.narrow(-1, qw, kw).view({b, t, kv_heads_, head_dim_});
-    v = qkv.narrow(-1, qw + kw, kw).view({b, t, kv_heads_, head_dim_});
+    const auto parts = qkv.split_with_sizes({qw, kw, kw}, -1);
+    q = parts[0].view({b, t, heads_, head_dim_});
+    k = parts[1].view({b, t, kv_heads_, head_dim_});
+    v = parts[2].contiguous().view({b, t, kv_heads_, head_dim_});
   } else {
     q = q_proj(x).view({b, t, heads_, head_dim_});
     k = k_proj(x).view({b, t, kv_heads_, head_dim_});
