@@ -80,7 +80,7 @@ TEST(RmsNorm, KeepsOneFloatPerRowForBackward) {
   std::printf("MESSAGE: RMSNorm over %lld x %lld bf16: kept for backward %lld bytes (one node) "
               "against %lld (op by op)\n",
               (long long)rows, (long long)d, (long long)fused, (long long)plain);
-  EXPECT_LE(fused, rows * 4 + 4096);          // the fp32 reciprocal norms
+  EXPECT_LE(fused, rows * 4 + 8192);          // the fp32 reciprocal norms, and the node's bookkeeping
   EXPECT_GE(plain, rows * d * (4 + 2));       // x in fp32 and the normed rows in bf16
 }
 

@@ -127,7 +127,7 @@ TEST(SwiGlu, KeepsNothingBeyondItsInputsForBackward) {
   std::printf("MESSAGE: SwiGLU over %lld x %lld bf16: kept for backward %lld bytes (one node) "
               "against %lld (op by op)\n",
               (long long)rows, (long long)ffn, (long long)fused, (long long)plain);
-  EXPECT_LE(fused, 4096);
+  EXPECT_LE(fused, rows * ffn * 2 / 64);  // the node's bookkeeping, not a tensor (1/64 of one)
   EXPECT_GE(plain, rows * ffn * 2);  // silu(gate) in bf16
 }
 
