@@ -31,7 +31,7 @@ bool fused_kernel_fits(const torch::Tensor& logits) {
 torch::Tensor fused_softmax_cross_entropy(torch::Tensor& logits, const torch::Tensor& targets,
                                           int64_t ignore_index, bool grad) {
   RECORD_FUNCTION("strata::softmax_cross_entropy", std::vector<c10::IValue>({logits, targets}));
-  c10::cuda::CUDAGuard guard(logits.device());
+  c10::cuda::CUDAGuard device_guard(logits.device());
   const auto t = targets.to(logits.device(), torch::kLong).contiguous();
   auto row_loss = torch::empty({logits.size(0)}, logits.options().dtype(torch::kFloat));
   cuda::SoftmaxCrossEntropy a;

@@ -54,7 +54,7 @@ bool kernel_fits(const torch::Tensor& x, const torch::Tensor& weight) {
 torch::Tensor kernel_forward(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                              torch::Tensor& rstd) {
   RECORD_FUNCTION("strata::rms_norm", std::vector<c10::IValue>({x, weight}));
-  c10::cuda::CUDAGuard guard(x.device());
+  c10::cuda::CUDAGuard device_guard(x.device());
   const int64_t cols = x.size(-1);
   const auto out_type = weight.scalar_type() == torch::kFloat ? torch::kFloat : x.scalar_type();
   auto out = torch::empty_like(x, x.options().dtype(out_type));
@@ -79,7 +79,7 @@ void kernel_backward(const torch::Tensor& grad_out, const torch::Tensor& x,
                      const torch::Tensor& weight, const torch::Tensor& rstd, bool want_x,
                      bool want_weight, torch::Tensor& dx, torch::Tensor& dweight) {
   RECORD_FUNCTION("strata::rms_norm_backward", std::vector<c10::IValue>({grad_out, x, weight}));
-  c10::cuda::CUDAGuard guard(x.device());
+  c10::cuda::CUDAGuard device_guard(x.device());
   const auto out_type = weight.scalar_type() == torch::kFloat ? torch::kFloat : x.scalar_type();
   const auto gy = grad_out.to(out_type).contiguous();
   cuda::RmsNormBackward a;

@@ -45,7 +45,7 @@ torch::Tensor kernel(const torch::Tensor& x_in, const torch::Tensor& cos, const 
                      bool backward) {
   RECORD_FUNCTION(backward ? "strata::rotary_backward" : "strata::rotary",
                   std::vector<c10::IValue>({x_in, cos, sin}));
-  c10::cuda::CUDAGuard guard(x_in.device());
+  c10::cuda::CUDAGuard device_guard(x_in.device());
   const auto x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
   auto out = torch::empty_like(x);
   if (out.stride(3) != 1) out = torch::empty(x.sizes(), x.options());

@@ -73,7 +73,7 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
                  up_in.scalar_type() == gate_in.scalar_type();
     if (use_kernel) {
       RECORD_FUNCTION("strata::swiglu", std::vector<c10::IValue>({gate_in, up_in}));
-      c10::cuda::CUDAGuard guard(gate_in.device());
+      c10::cuda::CUDAGuard device_guard(gate_in.device());
       gate = gate_in.contiguous();
       up = up_in.contiguous();
       const int64_t cols = gate.size(-1);
@@ -93,7 +93,7 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
 #if STRATA_HAS_CUDA
     if (ctx->saved_data["kernel"].toBool()) {
       RECORD_FUNCTION("strata::swiglu_backward", std::vector<c10::IValue>({grads[0], gate, up}));
-      c10::cuda::CUDAGuard guard(gate.device());
+      c10::cuda::CUDAGuard device_guard(gate.device());
       const auto gy = grads[0].to(gate.scalar_type()).contiguous();
       auto dgate = torch::empty_like(gate), dup = torch::empty_like(up);
       const int64_t cols = gate.size(-1);
@@ -118,7 +118,7 @@ struct SwiGluHalvesFunction : torch::autograd::Function<SwiGluHalvesFunction> {
     use_kernel = kernel_fits(h_in);
     if (use_kernel) {
       RECORD_FUNCTION("strata::swiglu", std::vector<c10::IValue>({h_in}));
-      c10::cuda::CUDAGuard guard(h_in.device());
+      c10::cuda::CUDAGuard device_guard(h_in.device());
       h = h_in.contiguous();
       auto sizes = h.sizes().vec();
       sizes.back() = f;
@@ -138,7 +138,7 @@ struct SwiGluHalvesFunction : torch::autograd::Function<SwiGluHalvesFunction> {
 #if STRATA_HAS_CUDA
     if (ctx->saved_data["kernel"].toBool()) {
       RECORD_FUNCTION("strata::swiglu_backward", std::vector<c10::IValue>({grads[0], h}));
-      c10::cuda::CUDAGuard guard(h.device());
+      c10::cuda::CUDAGuard device_guard(h.device());
       const auto gy = grads[0].to(h.scalar_type()).contiguous();
       auto dh = torch::empty_like(h);
       const auto* base = static_cast<const char*>(h.data_ptr());
