@@ -36,6 +36,17 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias, double std) {
   return l;
 }
 
+// One product over several projections of x: their weights (and biases) concatenated along the
+// output, the outputs side by side in the order given (DecoderConfig::fused_projections).
+torch::Tensor fused_linear(const torch::Tensor& x, std::initializer_list<torch::nn::Linear> parts) {
+  std::vector<torch::Tensor> weights, biases;
+  for (const auto& l : parts) {
+    weights.push_back(l->weight);
+    if (l->bias.defined()) biases.push_back(l->bias);
+  }
+  return F::linear(x, torch::cat(weights), biases.empty() ? torch::Tensor() : torch::cat(biases));
+}
+
 // Causal attention over q [b, heads, t, d] and k, v [b, heads, t, d], scaled by 1/sqrt(d).
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
 #if STRATA_TORCH_AT_LEAST(2, 0)
@@ -110,11 +121,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     // each zero-fill the whole width); q and k stay views (rotary takes their strides and writes
     // new tensors), v is copied out so that attention keeps v for backward, not the whole product
     // (a 1B Llama's is 6 KB per token and layer, v 1 KB).
-    const auto qkv = F::linear(x, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}),
-                               q_proj->bias.defined()
-                                   ? torch::cat({q_proj->bias, k_proj->bias, v_proj->bias})
-                                   : torch::Tensor());
-    const auto parts = qkv.split_with_sizes({qw, kw, kw}, -1);
+    const auto parts = fused_linear(x, {q_proj, k_proj, v_proj}).split_with_sizes({qw, kw, kw}, -1);
     q = parts[0].view({b, t, heads_, head_dim_});
     k = parts[1].view({b, t, kv_heads_, head_dim_});
     v = parts[2].contiguous().view({b, t, kv_heads_, head_dim_});
@@ -149,11 +156,7 @@ MLPImpl::MLPImpl(const DecoderConfig& c) : fused_(c.fused_projections && c.mlp_t
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   if (!fused_) return down_proj(nn::swiglu(gate_proj(x), up_proj(x)));
   // [gate | up] in one product (not per tile: a tiled MLP would concatenate once per tile).
-  const auto gate_up =
-      F::linear(x, torch::cat({gate_proj->weight, up_proj->weight}),
-                gate_proj->bias.defined() ? torch::cat({gate_proj->bias, up_proj->bias})
-                                          : torch::Tensor());
-  return down_proj(nn::swiglu(gate_up));
+  return down_proj(nn::swiglu(fused_linear(x, {gate_proj, up_proj})));
 }
 
 moe::MoEOptions moe_layer_options(const DecoderConfig& c, int64_t layer,
