@@ -81,7 +81,11 @@ struct DecoderConfig {
   // backward. -1: untiled; 0: ceil(seq / hidden_size) tiles (ALST's count); N > 0: N tiles.
   // The sparse layers' MoE layers tile their experts' rows instead (moe::MoEOptions::tiles).
   int64_t mlp_tiles = -1;
-  int64_t loss_chunk_rows = 2048;  // the fused head + loss's rows at once (runtime/nn)
+  // The fused head + loss's rows at once (runtime/nn). A micro-batch of up to 8192 rows (4 x
+  // 2048) is one chunk: its logits are no larger than the float32 sum of W's gradient that more
+  // chunks need (at vocab 128k: 2.1 GB in bf16 against 1 GB for the sum plus 0.5 GB per chunk),
+  // and W's gradient is one product, not a float32 sum added chunk by chunk.
+  int64_t loss_chunk_rows = 8192;
   // One matrix product for q, k and v (layers without q/k norms) and one for gate and up (untiled
   // MLPs), over the weights concatenated at each forward: fewer, wider products (k's and v's alone
   // are narrow) and one input gradient each. The parameters stay Hugging Face's, one per projection.

@@ -105,6 +105,31 @@ torch::Tensor grouped_mm(const torch::Tensor& a, const torch::Tensor& b, const t
   return GroupedMmLoop::apply(a, b, offs);
 }
 
+// silu(h[..., :f]) * h[..., f:] over the first product's [gate | up] columns, as one node whose
+// backward writes both halves of one gradient with the ops autograd would run (so the same
+// values, bit for bit): through narrow, autograd builds a zero-filled gradient of h per half and
+// adds the two, three more passes over the largest tensor of the layer. (runtime/nn's SwiGLU
+// kernel is a layer above moe/.)
+struct PackedSwiGlu : torch::autograd::Function<PackedSwiGlu> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h) {
+    const int64_t f = h.size(-1) / 2;
+    ctx->save_for_backward({h});
+    return torch::silu(h.narrow(-1, 0, f)) * h.narrow(-1, f, f);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto h = ctx->get_saved_variables()[0];
+    const int64_t f = h.size(-1) / 2;
+    const auto gate = h.narrow(-1, 0, f), up = h.narrow(-1, f, f);
+    const auto& grad = grads[0];
+    auto grad_h = torch::empty_like(h, h.options().memory_format(at::MemoryFormat::Contiguous));
+    auto grad_gate = grad_h.narrow(-1, 0, f), grad_up = grad_h.narrow(-1, f, f);
+    at::silu_backward_out(grad_gate, grad * up, gate);
+    at::mul_out(grad_up, grad, torch::silu(gate));
+    return {grad_h};
+  }
+};
+
 // Zero columns after the bias's column of ones: d + kBiasPad keeps bf16 rows 16-byte aligned.
 constexpr int64_t kBiasPad = 8;
 
@@ -219,8 +244,10 @@ std::vector<bool> ExpertsImpl::active_units(const torch::Tensor& rows_per_expert
 
 torch::Tensor ExpertsImpl::activate(const torch::Tensor& h) const {
   if (options_.activation == ExpertActivation::Gelu) return torch::gelu(h);
-  const int64_t f = options_.ffn_size;
-  return torch::silu(h.narrow(-1, 0, f)) * h.narrow(-1, f, f);
+  if (h.size(-1) != 2 * options_.ffn_size)
+    throw Error(fmt::format("moe::Experts: SwiGLU's first product has {} columns; gate and up "
+                            "take 2 x ffn_size = {}", h.size(-1), 2 * options_.ffn_size));
+  return PackedSwiGlu::apply(h);
 }
 
 std::vector<torch::Tensor> ExpertsImpl::unit_parameters(const Unit& unit) const {

@@ -372,6 +372,7 @@ void Engine::backward(const torch::Tensor& loss) {
   else
     loss.backward();
   scopes.clear();
+  for (const auto& g : groups_) g->end_backward();
   // activation_checkpointing.profile: each checkpointed function's times, logged and monitored.
   const auto profile = checkpointing::end_backward();
   if (profile.checkpoints > 0)

@@ -59,6 +59,7 @@ class ParamGroup {
   // loss: what backward starts from, whose graph tells the parameters it will not reach).
   // loss_scale: the factor backward's gradients carry (fp16's loss scale).
   virtual void begin_backward(bool boundary, const torch::Tensor& loss, double loss_scale) = 0;
+  virtual void end_backward() {}  // right after it, before the program sees .grad
   virtual void end_micro_step() = 0;
   // At the boundary: the gradients reduced, whether any overflowed, and their norm (of the
   // unscaled gradient). `need_norm` false lets the plain fp32 path skip it (the norm is NaN then).
@@ -118,6 +119,7 @@ class PartitionedGroup : public ParamGroup {
   void begin_backward(bool boundary, const torch::Tensor& loss, double loss_scale) override {
     partitioned_->begin_backward(boundary, loss, loss_scale);
   }
+  void end_backward() override { partitioned_->end_backward(); }
   void end_micro_step() override { partitioned_->end_micro_step(); }
   zero::GradientSummary prepare(double loss_scale, bool) override {
     return partitioned_->prepare(loss_scale);

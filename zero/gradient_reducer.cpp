@@ -77,6 +77,10 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
       throw Error("GradientReducer: partition mode needs the bucket plan, every parameter's flat "
                   "offset and a bucketed ShardMap of those buckets for this group");
   }
+  const bool local = !partition && !group_ && options_.local_flat.defined();
+  if (local && (options_.flat_offsets.size() != params_.size()))
+    throw Error("GradientReducer: local_flat needs every parameter's flat offset");
+  if (local) accumulates_in_place_ = true;
   if (partition && !group_ && !options_.copy_to_partition) {
     accumulates_in_place_ = true;
     for (const auto& p : params_)
@@ -100,7 +104,7 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
         // Flat order inside the bucket: the reduce-scatter's chunk r is rank r's piece.
         bucket.slots.push_back(options_.flat_offsets[k] - options_.shards.buckets()[b].lo);
       } else {
-        bucket.slots.push_back(fill);
+        bucket.slots.push_back(local ? options_.flat_offsets[k] : fill);
         fill += params_[k].numel();
       }
     }
@@ -126,6 +130,7 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::GroupP
         bucket.accumulator = options_.partition_grad.narrow(0, shard.base, shard.chunk);
     } else {
       bucket.numel = bucket.filled = bucket.out_numel = fill;
+      if (local) bucket.accumulator = options_.local_flat;
     }
   }
   // Until the first backward teaches the order: the plan's, the buckets staged when complete
@@ -149,7 +154,8 @@ void GradientReducer::attach_hooks() {
 }
 
 void GradientReducer::begin_backward(bool boundary, const torch::Tensor& loss) {
-  active_ = options_.mode == Mode::kPartition || boundary;
+  // In place, every micro-step's gradients go to their places (and .grad is released).
+  active_ = options_.mode == Mode::kPartition || accumulates_in_place_ || boundary;
   if (!active_) return;
   launched_during_backward_ = 0;
   // One process delivers each bucket as it completes (no order to keep), and finish() the rest.
@@ -377,7 +383,8 @@ void GradientReducer::begin_window() {
 }
 
 void GradientReducer::settle_window() {
-  if (options_.mode != Mode::kPartition || options_.copy_to_partition) return;
+  if ((options_.mode != Mode::kPartition && !accumulates_in_place_) || options_.copy_to_partition)
+    return;
   for (auto& bucket : buckets_) {
     if (accumulates_in_place_) {
       for (size_t i = 0; i < bucket.params.size(); ++i)

@@ -60,6 +60,12 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     std::vector<int64_t> flat_offsets;
     ShardMap shards;
     torch::Tensor partition_grad;
+    // kFull in one process (stages 0 and 1, no group): the flat gradient (FlatParams' layout,
+    // flat_offsets given) that each parameter's gradient is written into as autograd delivers
+    // it: copied on a window's first micro-step, added after, and .grad released. Without it,
+    // autograd adds each gradient into its view of a zeroed flat buffer: the buffer zeroed,
+    // read and written again, where this writes it once.
+    torch::Tensor local_flat;
     // kPartition with optimizer offload: partition_grad is a host buffer (pinned on GPUs) that
     // each reduced chunk is copied into, asynchronously, instead of being added to; the owner
     // sums micro-steps on the host once the copies are done.

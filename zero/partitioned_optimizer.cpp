@@ -73,6 +73,14 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
     } else if (group_) {
       r.mode = GradientReducer::Mode::kFull;
       reducer_ = GradientReducer::create(flat_->params(), group_, r);
+    } else if (!options_.offload.enabled) {
+      // One process: each gradient is written once into its place in grad_flat_ as autograd
+      // delivers it (.grad is released during backward and is the view again after it).
+      r.mode = GradientReducer::Mode::kFull;
+      r.local_flat = grad_flat_;
+      for (size_t i = 0; i < flat_->params().size(); ++i) r.flat_offsets.push_back(flat_->offset(i));
+      reducer_ = GradientReducer::create(flat_->params(), nullptr, r);
+      writes_local_gradients_ = true;
     }
   } else {
     r.mode = GradientReducer::Mode::kPartition;
@@ -268,12 +276,26 @@ void PartitionedOptimizer::begin_backward(bool boundary, const torch::Tensor& lo
   if (speculative_ && speculative_->pending()) speculative_->cancel();
   boundary_ = boundary;
   if (boundary && speculates()) begin_speculation(loss_scale);
+  if (writes_local_gradients_) {
+    // Autograd hands each gradient over (no .grad to add into); the reducer writes it in place.
+    own_local_gradients();  // a .grad the program replaced since is folded in first
+    for (const auto& p : flat_->params()) p.mutable_grad() = torch::Tensor();
+  }
   if (reducer_) reducer_->begin_backward(boundary, loss);
+}
+
+void PartitionedOptimizer::end_backward() {
+  if (!writes_local_gradients_) return;
+  // Every gradient is in its place once backward returns (one process: nothing in flight); a
+  // parameter backward did not reach gets its zeros now, and .grad is the view again.
+  reducer_->finish();
+  own_local_gradients();
 }
 
 void PartitionedOptimizer::end_micro_step() {
   settle();
   if (reducer_) reducer_->finish();
+  if (writes_local_gradients_) own_local_gradients();  // .grad: the views again
   const bool speculating = speculative_ && speculative_->pending() && boundary_;
   if (offloads() && options_.stage >= 2 && host_accum_.defined() && !speculating) {
     // This micro-step's chunks have landed in host_grad_: fold them into the fp32 sum (the
@@ -322,7 +344,12 @@ torch::Tensor PartitionedOptimizer::partition_gradient() const {
 }
 
 void PartitionedOptimizer::zero_gradients() {
-  if (grad_flat_.defined()) {
+  if (writes_local_gradients_) {
+    // The next window's first gradients overwrite their places (a parameter that gets none is
+    // zeroed then): no pass over the flat buffer; .grad reads as none until that backward ends.
+    reducer_->begin_window();
+    for (const auto& p : flat_->params()) p.mutable_grad() = torch::Tensor();
+  } else if (grad_flat_.defined()) {
     grad_flat_.zero_();
     own_local_gradients();
   }

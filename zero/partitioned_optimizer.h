@@ -156,6 +156,9 @@ class PartitionedOptimizer {
 
   // loss_scale: what the loss is multiplied by in this backward (the speculative step's factor).
   void begin_backward(bool boundary, const torch::Tensor& loss = {}, double loss_scale = 1.0);
+  // Right after each backward: one process at stages 0-1 settles the gradients it wrote in
+  // place, and .grad is each parameter's view of them again.
+  void end_backward();
   // After every micro-step's backward: completes that micro-step's gradient reduction.
   void end_micro_step();
   // Use the inner optimizer's fused flat step from now on (set before the first step).
@@ -291,6 +294,7 @@ class PartitionedOptimizer {
   std::shared_ptr<ParamUnits> units_;  // stage 3
   ShardMap shards_;
   torch::Tensor grad_flat_;       // stage 0, 1: full gradients, model dtype
+  bool writes_local_gradients_ = false;  // one process, stage 0, 1: reducer_ writes grad_flat_
   torch::Tensor grad_accum_;      // stage 0, 1, wide accumulation: full gradients, fp32
   torch::Tensor grad_partition_;  // stage 2: this rank's gradients, accumulation dtype
   bool boundary_ = false;         // the running backward ends the accumulation window

@@ -125,9 +125,12 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     const auto& upstream = grads[0];
     torch::Tensor gh, gw;
     if (saved[0].defined()) gh = saved[0] * upstream.to(saved[0].scalar_type());
-    if (saved[1].defined())
-      gw = (saved[1] * upstream)
-               .to(static_cast<torch::ScalarType>(ctx->saved_data["weight_dtype"].toInt()));
+    if (saved[1].defined()) {
+      // Scaled and cast in one pass (the float32 sum of several chunks is W's size twice over).
+      const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+      gw = torch::empty(saved[1].sizes(), saved[1].options().dtype(dtype));
+      torch::mul_out(gw, saved[1], upstream.to(saved[1].scalar_type()));
+    }
     return {gh, gw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

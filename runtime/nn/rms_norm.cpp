@@ -85,7 +85,8 @@ void kernel_backward(const torch::Tensor& grad_out, const torch::Tensor& x,
   cuda::RmsNormBackward a;
   a.rows = rstd.numel();
   a.cols = x.size(-1);
-  a.blocks = cuda::rms_norm_backward_blocks(a.rows, detail::multiprocessors());
+  a.blocks = cuda::rms_norm_backward_blocks(a.rows, a.cols, *detail::kernel_type(x.scalar_type()),
+                                            detail::multiprocessors());
   torch::Tensor partial;
   if (want_x) dx = torch::empty_like(x);
   if (want_weight) partial = torch::empty({a.blocks, a.cols}, x.options().dtype(torch::kFloat));

@@ -43,7 +43,7 @@ struct RmsNormBackward {
 
 // The widest row the kernels take (the backward's shared-memory sums of the weight's gradient).
 constexpr int64_t kRmsNormMaxCols = 12288;
-int rms_norm_backward_blocks(int64_t rows, int multiprocessors);
+int rms_norm_backward_blocks(int64_t rows, int64_t cols, FloatType x_type, int multiprocessors);
 const char* launch_rms_norm_forward(const RmsNormForward& launch);
 const char* launch_rms_norm_backward(const RmsNormBackward& launch);
 
