@@ -495,6 +495,12 @@ int run(const strata::examples::TrainArgs& args) {
         row["speculated_steps"] = t->speculated;
         row["redone_steps"] = t->redone;
       }
+      if (const auto* t = engine->last_offload_times(); t && t->zenflow_device_elements > 0) {
+        // ZenFlow: what the device steps every step, and how stale the CPU's part is.
+        row["zenflow_columns"] = t->zenflow_columns;
+        row["zenflow_device_elements"] = t->zenflow_device_elements;
+        row["zenflow_stale_steps"] = t->zenflow_stale_steps;
+      }
       row["live_param_bytes_peak"] = engine->live_param_bytes_peak();
       if (const auto m = strata::device_memory(device); m && memory_before) {  // CUDA only
         row["activation_bytes_peak"] = m->peak - memory_before->allocated;

@@ -17,6 +17,7 @@
 #include "runtime/checkpoint/shard_pieces.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
+#include "runtime/log.h"
 #include "runtime/master_state.h"
 #include "runtime/model_check.h"
 #include "runtime/optim/state_io.h"
@@ -138,6 +139,38 @@ FlatLayout flat_layout(torch::nn::Module& module, const zero::PartitionedOptimiz
   return {numel, units->shards_over(offsets), partitioned.partition_index()};
 }
 
+// ZenFlow's window and selection (PartitionedOptimizer::zenflow_checkpoint), after the master
+// and moments were installed. A checkpoint without them starts ZenFlow afresh (its warm-up, then
+// a selection); one with them resumed without ZenFlow drops the window's summed gradients of the
+// unselected columns (the master and moments are complete): said, not silent.
+void install_zenflow(zero::PartitionedOptimizer& partitioned,
+                     const checkpoint::SavedPartitions& saved, const PartitionSource& source,
+                     const std::string& folder) {
+  const json& scalars = saved.scalars();
+  const bool has = scalars.contains("zenflow.steps");
+  if (!has && partitioned.zenflow()) {
+    partitioned.restore_zenflow({});  // afresh: warm-up, then a selection
+    return;
+  }
+  if (!has || !partitioned.zenflow()) {
+    if (has && scalars.at("zenflow.window").get<int64_t>() > 0)
+      log::info("[strata] warning: {} was saved in ZenFlow mode with {} step(s) of the unselected "
+                "columns' gradients summed but not yet applied; resumed without "
+                "zero_optimization.zenflow, they are dropped",
+                folder, scalars.at("zenflow.window").get<int64_t>());
+    return;
+  }
+  const int64_t n = partitioned.master().numel();
+  zero::PartitionedOptimizer::ZenFlowCheckpoint z;
+  z.steps = scalars.at("zenflow.steps").get<int64_t>();
+  z.window = scalars.at("zenflow.window").get<int64_t>();
+  z.columns = scalars.at("zenflow.columns").get<int64_t>();
+  z.sum = torch::empty({n}, torch::kFloat);
+  z.selected = torch::empty({n}, torch::kFloat);
+  source("zenflow.sum", 0, n, z.sum.data_ptr<float>());
+  source("zenflow.selected", 0, n, z.selected.data_ptr<float>());
+  partitioned.restore_zenflow(z);
+}
 
 }  // namespace
 
@@ -157,6 +190,14 @@ void Engine::save_dense_states(checkpoint::CheckpointWriter& writer) {
     // The master and its state, streamed from wherever they live (NVMe: tile by tile). The
     // state's scalars join `scalars` while the file is written, before its footer.
     auto write = [&](checkpoint::TensorFileWriter& out) {
+      if (const auto zf = dense().partitioned()->zenflow_checkpoint()) {
+        // ZenFlow: the window's sum and the selection, partition-shaped like the master.
+        out.add("zenflow.sum", zf->sum);
+        out.add("zenflow.selected", zf->selected);
+        scalars["zenflow.steps"] = zf->steps;
+        scalars["zenflow.window"] = zf->window;
+        scalars["zenflow.columns"] = zf->columns;
+      }
       if (write_master_state(*dense().partitioned(), *dense().optimizer(), out, scalars)) return;
       scalars["archive"] = true;
       out.add("archive", bytes_tensor(optim::save_optimizer_archive(*dense().optimizer())));
@@ -262,13 +303,14 @@ GroupInstall Engine::read_dense_states(const checkpoint::CheckpointReader& reade
       optim::load_optimizer_archive(*dense().optimizer(), bytes);
     };
   out.install = [this, saved = std::shared_ptr<checkpoint::SavedPartitions>(std::move(saved)),
-                 master_state, param_states, shards, part] {
+                 master_state, param_states, shards, part, reader_folder = reader.folder()] {
     if (dense().partitioned()) {
       auto source = [&](const std::string& name, int64_t offset, int64_t n, float* dst) {
         saved->read(name, shards, part, offset, n, dst);
       };
       if (master_state) {
         install_master_state(*dense().partitioned(), *dense().optimizer(), source, *master_state);
+        install_zenflow(*dense().partitioned(), *saved, source, reader_folder);
       } else {  // the archive holds the state; the master is ours to read
         auto master = torch::empty({dense().partitioned()->master().numel()}, torch::kFloat);
         source("master", 0, master.numel(), master.data_ptr<float>());

@@ -10,6 +10,7 @@
 #include "moe/layer.h"
 #include "runtime/engine.h"
 #include "runtime/error.h"
+#include "runtime/log.h"
 #include "runtime/optim/adam.h"
 #include "runtime/optim/fused_adam.h"
 
@@ -120,6 +121,26 @@ void Engine::make_groups(InitOptions& options) {
   po.accumulation_steps = gradient_accumulation_steps();
   po.accum_dtype = accum_dtype(config_);
   po.offload = optimizer_offload_options();
+  if (const auto& zf = zero.zenflow; zf.enabled) {
+    // The schema allows it at stages 1-2 with the optimizer in host memory (schema_zero.cpp).
+    if (!experts_.empty())
+      throw Error(fmt::format("{}: zero_optimization.zenflow with MoE experts is not built yet "
+                              "(issue 61): drop the block or the experts", config_.source));
+    po.zenflow.enabled = true;
+    po.zenflow.topk_ratio = zf.topk_ratio;
+    // "auto"/"epoch": selected once (DeepSpeed without a dataloader; the schema warned).
+    po.zenflow.select_interval = zf.select_strategy == "step" ? zf.select_interval.get<int64_t>() : 0;
+    po.zenflow.update_interval = zf.update_interval.get<int64_t>();
+    po.zenflow.warm_up = zf.full_warm_up_rounds;
+    log::info("[strata] ZenFlow: the top {} of each weight's gradient columns and every 1-D "
+              "parameter stepped on the {} every step, the rest by the CPU every {} step(s); "
+              "columns {} after {} plain step(s)",
+              zf.topk_ratio, device_.str(), po.zenflow.update_interval,
+              po.zenflow.select_interval > 0
+                  ? fmt::format("reselected every {} steps", po.zenflow.select_interval)
+                  : std::string("selected once"),
+              po.zenflow.warm_up);
+  }
   if (zero.stage == 3) {
     build_unit_groups(po, options);
   } else {
@@ -135,6 +156,14 @@ void Engine::make_groups(InitOptions& options) {
           "experts", make_expert_optimizer(po, options, nullptr, expert)));
   }
   for (const auto& g : groups_) use_flat_adam(*g->partitioned(), g->optimizer());
+  if (po.zenflow.enabled) {
+    const auto adam = std::dynamic_pointer_cast<optim::Adam>(dense().optimizer());
+    if (!adam || !adam->can_step_flat())
+      throw Error(fmt::format("{}: zero_optimization.zenflow steps Strata's Adam/AdamW (optimizer.type "
+                              "\"Adam\" or \"AdamW\", one param group) on the device and on the CPU; "
+                              "this optimizer keeps state it does not know",
+                              config_.source));
+  }
   finish_optimizer_offload();
   if (auto* experts = expert_group()) {
     const double lr = optimizer_group_lr(dense());

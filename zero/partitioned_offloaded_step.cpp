@@ -80,7 +80,8 @@ void PartitionedOptimizer::apply_offloaded(double clip_coef, const torch::Tensor
 
 bool PartitionedOptimizer::overlaps_step() const {
   // One partition: no all-gather has to wait for the whole step.
-  return overlapped_step_ && offloads() && !swapper_ && !units_ && flat_ && shards_.parts() == 1;
+  return overlapped_step_ && offloads() && !swapper_ && !units_ && flat_ && shards_.parts() == 1 &&
+         !zenflow_;  // ZenFlow's window update is its own
 }
 
 bool PartitionedOptimizer::speculates() const {

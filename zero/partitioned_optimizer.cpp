@@ -89,6 +89,19 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
     place_partition_gradients(r, flat_->data());
     reducer_ = GradientReducer::create(flat_->params(), group_, r);
   }
+  if (options_.zenflow.enabled) {
+    // The selection reads whole weights of the partition's gradient, and the window's CPU update
+    // is synchronous: one partition, the optimizer in host memory, nothing else splitting it.
+    if (!options_.offload.enabled || options_.offload.speculative || splits() ||
+        shards_.parts() != 1)
+      throw Error(fmt::format(
+          "zero_optimization.zenflow runs on one data-parallel rank (here {}) with the optimizer "
+          "in host memory and neither super_offload nor ratio; on several ranks it is not built "
+          "yet (issue 61)",
+          shards_.parts()));
+    zenflow_ = std::make_unique<ZenFlowState>();
+    zenflow_->sum = torch::zeros({shards_.partition_numel()}, torch::kFloat);
+  }
 }
 
 PartitionedOptimizer::PartitionedOptimizer(std::shared_ptr<ParamUnits> units,
@@ -464,6 +477,11 @@ void PartitionedOptimizer::apply(double clip_coef) {
               : units_    ? units_->partition()
               : shards_.is_contiguous() ? shards_.range(flat_->data(), partition_index())
                                         : torch::empty({n}, flat_->data().options());
+  if (zenflow_) {
+    apply_zenflow(clip_coef, mine);  // places its weights itself (one partition)
+    zero_gradients();
+    return;
+  }
   if (offloads()) {
     if (!(speculative_ && speculative_->pending() && commit_speculation(clip_coef, mine)))
       apply_offloaded(clip_coef, mine);

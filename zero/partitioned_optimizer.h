@@ -32,6 +32,7 @@
 #include <functional>
 #include <utility>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <torch/torch.h>
@@ -93,6 +94,24 @@ struct OffloadTimes {
   // of them redone after backward (clipping applied or the learning rate changed) or dropped (an
   // overflow). The speculative step's CPU Adam time is step_ms.
   int64_t speculated = 0, redone = 0;
+  // ZenFlow (PartitionedOptions::zenflow): the columns and elements the device steps now, and the
+  // optimizer steps the CPU's part has summed since its last update (its staleness).
+  int64_t zenflow_columns = 0, zenflow_device_elements = 0, zenflow_stale_steps = 0;
+};
+
+// ZenFlow (zero_optimization.zenflow, docs/zenflow.md), stages 1-2 with the optimizer offloaded
+// on one partition: the top topk_ratio of each 2-D weight's gradient columns (by L1 norm), and
+// every 1-D parameter, keep their fp32 master and moments on the device and are stepped there at
+// every step; the rest is summed in fp32 in host memory and stepped by the CPU every
+// update_interval steps on the window's mean. After warm_up plain steps the first selection;
+// then one every select_interval steps (0: never again), right after a CPU update, the leaving
+// elements' state written back into the host arrays and the arriving ones' read from them.
+struct ZenFlowOptions {
+  bool enabled = false;
+  double topk_ratio = 0.1;
+  int64_t select_interval = 0;
+  int64_t update_interval = 1;
+  int64_t warm_up = 0;
 };
 
 struct PartitionedOptions {
@@ -106,6 +125,7 @@ struct PartitionedOptions {
   int64_t accumulation_steps = 1;
   torch::ScalarType accum_dtype = torch::kFloat;
   OffloadOptions offload;
+  ZenFlowOptions zenflow;
   // MoE expert parameters (DeepSpeed's expert-data-parallel reduction): the group given to the
   // constructor is the expert-data-parallel group, over which gradients are averaged, while the
   // loss is a mean over the whole world, so the reduced gradient is multiplied by
@@ -192,6 +212,18 @@ class PartitionedOptimizer {
   // state (before they are read: checkpoints), and back (after they were written).
   void store_device_share();
   void load_device_share();
+  // ZenFlow's state beyond the master and moments (store_device_share() puts the selected
+  // elements' there), for checkpoints: the steps applied, the window's count and fp32 sum, the
+  // selection as a 0/1 mask over the partition. Host tensors; none without ZenFlow.
+  struct ZenFlowCheckpoint {
+    int64_t steps = 0, window = 0, columns = 0;
+    torch::Tensor sum, selected;
+  };
+  std::optional<ZenFlowCheckpoint> zenflow_checkpoint() const;
+  // After the host master and moments were written (load_device_share() then reads the
+  // selected elements' device state from them); an empty one (no tensors) starts ZenFlow afresh.
+  void restore_zenflow(const ZenFlowCheckpoint& saved);
+  bool zenflow() const { return zenflow_ != nullptr; }
   // Waits for an overlapped step still running: afterwards every new weight is in place (the
   // caller's current stream included) and a failure of the step is thrown. The methods below
   // that change state call it; a caller that reads master(), the inner optimizer's state or the
@@ -293,6 +325,20 @@ class PartitionedOptimizer {
   std::unique_ptr<FlatParams> flat_;  // stages 0-2
   std::shared_ptr<ParamUnits> units_;  // stage 3
   ShardMap shards_;
+  // ZenFlow's state (zero/zenflow.cpp).
+  struct ZenFlowState {
+    int64_t steps = 0;          // optimizer steps applied (warm-up included)
+    int64_t window = 0;         // steps summed into `sum` since the last CPU update
+    torch::Tensor sum;          // host fp32, the partition's shape: those steps' clipped gradients
+    torch::Tensor part_index;   // host int64: the selected elements' places in the partition
+    torch::Tensor flat_index;   // device int64: their places in the flat buffer
+    torch::Tensor master, exp_avg, exp_avg_sq;  // device fp32, one per selected element
+    int64_t columns = 0;
+  };
+  std::unique_ptr<ZenFlowState> zenflow_;
+  void apply_zenflow(double clip_coef, const torch::Tensor& mine);
+  void zenflow_select(const AdamTiles& adam);
+  int64_t partition_offset(int64_t flat_offset) const;  // one partition: a flat element's place
   torch::Tensor grad_flat_;       // stage 0, 1: full gradients, model dtype
   bool writes_local_gradients_ = false;  // one process, stage 0, 1: reducer_ writes grad_flat_
   torch::Tensor grad_accum_;      // stage 0, 1, wide accumulation: full gradients, fp32

@@ -69,6 +69,22 @@ struct OffloadOptimizerConfig {
   double cpuadam_cores_perc = 0.8;
 };
 
+// zero_optimization.zenflow (DeepSpeed's ZenFlow, docs/zenflow.md): the top columns of each
+// weight's gradient stepped on the device every step, the rest by the CPU every update_interval
+// steps. Strata runs a subset (schema_zero.cpp says which, and why, for the rest).
+struct ZenFlowConfig {
+  bool enabled = false;  // the block is present
+  double topk_ratio = 0.1;
+  std::string select_strategy = "auto";
+  json select_interval = "auto";  // an integer or "auto", checked when the block is read
+  json update_interval = "auto";
+  bool overlap_step = false;
+  bool offload = false;
+  double auto_ratio = 0.99;
+  int64_t full_warm_up_rounds = 0;
+  double pt_reserved_cores_perc = 0.5;
+};
+
 struct ZeroConfig {
   int64_t stage = 0;
   bool contiguous_gradients = true;
@@ -113,7 +129,7 @@ struct ZeroConfig {
   bool save_muon_momentum_buffer_in_memory = false;
   json zeropp_loco_param;  // null = off
   json leaf_module;        // null = none
-  json zenflow;            // null = off
+  ZenFlowConfig zenflow;
 
   bool overlap_comm_resolved() const { return overlap_comm.value_or(stage == 3); }
 };

@@ -75,6 +75,93 @@ Block make_offload_optimizer() {
   return block;
 }
 
+// zero_optimization.zenflow: DeepSpeed's keys (zenflow_config.py); what Strata does not run is
+// refused by name in finish_zenflow (docs/zenflow.md says why).
+void finish_zenflow(void* obj, Ctx& ctx, const std::string& path) {
+  auto& z = *static_cast<ZenFlowConfig*>(obj);
+  z.enabled = true;
+  auto interval = [&](const json& v, const char* key) {
+    const std::string at = join(path, key);
+    if (v.is_string() && v.get<std::string>() == "auto") return;
+    if (!v.is_number_integer() || v.get<int64_t>() < 1)
+      ctx.error(at, fmt::format("{} must be a positive integer (or \"auto\"), got {}", at, v.dump()));
+  };
+  interval(z.select_interval, "select_interval");
+  interval(z.update_interval, "update_interval");
+  if (z.update_interval.is_string())
+    ctx.error(join(path, "update_interval"),
+              fmt::format("{}.update_interval \"auto\" is not run by Strata: DeepSpeed's adaptive "
+                          "rule (0.19) divides every gradient by zero and clears its own update flag "
+                          "before reading it (docs/zenflow.md). Give the optimizer steps between CPU "
+                          "updates, e.g. 4", path));
+  if (z.select_strategy != "step") {
+    if (z.select_strategy == "auto" && !z.select_interval.is_string())
+      ctx.error(join(path, "select_interval"),
+                fmt::format("{}.select_interval is given with select_strategy \"auto\" (DeepSpeed "
+                            "refuses it too): set select_strategy \"step\" or drop the interval",
+                            path));
+    else
+      ctx.warn(join(path, "select_strategy"),
+               fmt::format("{}.select_strategy \"{}\" reselects columns once per epoch of the "
+                           "dataloader given to deepspeed.initialize, and without one (as under "
+                           "Hugging Face's Trainer) never after the first selection; Strata's engine "
+                           "is given none: columns are selected once, after the warm-up. Set "
+                           "select_strategy \"step\" and select_interval N to reselect every N steps",
+                           path, z.select_strategy));
+  } else if (z.select_interval.is_string())
+    ctx.error(join(path, "select_interval"),
+              fmt::format("{}.select_interval must be a number of optimizer steps with "
+                          "select_strategy \"step\" (as DeepSpeed requires)", path));
+  if (z.select_interval.is_number_integer() && z.update_interval.is_number_integer() &&
+      z.select_interval.get<int64_t>() > 0 &&
+      z.select_interval.get<int64_t>() < z.update_interval.get<int64_t>())
+    ctx.error(join(path, "select_interval"),
+              fmt::format("{}.select_interval ({}) must be at least update_interval ({}): a "
+                          "selection lasts at least one CPU update", path, z.select_interval.dump(),
+                          z.update_interval.dump()));
+}
+
+Block make_zenflow() {
+  BlockBuilder<ZenFlowConfig> b("zenflow");
+  b.add(&ZenFlowConfig::topk_ratio, "topk_ratio")
+      .range(0, 1)
+      .describe("Share of each weight's gradient columns (the largest by L1 norm) updated on the GPU every step");
+  b.add(&ZenFlowConfig::select_strategy, "select_strategy")
+      .one_of({"auto", "step", "epoch"})
+      .describe("When the columns are reselected: every select_interval steps (step) or epochs (epoch, auto)");
+  b.add(&ZenFlowConfig::select_interval, "select_interval")
+      .as(Kind::Any)
+      .describe("Steps (or epochs) between column selections (Strata: steps, with select_strategy step)");
+  b.add(&ZenFlowConfig::update_interval, "update_interval")
+      .as(Kind::Any)
+      .describe("Steps between CPU updates of the unselected columns, their gradients summed meanwhile");
+  b.add(&ZenFlowConfig::overlap_step, "overlap_step")
+      .not_implemented("not built yet: Strata's CPU update runs at the window's end; set it false")
+      .describe("Run the CPU update beside the next window's steps (the unselected columns one window stale)");
+  b.add(&ZenFlowConfig::offload, "offload")
+      .not_implemented("Strata keeps the selected columns' moments on the device; set it false")
+      .describe("Keep the selected columns' optimizer moments in host memory");
+  b.add(&ZenFlowConfig::auto_ratio, "auto_ratio")
+      .range(0, 1)
+      .ignored("it tunes update_interval \"auto\", which Strata refuses")
+      .describe("With update_interval auto: share of weights whose unselected gradients must outweigh the selected ones");
+  b.add(&ZenFlowConfig::full_warm_up_rounds, "full_warm_up_rounds")
+      .min(0)
+      .describe("First steps run as plain offloaded steps before columns are first selected");
+  b.add(&ZenFlowConfig::pt_reserved_cores_perc, "pt_reserved_cores_perc")
+      .range(0, 1)
+      .ignored("it splits the cores with overlap_step, which Strata does not run yet")
+      .describe("With overlap_step: share of the cores kept for training, the rest for the CPU update");
+  Block block = b.build();
+  block.finish = finish_zenflow;
+  return block;
+}
+
+const Block& zenflow_block() {
+  static const Block b = make_zenflow();
+  return b;
+}
+
 const Block& offload_param_block() {
   static const Block b = make_offload_param();
   return b;
@@ -150,6 +237,21 @@ void finish_zero(void* obj, Ctx& ctx, const std::string& path) {
   if (z.offload_optimizer.device == "nvme" && z.stage < 3)
     ctx.error(oo + ".device", fmt::format("{}.device = \"nvme\" needs stage 3 (stage is {}); use "
                                           "\"cpu\" or set stage 3", oo, z.stage));
+  if (z.zenflow.enabled) {
+    const std::string zf = join(path, "zenflow");
+    if (z.stage != 1 && z.stage != 2)
+      ctx.error(zf, fmt::format("{} needs stage 1 or 2 (stage is {}): {}", zf, z.stage,
+                                z.stage == 0 ? "its unselected columns are stepped by the offloaded "
+                                               "optimizer, which ZeRO partitions"
+                                             : "Strata's ZenFlow at stage 3 (the columns of each "
+                                               "rank's shards) is not built yet"));
+    else if (z.offload_optimizer.device != "cpu")
+      ctx.error(zf, fmt::format("{} steps the unselected columns on the CPU: it needs {}.device "
+                                "\"cpu\" (is \"{}\")", zf, oo, z.offload_optimizer.device));
+    else if (z.offload_optimizer.super_offload || z.offload_optimizer.ratio < 1.0)
+      ctx.error(zf, fmt::format("{} decides itself what the device steps: drop {}.super_offload "
+                                "and {}.ratio", zf, oo, oo));
+  }
   if (z.offload_param.device == "nvme" && z.offload_param.nvme_path.empty())
     ctx.error(op + ".nvme_path", fmt::format("{}.nvme_path is required when device is \"nvme\"", op));
   if (z.offload_optimizer.device == "nvme" && z.offload_optimizer.nvme_path.empty())
@@ -299,10 +401,9 @@ Block make_zero() {
   b.add(&ZeroConfig::leaf_module, "leaf_module")
       .as(Kind::Object).ignored(kZeroTuning)
       .describe("ZeRO-3: modules treated as leaves, whose parameters are fetched together");
-  b.add(&ZeroConfig::zenflow, "zenflow")
-      .as(Kind::Object)
-      .not_implemented("ZenFlow updates unimportant parameters asynchronously")
-      .describe("ZenFlow: update the less important gradients asynchronously on the CPU while training continues");
+  b.block(&ZeroConfig::zenflow, "zenflow", zenflow_block())
+      .describe("ZenFlow: update the less important gradients asynchronously on the CPU while training continues")
+      .printed = [](const void* o) { return static_cast<const ZeroConfig*>(o)->zenflow.enabled; };
 
   // Deprecated DeepSpeed keys, rewritten into the canonical ones.
   b.legacy("cpu_offload", [](Ctx& ctx, ZeroConfig& z, const json& v, const std::string& path) {

@@ -1,0 +1,247 @@
+// zero_optimization.zenflow (docs/zenflow.md) on the CPU, fp32: where every element is stepped
+// every step (topk_ratio 1, or update_interval 1) it is the exact offloaded step; warm-up steps are
+// plain steps; past them the unselected columns lag by the window and training still converges;
+// what Strata does not run is refused by name.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/error.h"
+
+namespace {
+
+using strata::json;
+
+// 2-D weights of several columns, biases (1-D: always on the device), a 3-D parameter (its
+// trailing dimensions are one column axis).
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(12, 24));
+    fc2 = register_module("fc2", torch::nn::Linear(24, 6));
+    mix = register_parameter("mix", torch::randn({3, 6, 6}) * 0.3);
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    auto h = fc2(torch::tanh(fc1(x)));
+    h = h + torch::einsum("bj,ijk->bk", {h, mix}).mean() * 0.1;
+    return torch::mse_loss(h, y);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::Tensor mix;
+};
+TORCH_MODULE(Net);
+
+struct Batch {
+  torch::Tensor x, y;
+};
+Batch batch(int64_t i, int64_t n) {
+  torch::manual_seed(100 + i);
+  auto x = torch::randn({n, 12});
+  return {x, torch::sin(x.narrow(1, 0, 6) * 2)};
+}
+
+json config_for(int64_t stage, int64_t gas, const json& zenflow) {
+  json c = {{"train_micro_batch_size_per_gpu", 8 / gas},
+            {"gradient_accumulation_steps", gas},
+            {"steps_per_print", 1000000},
+            {"gradient_clipping", 0.5},
+            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 2e-2}, {"weight_decay", 0.01}}}}},
+            {"zero_optimization",
+             {{"stage", stage}, {"sub_group_size", 50}, {"offload_optimizer", {{"device", "cpu"}}}}}};
+  if (!zenflow.is_null()) c["zero_optimization"]["zenflow"] = zenflow;
+  return c;
+}
+
+struct Run {
+  std::vector<std::vector<torch::Tensor>> params;  // after each step
+  std::vector<float> losses;
+  strata::zero::OffloadTimes last;
+};
+
+Run train(int64_t stage, int64_t gas, const json& zenflow, int64_t steps) {
+  torch::manual_seed(3);
+  Net net;
+  auto engine = strata::initialize(net, config_for(stage, gas, zenflow));
+  Run r;
+  for (int64_t s = 0; s < steps; ++s) {
+    const auto d = batch(s, 8);
+    float loss = 0;
+    for (int64_t m = 0; m < gas; ++m) {
+      auto l = engine->forward(d.x.narrow(0, m * 8 / gas, 8 / gas), d.y.narrow(0, m * 8 / gas, 8 / gas));
+      loss += l.item<float>() / float(gas);
+      engine->backward(l);
+      engine->step();
+    }
+    r.losses.push_back(loss);
+    std::vector<torch::Tensor> now;
+    for (const auto& p : net->parameters()) now.push_back(p.detach().clone());
+    r.params.push_back(now);
+  }
+  if (const auto* t = engine->last_offload_times()) r.last = *t;
+  return r;
+}
+
+double max_rel(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, ((a[i] - b[i]).abs().max() / b[i].abs().max().clamp_min(1e-12)).item<double>());
+  return worst;
+}
+
+json block(double ratio, int64_t update, int64_t select, int64_t warm_up = 0) {
+  return {{"topk_ratio", ratio}, {"select_strategy", "step"}, {"select_interval", select},
+          {"update_interval", update}, {"full_warm_up_rounds", warm_up}};
+}
+
+TEST(ZenFlow, EveryElementSteppedEveryStepIsTheExactStep) {
+  for (const int64_t stage : {1, 2}) {
+    for (const int64_t gas : {1, 2}) {
+      const auto exact = train(stage, gas, json(), 8);
+      // All columns on the device (the CPU's window update is overwritten for all of them), and
+      // a third of them with a CPU update every step (reselected every 3 steps).
+      for (const auto& zf : {block(1.0, 3, 3), block(0.34, 1, 3), block(0.5, 1, 1, 2)}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + ", gas " + std::to_string(gas) + ", " + zf.dump());
+        const auto got = train(stage, gas, zf, 8);
+        for (size_t s = 0; s < exact.params.size(); ++s)
+          EXPECT_LE(max_rel(got.params[s], exact.params[s]), 1e-6) << "after step " << s + 1;
+      }
+    }
+  }
+}
+
+TEST(ZenFlow, WarmUpIsPlainThenTheUnselectedColumnsLagAndTrainingConverges) {
+  const auto exact = train(2, 1, json(), 24);
+  const auto got = train(2, 1, block(0.25, 4, 8, 2), 24);
+  for (size_t s = 0; s < 2; ++s) EXPECT_LE(max_rel(got.params[s], exact.params[s]), 1e-6) << s;
+  EXPECT_GT(max_rel(got.params[2], exact.params[2]), 1e-4) << "step 3 updates a quarter of the columns";
+  // Fresh batches each step: the mean of the last 8 losses, against the exact step's.
+  auto tail_mean = [](const std::vector<float>& l) {
+    double sum = 0;
+    for (size_t i = l.size() - 8; i < l.size(); ++i) sum += l[i];
+    return sum / 8;
+  };
+  std::printf("last 8 steps' mean loss: exact %.4f, zenflow %.4f (first %.4f)\n",
+              tail_mean(exact.losses), tail_mean(got.losses), got.losses.front());
+  EXPECT_LT(tail_mean(got.losses), 0.8 * got.losses.front());
+  EXPECT_LT(tail_mean(got.losses), 1.25 * tail_mean(exact.losses));
+  // fc1 24 x 12: 3 of 12 columns; fc2 6 x 24: 6 of 24; mix 3 x 36: 9 of 36; the biases whole.
+  EXPECT_EQ(got.last.zenflow_columns, 3 + 6 + 9);
+  EXPECT_EQ(got.last.zenflow_device_elements, 24 * 3 + 6 * 6 + 3 * 9 + 24 + 6);
+  // 24 steps, 2 of warm-up: 22 in windows of 4 (and reselections every 8 flush early: 4, 2 | ...).
+  EXPECT_GE(got.last.zenflow_stale_steps, 0);
+  EXPECT_LT(got.last.zenflow_stale_steps, 4);
+}
+
+// A checkpoint in the middle of a window (the unselected columns' gradients summed, not yet
+// applied) resumes as the straight run continues: the selection, the window and the selected
+// elements' device state come back. Stages 1 and 2.
+TEST(ZenFlow, ResumeInTheMiddleOfAWindowContinuesTheStraightRun) {
+  const auto zf = block(0.3, 3, 6, 1);
+  for (const int64_t stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const auto straight = train(stage, 1, zf, 12);
+    const auto dir = testing::TempDir() + "zenflow_resume_" + std::to_string(stage) + "_" +
+                     std::to_string(::getpid());
+    std::vector<torch::Tensor> resumed;
+    {
+      torch::manual_seed(3);
+      Net net;
+      auto engine = strata::initialize(net, config_for(stage, 1, zf));
+      for (int64_t s = 0; s < 5; ++s) {  // 1 warm-up step, then a window of 3, one step into the next
+        const auto d = batch(s, 8);
+        engine->backward(engine->forward(d.x, d.y));
+        engine->step();
+      }
+      engine->save_checkpoint(dir);
+    }
+    {
+      torch::manual_seed(99);  // other initial weights: all of them come from the checkpoint
+      Net net;
+      auto engine = strata::initialize(net, config_for(stage, 1, zf));
+      engine->load_checkpoint(dir);
+      for (int64_t s = 5; s < 12; ++s) {
+        const auto d = batch(s, 8);
+        engine->backward(engine->forward(d.x, d.y));
+        engine->step();
+      }
+      for (const auto& p : net->parameters()) resumed.push_back(p.detach().clone());
+    }
+    EXPECT_LE(max_rel(resumed, straight.params.back()), 1e-6);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// A checkpoint of an exact run resumed in ZenFlow mode starts it afresh: its warm-up steps are
+// the exact run's next steps.
+TEST(ZenFlow, ACheckpointWithoutZenFlowStartsItAfresh) {
+  const auto exact = train(2, 1, json(), 6);
+  const auto dir = testing::TempDir() + "zenflow_afresh_" + std::to_string(::getpid());
+  {
+    torch::manual_seed(3);
+    Net net;
+    auto engine = strata::initialize(net, config_for(2, 1, json()));
+    for (int64_t s = 0; s < 3; ++s) {
+      const auto d = batch(s, 8);
+      engine->backward(engine->forward(d.x, d.y));
+      engine->step();
+    }
+    engine->save_checkpoint(dir);
+  }
+  torch::manual_seed(3);
+  Net net;
+  auto engine = strata::initialize(net, config_for(2, 1, block(0.2, 2, 4, 2)));
+  engine->load_checkpoint(dir);
+  for (int64_t s = 3; s < 6; ++s) {
+    const auto d = batch(s, 8);
+    engine->backward(engine->forward(d.x, d.y));
+    engine->step();
+    std::vector<torch::Tensor> now;
+    for (const auto& p : net->parameters()) now.push_back(p.detach().clone());
+    if (s < 5)
+      EXPECT_LE(max_rel(now, exact.params[size_t(s)]), 1e-6) << "warm-up step " << s + 1;
+    else
+      EXPECT_GT(max_rel(now, exact.params[size_t(s)]), 1e-4) << "ZenFlow's first selected step";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ZenFlow, WhatIsNotRunIsRefusedByName) {
+  auto refused = [](json config, const std::string& why) {
+    torch::manual_seed(3);
+    Net net;
+    try {
+      strata::initialize(net, config);
+      ADD_FAILURE() << "accepted: " << config.dump();
+    } catch (const strata::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  auto with = [](json zf, const std::string& key, json value) {
+    zf[key] = std::move(value);
+    return zf;
+  };
+  const auto ok = block(0.1, 2, 4);
+  refused(config_for(2, 1, with(ok, "select_strategy", "auto")), "select_strategy");
+  refused(config_for(2, 1, with(ok, "update_interval", "auto")), "update_interval");
+  refused(config_for(2, 1, with(ok, "overlap_step", true)), "overlap_step");
+  refused(config_for(2, 1, with(ok, "offload", true)), "offload");
+  refused(config_for(2, 1, with(ok, "select_interval", 1)), "at least update_interval");
+  refused(config_for(2, 1, with(ok, "update_interval", 0)), "positive integer");
+  refused(config_for(2, 1, with(ok, "steps_per_epoch", 10)), "steps_per_epoch");
+  auto stage3 = config_for(3, 1, ok);
+  refused(stage3, "stage 1 or 2");
+  auto on_device = config_for(2, 1, ok);
+  on_device["zero_optimization"].erase("offload_optimizer");
+  refused(on_device, "\"cpu\"");
+  auto sgd = config_for(2, 1, ok);
+  sgd["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.1}}}};
+  refused(sgd, "Adam");
+}
+
+}  // namespace
