@@ -210,6 +210,23 @@ Description generate(uint64_t seed, int max_world) {
     p.sp = sp_rng.pick(fits);
     p.world *= p.sp;
   }
+  // ZenFlow (issue 61), a stream of its own: most phases where Strata runs it (stages 1-2, the
+  // optimizer in host memory without super_offload, Adam/AdamW, a dense model) and whose
+  // micro-batches one rank can accumulate (at most 3, as everywhere), moved to that one rank;
+  // a tenth of them left on several ranks, which the engine refuses by name.
+  Rng zf_rng{seed * 0xd6e8feb86659fd93ull + 0x61};
+  for (auto& p : d.phases) {
+    const bool fits = (p.stage == 1 || p.stage == 2) && p.offload_optimizer == "cpu" &&
+                      !p.super_offload && d.model != "tiny-moe" && p.sp == 1 &&
+                      (d.optimizer == "Adam" || d.optimizer == "AdamW");
+    if (!fits || !zf_rng.chance(60)) continue;
+    const bool one = d.per_step <= 3 && zf_rng.chance(90);
+    if (!one && (p.world == 1 || !zf_rng.chance(15))) continue;
+    p.zenflow = zf_rng.pick<double>({0.1, 0.25, 0.5, 1.0});
+    p.zenflow_select = zf_rng.pick<int>({0, 1, 2, 3});
+    p.zenflow_warmup = zf_rng.pick<int>({0, 0, 1, 2});
+    if (one) p.world = 1, p.gas = d.per_step;
+  }
   return d;
 }
 
@@ -226,7 +243,8 @@ nlohmann::json to_json(const Description& d) {
                       {"super_offload", p.super_offload},
                       {"checkpointing", p.checkpointing},
                       {"checkpoint_store", p.checkpoint_store}, {"mlp_tiles", p.mlp_tiles},
-                      {"sp", p.sp}});
+                      {"sp", p.sp}, {"zenflow", p.zenflow}, {"zenflow_select", p.zenflow_select},
+                      {"zenflow_warmup", p.zenflow_warmup}});
   return {{"seed", d.seed}, {"model", d.model}, {"dropout", d.dropout}, {"masked", d.masked},
           {"dtype", d.dtype},
           {"optimizer", d.optimizer},
@@ -278,6 +296,9 @@ Description from_json(const nlohmann::json& j) {
     p.checkpointing = pj.value("checkpointing", std::string());
     p.checkpoint_store = pj.value("checkpoint_store", std::string());
     p.mlp_tiles = pj.value("mlp_tiles", -1);
+    p.zenflow = pj.value("zenflow", 0.0);
+    p.zenflow_select = pj.value("zenflow_select", 0);
+    p.zenflow_warmup = pj.value("zenflow_warmup", 0);
     d.phases.push_back(p);
   }
   if (d.phases.empty()) d.phases.push_back(Phase{1, d.per_step});
@@ -324,6 +345,8 @@ std::string summary(const Description& d) {
       s << " ac-block=" << p.checkpoint_store;
     if (p.mlp_tiles >= 0) s << " tiles=" << (p.mlp_tiles == 0 ? "auto" : std::to_string(p.mlp_tiles));
     if (p.sp > 1) s << " sp" << p.sp;
+    if (p.zenflow > 0)
+      s << " zf" << p.zenflow << "/s" << p.zenflow_select << "/w" << p.zenflow_warmup;
   }
   if (d.model == "tiny-moe")
     s << " | k" << d.top_k << " cf" << d.capacity_factor << (d.drop_tokens ? " drop" : " dropless")
@@ -348,7 +371,8 @@ int64_t complexity(const Description& d) {
          (p.adam_grain != 0) + (p.expert_unit != 0) + (p.expert_window != 0) +
          (p.exchange_chunks > 1) + p.super_offload +
          (p.checkpointing.empty() ? 0 : p.checkpointing == "every" ? 1 : 2) +
-         !p.checkpoint_store.empty() + (p.mlp_tiles >= 0) + (p.sp > 1);
+         !p.checkpoint_store.empty() + (p.mlp_tiles >= 0) + (p.sp > 1) + (p.zenflow > 0) +
+         (p.zenflow_select > 0) + (p.zenflow_warmup > 0);
   }
   c += (d.persistence_threshold != 0) + (d.reduce_bucket_size != 0) +
        (d.allgather_bucket_size != 0) + (d.prefetch_bucket_size != 0) +
@@ -430,6 +454,9 @@ std::vector<Description> simplifications(const Description& d) {
       on([](Phase& q) { q.checkpointing = "every"; });
     if (!p.checkpoint_store.empty()) on([](Phase& q) { q.checkpoint_store.clear(); });
     if (p.mlp_tiles >= 0) on([](Phase& q) { q.mlp_tiles = -1; });
+    if (p.zenflow > 0) on([](Phase& q) { q.zenflow = 0, q.zenflow_select = 0, q.zenflow_warmup = 0; });
+    if (p.zenflow_select > 0) on([](Phase& q) { q.zenflow_select = 0; });
+    if (p.zenflow_warmup > 0) on([](Phase& q) { q.zenflow_warmup = 0; });
   }
   if (d.persistence_threshold) with([](Description& s) { s.persistence_threshold = 0; });
   if (d.reduce_bucket_size) with([](Description& s) { s.reduce_bucket_size = 0; });

@@ -42,6 +42,13 @@ struct Phase {
   // Ulysses (issue 62): sequence_parallel_size; world is sp x the ranks that draw different
   // samples. 1: none (left out). Never with tiny-moe (refused: not built).
   int sp = 1;
+  // ZenFlow (issue 61): zero_optimization.zenflow with this topk_ratio (0: no block), at
+  // update_interval 1, where it is the exact step whatever the selection (docs/zenflow.md): held
+  // against the oracle like any other phase. zenflow_select: select_interval with select_strategy
+  // "step" (0: "auto", selected once); zenflow_warmup: full_warm_up_rounds.
+  double zenflow = 0.0;
+  int zenflow_select = 0;
+  int zenflow_warmup = 0;
 };
 
 struct Description {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -258,6 +259,12 @@ nlohmann::json config_for(const Description& d, const Phase& p, const std::strin
   if (p.mlp_tiles >= 0) ac["mlp_tiles"] = p.mlp_tiles;
   if (!ac.empty()) c["activation_checkpointing"] = ac;
   if (p.sp > 1) c["sequence_parallel_size"] = p.sp;
+  if (p.zenflow > 0) {
+    nlohmann::json zf = {{"topk_ratio", p.zenflow}, {"update_interval", 1},
+                         {"full_warm_up_rounds", p.zenflow_warmup}};
+    if (p.zenflow_select > 0) zf["select_strategy"] = "step", zf["select_interval"] = p.zenflow_select;
+    c["zero_optimization"]["zenflow"] = zf;
+  }
   return c;
 }
 
@@ -465,6 +472,16 @@ Verdict Runner::run_against_reference(const Description& d) {
                  (profiled ? " checkpointed without a policy"
                            : " checkpointed nothing under --activation-checkpointing " +
                                  d.phases[i].checkpointing);
+    }
+    // ZenFlow past its warm-up steps some elements on the device (train_gpt's metrics say so).
+    if (d.phases[i].zenflow > 0 && int(got.size()) > d.phases[i].zenflow_warmup &&
+        v.outcome == Outcome::kPass &&
+        std::none_of(got.begin(), got.end(), [](const nlohmann::json& row) {
+          return row.value("zenflow_device_elements", int64_t(0)) > 0;
+        })) {
+      v.outcome = Outcome::kMismatch;
+      v.detail = "phase " + std::to_string(i) + " ran ZenFlow for " + std::to_string(got.size()) +
+                 " steps without stepping anything on the device";
     }
     // Checkpointed inputs on NVMe: the engine removes its swap folder when it is destroyed.
     const auto left = capture("(ls -d '" + o_.work + "/nvme'/strata-actckpt-* 2>/dev/null)");
