@@ -152,12 +152,18 @@ void install_zenflow(zero::PartitionedOptimizer& partitioned,
     partitioned.restore_zenflow({});  // afresh: warm-up, then a selection
     return;
   }
+  const int64_t pending = scalars.value("zenflow.pending_steps", int64_t(0));
   if (!has || !partitioned.zenflow()) {
     if (has && scalars.at("zenflow.window").get<int64_t>() > 0)
       log::info("[strata] warning: {} was saved in ZenFlow mode with {} step(s) of the unselected "
                 "columns' gradients summed but not yet applied; resumed without "
                 "zero_optimization.zenflow, they are dropped",
                 folder, scalars.at("zenflow.window").get<int64_t>());
+    if (has && pending > 0)
+      log::info("[strata] warning: {} was saved with an overlapped ZenFlow update of {} step(s) "
+                "in the master weights but not yet in the model's; resumed without "
+                "zero_optimization.zenflow, the next step's weights include it",
+                folder, pending);
     return;
   }
   const int64_t n = partitioned.master().numel();
@@ -165,6 +171,7 @@ void install_zenflow(zero::PartitionedOptimizer& partitioned,
   z.steps = scalars.at("zenflow.steps").get<int64_t>();
   z.window = scalars.at("zenflow.window").get<int64_t>();
   z.columns = scalars.at("zenflow.columns").get<int64_t>();
+  z.pending_steps = pending;
   z.sum = torch::empty({n}, torch::kFloat);
   z.selected = torch::empty({n}, torch::kFloat);
   source("zenflow.sum", 0, n, z.sum.data_ptr<float>());
@@ -197,6 +204,7 @@ void Engine::save_dense_states(checkpoint::CheckpointWriter& writer) {
         scalars["zenflow.steps"] = zf->steps;
         scalars["zenflow.window"] = zf->window;
         scalars["zenflow.columns"] = zf->columns;
+        scalars["zenflow.pending_steps"] = zf->pending_steps;
       }
       if (write_master_state(*dense().partitioned(), *dense().optimizer(), out, scalars)) return;
       scalars["archive"] = true;

@@ -132,10 +132,15 @@ void Engine::make_groups(InitOptions& options) {
     po.zenflow.select_interval = zf.select_strategy == "step" ? zf.select_interval.get<int64_t>() : 0;
     po.zenflow.update_interval = zf.update_interval.get<int64_t>();
     po.zenflow.warm_up = zf.full_warm_up_rounds;
+    po.zenflow.overlap = zf.overlap_step;
+    po.zenflow.reserved_cores = zf.pt_reserved_cores_perc;
     log::info("[strata] ZenFlow: the top {} of each weight's gradient columns and every 1-D "
-              "parameter stepped on the {} every step, the rest by the CPU every {} step(s); "
+              "parameter stepped on the {} every step, the rest by the CPU every {} step(s){}; "
               "columns {} after {} plain step(s)",
               zf.topk_ratio, device_.str(), po.zenflow.update_interval,
+              zf.overlap_step ? fmt::format(" beside the next window ({:.0f}% of the threads kept "
+                                            "for training)", 100 * zf.pt_reserved_cores_perc)
+                              : std::string(),
               po.zenflow.select_interval > 0
                   ? fmt::format("reselected every {} steps", po.zenflow.select_interval)
                   : std::string("selected once"),

@@ -93,13 +93,10 @@ void PartitionedOptimizer::step_device_share(const optim::AdamScalars& s, const 
 }
 
 void PartitionedOptimizer::store_device_share() {
-  if (zenflow_ && zenflow_->part_index.numel() > 0 && overlapped_step_) {
+  if (zenflow_ && overlapped_step_) {
     torch::NoGradGuard no_grad;
-    const auto adam = overlapped_step_(1.0, /*advance=*/false);
-    const auto& z = *zenflow_;
-    master_.index_copy_(0, z.part_index, z.master.cpu());
-    adam.exp_avg.index_copy_(0, z.part_index, z.exp_avg.cpu());
-    adam.exp_avg_sq.index_copy_(0, z.part_index, z.exp_avg_sq.cpu());
+    settle_zenflow();  // an overlapped CPU update writes the host arrays
+    zenflow_hand_back(overlapped_step_(1.0, /*advance=*/false));
   }
   if (!splits() || !overlapped_step_) return;
   torch::NoGradGuard no_grad;
@@ -111,13 +108,9 @@ void PartitionedOptimizer::store_device_share() {
 }
 
 void PartitionedOptimizer::load_device_share() {
-  if (zenflow_ && zenflow_->part_index.numel() > 0 && overlapped_step_) {
+  if (zenflow_ && overlapped_step_) {
     torch::NoGradGuard no_grad;
-    const auto adam = overlapped_step_(1.0, /*advance=*/false);
-    auto& z = *zenflow_;
-    z.master = master_.index_select(0, z.part_index).to(device_);
-    z.exp_avg = adam.exp_avg.index_select(0, z.part_index).to(device_);
-    z.exp_avg_sq = adam.exp_avg_sq.index_select(0, z.part_index).to(device_);
+    zenflow_take(overlapped_step_(1.0, /*advance=*/false));
   }
   if (!splits() || !overlapped_step_) return;
   torch::NoGradGuard no_grad;

@@ -64,7 +64,7 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
   if (options_.stage <= 1) {
     grad_flat_ = flat_->zeros_like_data(model_dtype);
     own_local_gradients();
-    if (options_.offload.enabled)  // the boundary's gradient partition, copied for the CPU step
+    if (host_gradient())  // the boundary's gradient partition, copied for the CPU step
       host_grad_ = host_buffer(shards_.partition_numel(), wide ? options_.accum_dtype : model_dtype);
     if (wide) {
       // The window's sum lives in fp32 and is all-reduced at its end (end_micro_step()); the
@@ -90,17 +90,13 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
     reducer_ = GradientReducer::create(flat_->params(), group_, r);
   }
   if (options_.zenflow.enabled) {
-    // The selection reads whole weights of the partition's gradient, and the window's CPU update
-    // is synchronous: one partition, the optimizer in host memory, nothing else splitting it.
-    if (!options_.offload.enabled || options_.offload.speculative || splits() ||
-        shards_.parts() != 1)
-      throw Error(fmt::format(
-          "zero_optimization.zenflow runs on one data-parallel rank (here {}) with the optimizer "
-          "in host memory and neither super_offload nor ratio; on several ranks it is not built "
-          "yet (issue 61)",
-          shards_.parts()));
+    // ZenFlow decides itself what the device steps: the optimizer in host memory, nothing else
+    // splitting it (the config reader refuses these first).
+    if (!options_.offload.enabled || options_.offload.speculative || splits())
+      throw Error("zero_optimization.zenflow needs the optimizer in host memory without "
+                  "super_offload or ratio");
     zenflow_ = std::make_unique<ZenFlowState>();
-    zenflow_->sum = torch::zeros({shards_.partition_numel()}, torch::kFloat);
+    zenflow_->sum = torch::zeros({shards_.partition_numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
   }
 }
 
@@ -193,11 +189,15 @@ bool PartitionedOptimizer::accumulates_wider_than(torch::ScalarType model_dtype)
          c10::elementSize(options_.accum_dtype) > c10::elementSize(model_dtype);
 }
 
+PartitionedOptimizer::~PartitionedOptimizer() {
+  if (zenflow_ && zenflow_->worker.valid()) zenflow_->worker.wait();
+}
+
 void PartitionedOptimizer::place_partition_gradients(GradientReducer::Options& r,
                                                      const torch::Tensor& params) {
   const int64_t n = shards_.partition_numel();
-  if (!options_.offload.enabled) {
-    // On the device, summed over the window in the accumulation dtype.
+  if (!host_gradient()) {
+    // On the device, summed over the window in the accumulation dtype (ZenFlow's too).
     const auto dtype = accumulates_wider_than(params.scalar_type()) ? options_.accum_dtype
                                                                     : params.scalar_type();
     r.partition_grad = grad_partition_ = torch::zeros({n}, params.options().dtype(dtype));
@@ -350,7 +350,7 @@ void PartitionedOptimizer::own_local_gradients() {
 }
 
 torch::Tensor PartitionedOptimizer::partition_gradient() const {
-  if (offloads() && options_.stage >= 2) return host_accum_.defined() ? host_accum_ : host_grad_;
+  if (host_gradient() && options_.stage >= 2) return host_accum_.defined() ? host_accum_ : host_grad_;
   if (options_.stage >= 2) return grad_partition_;
   if (accumulates_wide()) return shards_.range(grad_accum_, partition_index());
   return shards_.range(grad_flat_, partition_index());  // stage 0, 1: contiguous
@@ -396,7 +396,7 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
     // The speculative step's worker has the pieces landed (and summed, over several micro-steps).
     speculative_->wait_gradient();
     if (options_.stage <= 1) gradient = host_grad_;
-  } else if (offloads() && options_.stage <= 1) {
+  } else if (host_gradient() && options_.stage <= 1) {
     if (splits()) {  // the CPU's part only: [0, lo) and [hi, n)
       const int64_t n = gradient.numel();
       host_grad_.narrow(0, 0, device_lo_).copy_(gradient.narrow(0, 0, device_lo_));
@@ -405,7 +405,7 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
       host_grad_.copy_(gradient);
     }
     gradient = host_grad_;
-  } else if (offloads()) {
+  } else if (host_gradient()) {
     wait_for_device();  // the last micro-step's copies (one window: they are the gradient)
   }
   const auto t1 = std::chrono::steady_clock::now();
@@ -417,22 +417,22 @@ GradientSummary PartitionedOptimizer::prepare(double loss_scale) {
     // Reduced in fp32 straight from the model's dtype; the loss scale comes out on the host.
     grad_ = gradient;
     grad_scale_ = f / loss_scale;
-    if (!offloads())
+    if (!host_gradient())
       sum_squares = at::linalg_vector_norm(grad_, 2, c10::nullopt, false, torch::kFloat)
                         .to(torch::kDouble)
                         .pow(2);
   } else {
     grad_ = gradient.to(torch::kFloat, false, /*copy=*/true);
     if (f / loss_scale != 1.0) grad_.mul_(f / loss_scale);
-    if (!offloads()) sum_squares = grad_.pow(2).sum().to(torch::kDouble);
+    if (!host_gradient()) sum_squares = grad_.pow(2).sum().to(torch::kDouble);
   }
   // Offload: the reducer summed a one-micro-step window's squares on the device (they carry the
   // loss scale); else the host tier's threaded pass over the host copy.
   double factor = steps_flat() ? grad_scale_ * grad_scale_ : 1.0;
-  if (offloads() && device_sum_squares_.defined()) {
+  if (host_gradient() && device_sum_squares_.defined()) {
     sum_squares = device_sum_squares_.clone();
     factor = (f * f) / (loss_scale * loss_scale);
-  } else if (offloads()) {
+  } else if (host_gradient()) {
     sum_squares = torch::tensor(host_sum_squares(grad_), torch::kDouble);
     if (splits())  // the device share's gradient, where it is
       sum_squares += at::linalg_vector_norm(device_share_gradient(), 2, c10::nullopt, false, torch::kFloat)
@@ -478,11 +478,15 @@ void PartitionedOptimizer::apply(double clip_coef) {
               : shards_.is_contiguous() ? shards_.range(flat_->data(), partition_index())
                                         : torch::empty({n}, flat_->data().options());
   if (zenflow_) {
-    apply_zenflow(clip_coef, mine);  // places its weights itself (one partition)
-    zero_gradients();
-    return;
-  }
-  if (offloads()) {
+    // Writes this partition's new weights into the flat layout itself; other ranks' come with
+    // the all-gather below (stage 2 sends them from `mine`).
+    apply_zenflow(clip_coef, mine);
+    if (shards_.parts() == 1) {
+      zero_gradients();
+      return;
+    }
+    if (!shards_.is_contiguous()) mine.copy_(shards_.gather(flat_->data(), partition_index()));
+  } else if (offloads()) {
     if (!(speculative_ && speculative_->pending() && commit_speculation(clip_coef, mine)))
       apply_offloaded(clip_coef, mine);
   } else if (flat_step_) {
@@ -545,6 +549,7 @@ ModelStateBytes PartitionedOptimizer::state_bytes() const {
   bytes.master += nbytes(device_master_);
   bytes.optimizer += nbytes(device_exp_avg_) + nbytes(device_exp_avg_sq_);
   bytes.grads += nbytes(device_grad_);
+  if (zenflow_) bytes.grads += nbytes(zenflow_->sum) + nbytes(zenflow_->host_sum);
   return bytes;
 }
 

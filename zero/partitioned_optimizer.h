@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <utility>
 #include <memory>
 #include <optional>
@@ -102,12 +103,17 @@ struct OffloadTimes {
 // ZenFlow (zero_optimization.zenflow, docs/zenflow.md), stages 1-2 with the optimizer offloaded
 // on one partition: the top topk_ratio of each 2-D weight's gradient columns (by L1 norm), and
 // every 1-D parameter, keep their fp32 master and moments on the device and are stepped there at
-// every step; the rest is summed in fp32 in host memory and stepped by the CPU every
-// update_interval steps on the window's mean. After warm_up plain steps the first selection;
+// every step; the rest is summed in fp32 on the device and stepped by the CPU every
+// update_interval steps on the window's mean. The gradient stays on the device (as without
+// offload): only the window's sum crosses to the host, once per window. After warm_up plain steps the first selection;
 // then one every select_interval steps (0: never again), right after a CPU update, the leaving
 // elements' state written back into the host arrays and the arriving ones' read from them.
+// overlap: the CPU update of a window runs on a worker thread (with 1 - reserved_cores of the
+// intra-op threads) while the next window trains; its weights are installed at that window's end.
 struct ZenFlowOptions {
   bool enabled = false;
+  bool overlap = false;
+  double reserved_cores = 0.5;
   double topk_ratio = 0.1;
   int64_t select_interval = 0;
   int64_t update_interval = 1;
@@ -173,6 +179,7 @@ class PartitionedOptimizer {
   // gathers pick up (the persistent unit is gathered again at once).
   PartitionedOptimizer(std::shared_ptr<ParamUnits> units, comm::GroupPtr group,
                        PartitionedOptions options, const InnerBuilder& make_inner);
+  ~PartitionedOptimizer();  // waits for ZenFlow's overlapped CPU update, which reads the members
 
   // loss_scale: what the loss is multiplied by in this backward (the speculative step's factor).
   void begin_backward(bool boundary, const torch::Tensor& loss = {}, double loss_scale = 1.0);
@@ -215,8 +222,10 @@ class PartitionedOptimizer {
   // ZenFlow's state beyond the master and moments (store_device_share() puts the selected
   // elements' there), for checkpoints: the steps applied, the window's count and fp32 sum, the
   // selection as a 0/1 mask over the partition. Host tensors; none without ZenFlow.
+  // pending_steps > 0: an overlapped CPU update of that many steps is in the master and moments,
+  // its weights not installed yet.
   struct ZenFlowCheckpoint {
-    int64_t steps = 0, window = 0, columns = 0;
+    int64_t steps = 0, window = 0, columns = 0, pending_steps = 0;
     torch::Tensor sum, selected;
   };
   std::optional<ZenFlowCheckpoint> zenflow_checkpoint() const;
@@ -246,6 +255,9 @@ class PartitionedOptimizer {
   const FlatParams& flat() const;
   ParamUnits* units() const { return units_.get(); }
   bool offloads() const { return options_.offload.enabled; }
+  // The step's gradient crosses to host memory (optimizer offload, except ZenFlow's, whose
+  // gradient stays on the device and whose window sum crosses instead).
+  bool host_gradient() const { return options_.offload.enabled && !options_.zenflow.enabled; }
   int64_t pinned_host_bytes() const { return pinned_bytes_; }
   const OffloadTimes& last_offload_times() const { return offload_times_; }
   // The fp32 master weights of partition partition_index() of flat(), laid out as shards()
@@ -329,16 +341,33 @@ class PartitionedOptimizer {
   struct ZenFlowState {
     int64_t steps = 0;          // optimizer steps applied (warm-up included)
     int64_t window = 0;         // steps summed into `sum` since the last CPU update
-    torch::Tensor sum;          // host fp32, the partition's shape: those steps' clipped gradients
+    torch::Tensor sum;          // device fp32, the partition's shape: those steps' clipped gradients
+    torch::Tensor host_sum;     // its copy in host memory for the CPU update (page-locked)
     torch::Tensor part_index;   // host int64: the selected elements' places in the partition
+    torch::Tensor device_index; // the same on the device (the gradient's and the sum's)
     torch::Tensor flat_index;   // device int64: their places in the flat buffer
     torch::Tensor master, exp_avg, exp_avg_sq;  // device fp32, one per selected element
     int64_t columns = 0;
+    // A CPU update whose new weights (host_out_) wait to be installed, of pending_steps steps;
+    // overlap_step runs it on `worker` and sums the next window into `spare` meanwhile.
+    bool pending = false;
+    int64_t pending_steps = 0;
+    std::future<void> worker;
+    torch::Tensor spare;
   };
   std::unique_ptr<ZenFlowState> zenflow_;
   void apply_zenflow(double clip_coef, const torch::Tensor& mine);
   void zenflow_select(const AdamTiles& adam);
-  int64_t partition_offset(int64_t flat_offset) const;  // one partition: a flat element's place
+  void clear_zenflow_selection();  // nothing selected: every element the CPU's
+  // The selected elements' master and moments from the device into the host arrays, and back.
+  void zenflow_hand_back(const AdamTiles& adam);
+  void zenflow_take(const AdamTiles& adam);
+  // The CPU Adam over every element with the window's mean (host_sum) into host_out_.
+  void zenflow_cpu_update(const AdamTiles& adam, const optim::AdamScalars& s, int threads);
+  void settle_zenflow();  // waits for an overlapped CPU update (rethrows its failure)
+  // Writes a pending update's new weights into the flat layout (the selected elements keep the
+  // device's).
+  void install_zenflow_update(const torch::Tensor& mine);
   torch::Tensor grad_flat_;       // stage 0, 1: full gradients, model dtype
   bool writes_local_gradients_ = false;  // one process, stage 0, 1: reducer_ writes grad_flat_
   torch::Tensor grad_accum_;      // stage 0, 1, wide accumulation: full gradients, fp32

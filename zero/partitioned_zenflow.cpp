@@ -2,12 +2,15 @@
 // partition at stages 1-2 with the optimizer offloaded, the selected elements (the top columns of
 // each weight's gradient, every 1-D parameter) are stepped on the device at every step with
 // their own fp32 master and moments, the rest by the CPU Adam every update_interval steps on the
-// window's mean gradient. The host master and moments keep the whole partition's shape; for the
+// window's mean gradient. The gradient, the window's sum and the columns' scores stay on the
+// device; the sum crosses to host memory once per window. The host master and moments keep the whole partition's shape; for the
 // selected elements they are written back from the device when the selection changes, so a
 // selection hands its state over instead of dropping it (DeepSpeed zeroes the moments and rounds
 // the master to 16 bits there).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <future>
 
 #include <fmt/format.h>
 
@@ -18,61 +21,85 @@
 
 namespace strata::zero {
 
-int64_t PartitionedOptimizer::partition_offset(int64_t flat_offset) const {
-  if (shards_.is_contiguous()) return flat_offset;  // stage 1, one partition: the identity
-  for (const auto& b : shards_.buckets())
-    if (flat_offset >= b.lo && flat_offset < b.hi) return b.base + (flat_offset - b.lo);
-  throw Error(fmt::format("ZenFlow: flat element {} is in no gradient bucket", flat_offset));
+void PartitionedOptimizer::clear_zenflow_selection() {
+  auto& z = *zenflow_;
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong);
+  z.part_index = torch::empty({0}, i64);
+  z.device_index = z.flat_index = torch::empty({0}, i64.device(device_));
+  z.master = z.exp_avg = z.exp_avg_sq = torch::Tensor();
 }
 
 void PartitionedOptimizer::zenflow_select(const AdamTiles& adam) {
   auto& z = *zenflow_;
-  // The leaving selection's state (current: the device stepped it) into the host arrays.
-  if (z.part_index.numel() > 0) {
-    master_.index_copy_(0, z.part_index, z.master.cpu());
-    adam.exp_avg.index_copy_(0, z.part_index, z.exp_avg.cpu());
-    adam.exp_avg_sq.index_copy_(0, z.part_index, z.exp_avg_sq.cpu());
-  }
+  settle_zenflow();  // an overlapped CPU update writes the host arrays
+  zenflow_hand_back(adam);  // the leaving selection's state (current: the device stepped it)
   // The new one, from this step's gradient: per weight [rows, columns] (trailing dimensions
-  // flattened), the columns of largest L1 norm; 1-D parameters whole.
+  // flattened), the columns of largest L1 norm; 1-D parameters whole. A rank scores the columns
+  // by the rows of them its partition holds (all of them on one rank) and selects
+  // max(1, floor(topk_ratio x columns)) of those it holds anything of.
   const double ratio = options_.zenflow.topk_ratio;
-  const auto i64 = torch::TensorOptions().dtype(torch::kLong);
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(device_);
   std::vector<torch::Tensor> parts, flats;
   int64_t columns = 0;
   const auto& params = flat_->params();
+  const auto& pieces = shards_.pieces(partition_index());
   for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t n = params[i].numel();
-    if (n == 0) continue;
-    const int64_t fo = flat_->offset(i), po = partition_offset(fo);
-    torch::Tensor index;
-    if (params[i].dim() < 2) {
-      index = torch::arange(n, i64);
-    } else {
-      const int64_t rows = params[i].size(0), cols = n / rows;
-      const int64_t k = ratio >= 1.0 ? cols
-                        : ratio <= 0.0 ? 0
-                                       : std::max<int64_t>(1, int64_t(ratio * double(cols)));
-      if (k == 0) continue;
-      torch::Tensor picked = torch::arange(cols, i64);
-      if (k < cols) {
-        const auto scores = grad_.narrow(0, po, n).view({rows, cols}).abs().sum(0, false, torch::kFloat);
-        picked = std::get<0>(std::get<1>(scores.topk(k)).sort());
-      }
-      index = ((torch::arange(rows, i64) * cols).unsqueeze(1) + picked.unsqueeze(0)).reshape({-1});
-      columns += k;
+    const int64_t n = params[i].numel(), fo = flat_->offset(i);
+    // The parameter's elements in this partition: flat [a, b) at partition offset a + shift.
+    std::vector<torch::Tensor> flat_at, part_at;
+    for (const auto& piece : pieces) {
+      const int64_t a = std::max(fo, piece.flat_begin);
+      const int64_t b = std::min(fo + n, piece.flat_begin + piece.length);
+      if (a >= b) continue;
+      flat_at.push_back(torch::arange(a, b, i64));
+      part_at.push_back(flat_at.back() + (piece.offset - piece.flat_begin));
     }
-    parts.push_back(index + po);
-    flats.push_back(index + fo);
+    if (flat_at.empty()) continue;
+    auto flat_here = torch::cat(flat_at), part_here = torch::cat(part_at);
+    if (params[i].dim() >= 2 && ratio < 1.0) {
+      const int64_t cols = n / params[i].size(0);
+      const auto col = (flat_here - fo).remainder(cols);
+      auto scores = torch::zeros({cols}, grad_.options().dtype(torch::kFloat));
+      scores.index_add_(0, col, grad_.index_select(0, part_here).abs().to(torch::kFloat));
+      const auto held = torch::zeros({cols}, torch::TensorOptions().dtype(torch::kBool).device(device_))
+                            .index_fill_(0, col, true);
+      const int64_t candidates = held.sum().item<int64_t>();
+      const int64_t k = std::min(candidates, std::max<int64_t>(1, int64_t(ratio * double(cols))));
+      // Columns it holds nothing of rank last (their score would tie at zero).
+      scores.masked_fill_(held.logical_not(), -1.0f);
+      const auto picked = torch::zeros({cols}, held.options()).index_fill_(0, std::get<1>(scores.topk(k)), true);
+      const auto keep = picked.index_select(0, col);
+      flat_here = flat_here.masked_select(keep);
+      part_here = part_here.masked_select(keep);
+      columns += k;
+    } else if (params[i].dim() >= 2) {
+      columns += n / params[i].size(0);
+    }
+    parts.push_back(part_here);
+    flats.push_back(flat_here);
   }
   z.columns = columns;
   if (parts.empty()) {
-    z.part_index = torch::empty({0}, i64);
-    z.flat_index = torch::empty({0}, i64.device(device_));
-    z.master = z.exp_avg = z.exp_avg_sq = torch::Tensor();
+    clear_zenflow_selection();
     return;
   }
-  z.part_index = torch::cat(parts);
-  z.flat_index = torch::cat(flats).to(device_);
+  z.device_index = torch::cat(parts);
+  z.part_index = z.device_index.cpu();
+  z.flat_index = torch::cat(flats);
+  zenflow_take(adam);
+}
+
+void PartitionedOptimizer::zenflow_hand_back(const AdamTiles& adam) {
+  const auto& z = *zenflow_;
+  if (z.part_index.numel() == 0 || !z.master.defined()) return;
+  master_.index_copy_(0, z.part_index, z.master.cpu());
+  adam.exp_avg.index_copy_(0, z.part_index, z.exp_avg.cpu());
+  adam.exp_avg_sq.index_copy_(0, z.part_index, z.exp_avg_sq.cpu());
+}
+
+void PartitionedOptimizer::zenflow_take(const AdamTiles& adam) {
+  auto& z = *zenflow_;
+  if (z.part_index.numel() == 0) return;
   z.master = master_.index_select(0, z.part_index).to(device_);
   z.exp_avg = adam.exp_avg.index_select(0, z.part_index).to(device_);
   z.exp_avg_sq = adam.exp_avg_sq.index_select(0, z.part_index).to(device_);
@@ -81,15 +108,13 @@ void PartitionedOptimizer::zenflow_select(const AdamTiles& adam) {
 void PartitionedOptimizer::apply_zenflow(double clip_coef, const torch::Tensor& mine) {
   auto& z = *zenflow_;
   const auto& o = options_.zenflow;
-  // Stage 2's partition is laid out bucket by bucket: the CPU's new weights go into a buffer
-  // scattered into the flat layout (stage 1's partition is a range of it, written in place).
-  auto place = [&] {
-    if (!shards_.is_contiguous()) shards_.scatter(mine, 0, flat_->data());
-  };
   const int64_t t = z.steps++;
-  if (t < o.warm_up) {  // full_warm_up_rounds: the plain offloaded step
+  if (t < o.warm_up) {  // full_warm_up_rounds: the plain offloaded step, from host memory
+    if (!host_grad_.defined()) host_grad_ = host_buffer(grad_.numel(), grad_.scalar_type());
+    host_grad_.copy_(grad_);
+    grad_ = host_grad_;
     apply_offloaded(clip_coef, mine);
-    place();
+    if (!shards_.is_contiguous()) shards_.scatter(mine, partition_index(), flat_->data());
     return;
   }
   if (!device_step_ || !overlapped_step_)
@@ -103,7 +128,7 @@ void PartitionedOptimizer::apply_zenflow(double clip_coef, const torch::Tensor& 
   auto& flat = flat_->data();
   // The selected elements, on the device, with this step's gradient.
   if (z.part_index.numel() > 0) {
-    const auto g = grad_.index_select(0, z.part_index).to(device_);
+    const auto g = grad_.index_select(0, z.device_index);
     auto out = torch::empty({z.part_index.numel()}, flat.options());
     device_step_(z.master, z.exp_avg, z.exp_avg_sq, g, out, adam.scalars);
     flat.index_copy_(0, z.flat_index, out);
@@ -118,31 +143,76 @@ void PartitionedOptimizer::apply_zenflow(double clip_coef, const torch::Tensor& 
     auto s = adam.scalars;
     s.grad_scale = float(1.0 / double(z.window));
     if (!host_out_.defined()) host_out_ = host_buffer(mine.numel(), mine.scalar_type());
-    const int threads = at::get_num_threads();
-    const auto out_type = host_float(host_out_);
-    const int64_t out_size = host_out_.element_size();
-    // Every element: the selected ones' host state is the device's to overwrite when they
-    // leave, and their new weights are the device's, put back below.
-    for (const auto& item : step_items()) {
-      offload::cpu_adam_step(master_.data_ptr<float>() + item.part,
-                             adam.exp_avg.data_ptr<float>() + item.part,
-                             adam.exp_avg_sq.data_ptr<float>() + item.part,
-                             z.sum.data_ptr<float>() + item.part, offload::Float::kF32,
-                             static_cast<char*>(host_out_.data_ptr()) + item.part * out_size,
-                             out_type, item.n, s, threads);
-      mine.narrow(0, item.part, item.n)
-          .copy_(host_out_.narrow(0, item.part, item.n), /*non_blocking=*/host_out_.is_pinned());
-    }
-    place();
-    if (z.part_index.numel() > 0) flat.index_copy_(0, z.flat_index, z.master.to(flat.scalar_type()));
-    z.sum.zero_();
+    if (!z.host_sum.defined()) z.host_sum = host_buffer(z.sum.numel(), torch::kFloat);
+    install_zenflow_update(mine);  // the last window's, when it ran overlapped
+    z.pending_steps = z.window;
     z.window = 0;
+    if (o.overlap && !reselect_next) {
+      // overlap_step: this window's sum crosses on the copy stream and the CPU steps it on a
+      // worker while the next window trains, summing into the other buffer; its new weights are
+      // installed at that window's end (the unselected columns one window staler, as DeepSpeed).
+      // The worker first waits for the sum's copy and for the last install's copies out of
+      // host_out_, which it overwrites.
+      auto copied = copy_to_host_tracked(z.host_sum, z.sum);
+      auto out_free = queued_work_done(device_);
+      if (!z.spare.defined()) z.spare = torch::zeros_like(z.sum);
+      std::swap(z.sum, z.spare);
+      z.sum.zero_();  // the window before last's: its copy was waited for by its worker
+      const int threads = std::max(
+          1, int(std::lround(at::get_num_threads() * (1.0 - o.reserved_cores))));
+      z.worker = std::async(std::launch::async, [this, adam, s, threads, copied, out_free] {
+        if (copied) copied();
+        if (out_free) out_free();
+        zenflow_cpu_update(adam, s, threads);
+      });
+    } else {
+      z.host_sum.copy_(z.sum);
+      zenflow_cpu_update(adam, s, at::get_num_threads());
+      z.sum.zero_();
+    }
+    z.pending = true;
+    if (!o.overlap || reselect_next) install_zenflow_update(mine);
   }
   offload_times_.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   offload_times_.zenflow_columns = z.columns;
   offload_times_.zenflow_device_elements = z.part_index.numel();
-  offload_times_.zenflow_stale_steps = z.window;
+  offload_times_.zenflow_stale_steps = z.window + (z.pending ? z.pending_steps : 0);
+}
+
+void PartitionedOptimizer::zenflow_cpu_update(const AdamTiles& adam, const optim::AdamScalars& s,
+                                              int threads) {
+  auto& z = *zenflow_;
+  const auto out_type = host_float(host_out_);
+  const int64_t out_size = host_out_.element_size();
+  // Every element: the selected ones' host state is the device's to overwrite when they leave,
+  // and their new weights are the device's, put back at the install.
+  for (const auto& item : step_items())
+    offload::cpu_adam_step(master_.data_ptr<float>() + item.part,
+                           adam.exp_avg.data_ptr<float>() + item.part,
+                           adam.exp_avg_sq.data_ptr<float>() + item.part,
+                           z.host_sum.data_ptr<float>() + item.part, offload::Float::kF32,
+                           static_cast<char*>(host_out_.data_ptr()) + item.part * out_size,
+                           out_type, item.n, s, threads);
+}
+
+void PartitionedOptimizer::settle_zenflow() {
+  if (!zenflow_ || !zenflow_->worker.valid()) return;
+  zenflow_->worker.get();  // rethrows the CPU update's failure
+}
+
+void PartitionedOptimizer::install_zenflow_update(const torch::Tensor& mine) {
+  auto& z = *zenflow_;
+  if (!z.pending) return;
+  settle_zenflow();
+  mine.copy_(host_out_, /*non_blocking=*/host_out_.is_pinned());
+  // Stage 2's partition is laid out bucket by bucket: the CPU's new weights go into a buffer
+  // scattered into the flat layout (stage 1's partition is a range of it, written in place).
+  if (!shards_.is_contiguous()) shards_.scatter(mine, partition_index(), flat_->data());
+  auto& flat = flat_->data();
+  if (z.part_index.numel() > 0) flat.index_copy_(0, z.flat_index, z.master.to(flat.scalar_type()));
+  z.pending = false;
+  z.pending_steps = 0;
 }
 
 std::optional<PartitionedOptimizer::ZenFlowCheckpoint> PartitionedOptimizer::zenflow_checkpoint() const {
@@ -152,7 +222,8 @@ std::optional<PartitionedOptimizer::ZenFlowCheckpoint> PartitionedOptimizer::zen
   c.steps = z.steps;
   c.window = z.window;
   c.columns = z.columns;
-  c.sum = z.sum;
+  c.pending_steps = z.pending ? z.pending_steps : 0;
+  c.sum = z.sum.cpu();
   c.selected = torch::zeros({shards_.partition_numel()}, torch::kFloat);
   if (z.part_index.numel() > 0) c.selected.index_fill_(0, z.part_index, 1.0);
   return c;
@@ -160,27 +231,37 @@ std::optional<PartitionedOptimizer::ZenFlowCheckpoint> PartitionedOptimizer::zen
 
 void PartitionedOptimizer::restore_zenflow(const ZenFlowCheckpoint& saved) {
   if (!zenflow_) return;
+  settle_zenflow();
   auto& z = *zenflow_;
   z.steps = saved.steps;
   z.window = saved.window;
   z.columns = saved.columns;
   if (!saved.sum.defined()) {  // none saved: ZenFlow starts afresh
     z.sum.zero_();
-    z.part_index = torch::empty({0}, torch::kLong);
-    z.flat_index = torch::empty({0}, torch::TensorOptions().dtype(torch::kLong).device(device_));
-    z.master = z.exp_avg = z.exp_avg_sq = torch::Tensor();
+    z.pending = false;
+    z.pending_steps = 0;
+    clear_zenflow_selection();
     return;
   }
   z.sum.copy_(saved.sum);
+  if (z.spare.defined()) z.spare.zero_();
+  // An overlapped update applied to the saved master and moments and not installed yet: its new
+  // weights are the master's, installed at the window's end as the straight run does.
+  z.pending = saved.pending_steps > 0;
+  z.pending_steps = saved.pending_steps;
+  if (z.pending) {
+    const auto& flat = flat_->data();
+    if (!host_out_.defined()) host_out_ = host_buffer(master_.numel(), flat.scalar_type());
+    host_out_.copy_(master_.view({-1}));
+  }
   z.part_index = saved.selected.nonzero().reshape({-1});  // ascending: each element's state goes by its index
-  // Each selected partition element's place in the flat buffer (one partition: stage 1's is the
-  // same, stage 2's bucket by bucket).
+  z.device_index = z.part_index.to(device_);
+  // Each selected partition element's place in the flat buffer, piece by piece.
   auto flat = z.part_index.clone();
-  if (!shards_.is_contiguous())
-    for (const auto& b : shards_.buckets()) {
-      const auto in = z.part_index.ge(b.base).logical_and(z.part_index.lt(b.base + b.chunk));
-      flat.masked_scatter_(in, z.part_index.masked_select(in) - b.base + b.lo);
-    }
+  for (const auto& piece : shards_.pieces(partition_index())) {
+    const auto in = z.part_index.ge(piece.offset).logical_and(z.part_index.lt(piece.offset + piece.length));
+    flat.masked_scatter_(in, z.part_index.masked_select(in) - piece.offset + piece.flat_begin);
+  }
   z.flat_index = flat.to(device_);
   z.master = z.exp_avg = z.exp_avg_sq = torch::Tensor();  // load_device_share() reads them
 }

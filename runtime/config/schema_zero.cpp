@@ -136,7 +136,6 @@ Block make_zenflow() {
       .as(Kind::Any)
       .describe("Steps between CPU updates of the unselected columns, their gradients summed meanwhile");
   b.add(&ZenFlowConfig::overlap_step, "overlap_step")
-      .not_implemented("not built yet: Strata's CPU update runs at the window's end; set it false")
       .describe("Run the CPU update beside the next window's steps (the unselected columns one window stale)");
   b.add(&ZenFlowConfig::offload, "offload")
       .not_implemented("Strata keeps the selected columns' moments on the device; set it false")
@@ -150,8 +149,7 @@ Block make_zenflow() {
       .describe("First steps run as plain offloaded steps before columns are first selected");
   b.add(&ZenFlowConfig::pt_reserved_cores_perc, "pt_reserved_cores_perc")
       .range(0, 1)
-      .ignored("it splits the cores with overlap_step, which Strata does not run yet")
-      .describe("With overlap_step: share of the cores kept for training, the rest for the CPU update");
+      .describe("With overlap_step: share of the intra-op threads kept for training, the rest for the CPU update");
   Block block = b.build();
   block.finish = finish_zenflow;
   return block;

@@ -210,22 +210,18 @@ Description generate(uint64_t seed, int max_world) {
     p.sp = sp_rng.pick(fits);
     p.world *= p.sp;
   }
-  // ZenFlow (issue 61), a stream of its own: most phases where Strata runs it (stages 1-2, the
-  // optimizer in host memory without super_offload, Adam/AdamW, a dense model) and whose
-  // micro-batches one rank can accumulate (at most 3, as everywhere), moved to that one rank;
-  // a tenth of them left on several ranks, which the engine refuses by name.
+  // ZenFlow (issue 61), a stream of its own: most phases where Strata runs it (stages 1-2,
+  // the optimizer in host memory without super_offload, Adam/AdamW, a dense model, no sequence
+  // parallelism), on their ranks.
   Rng zf_rng{seed * 0xd6e8feb86659fd93ull + 0x61};
   for (auto& p : d.phases) {
     const bool fits = (p.stage == 1 || p.stage == 2) && p.offload_optimizer == "cpu" &&
                       !p.super_offload && d.model != "tiny-moe" && p.sp == 1 &&
                       (d.optimizer == "Adam" || d.optimizer == "AdamW");
-    if (!fits || !zf_rng.chance(60)) continue;
-    const bool one = d.per_step <= 3 && zf_rng.chance(90);
-    if (!one && (p.world == 1 || !zf_rng.chance(15))) continue;
+    if (!fits || !zf_rng.chance(80)) continue;
     p.zenflow = zf_rng.pick<double>({0.1, 0.25, 0.5, 1.0});
     p.zenflow_select = zf_rng.pick<int>({0, 1, 2, 3});
     p.zenflow_warmup = zf_rng.pick<int>({0, 0, 1, 2});
-    if (one) p.world = 1, p.gas = d.per_step;
   }
   return d;
 }

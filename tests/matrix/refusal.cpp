@@ -59,12 +59,9 @@ std::optional<Refusal> refuse_phase(const Description& d, const Phase& p, int in
   // runtime/engine_offload.cpp finish_optimizer_offload: NVMe steps Strata's Adam/AdamW only.
   if (oo == "nvme" && d.optimizer == "SGD")
     return refusal("offload_optimizer.device", "the NVMe optimizer tier steps Adam/AdamW only");
-  // zero/partitioned_optimizer.cpp (the constructor, as the engine builds its groups):
-  // ZenFlow runs on one data-parallel rank. The generator draws the block only where the schema
-  // (schema_zero.cpp: stages 1-2, device "cpu", no super_offload) and the engine
-  // (engine_groups.cpp: Adam/AdamW, no experts) take it.
-  if (p.zenflow > 0 && p.world / p.sp > 1)
-    return refusal("zero_optimization.zenflow", "ZenFlow runs on one data-parallel rank");
+  // ZenFlow: the generator draws the block only where the schema (schema_zero.cpp: stages 1-2,
+  // device "cpu", no super_offload) and the engine (engine_groups.cpp: Adam/AdamW, no experts)
+  // take it.
   return std::nullopt;
 }
 

@@ -94,9 +94,9 @@ double max_rel(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
   return worst;
 }
 
-json block(double ratio, int64_t update, int64_t select, int64_t warm_up = 0) {
+json block(double ratio, int64_t update, int64_t select, int64_t warm_up = 0, bool overlap = false) {
   return {{"topk_ratio", ratio}, {"select_strategy", "step"}, {"select_interval", select},
-          {"update_interval", update}, {"full_warm_up_rounds", warm_up}};
+          {"update_interval", update}, {"full_warm_up_rounds", warm_up}, {"overlap_step", overlap}};
 }
 
 TEST(ZenFlow, EveryElementSteppedEveryStepIsTheExactStep) {
@@ -177,6 +177,87 @@ TEST(ZenFlow, ResumeInTheMiddleOfAWindowContinuesTheStraightRun) {
   }
 }
 
+// overlap_step: the CPU update of a window runs beside the next window and its weights are
+// installed at that window's end. The first window is the synchronous run's; its update reaches
+// the unselected columns one window later: after 2U steps they hold exactly what the
+// synchronous run's hold after U (both CPU updates read the same window), and before that the
+// initial weights. The metrics count the pending window in the staleness.
+TEST(ZenFlow, OverlapStepInstallsEachWindowOneWindowLate) {
+  const int64_t U = 3;
+  json once = block(0.25, U, 0);
+  once["select_strategy"] = "auto";
+  once.erase("select_interval");
+  json overlapped = once;
+  overlapped["overlap_step"] = true;
+  for (const int64_t stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const auto sync = train(stage, 1, once, 2 * U);
+    const auto over = train(stage, 1, overlapped, 2 * U + 1);
+    for (int64_t s = 0; s + 1 < U; ++s)
+      EXPECT_LE(max_rel(over.params[size_t(s)], sync.params[size_t(s)]), 1e-6) << "step " << s + 1;
+    torch::manual_seed(3);
+    Net net;
+    std::vector<torch::Tensor> initial;
+    for (const auto& p : net->parameters()) initial.push_back(p.detach().clone());
+    int64_t updated = 0, elements = 0;
+    for (size_t i = 0; i < initial.size(); ++i) {
+      // The unselected elements: those the synchronous run's first CPU update changed.
+      const auto cpu = sync.params[U - 1][i].ne(over.params[U - 1][i]);
+      updated += cpu.sum().item<int64_t>();
+      elements += cpu.numel();
+      if (!cpu.any().item<bool>()) continue;  // 1-D: all on the device
+      for (const int64_t s : {U - 1, 2 * U - 2})
+        EXPECT_TRUE(over.params[size_t(s)][i].masked_select(cpu).equal(initial[i].masked_select(cpu)))
+            << "parameter " << i << " after step " << s + 1 << ": the update is installed early";
+      const auto got = over.params[2 * U - 1][i].masked_select(cpu);
+      const auto want = sync.params[U - 1][i].masked_select(cpu);
+      EXPECT_LE((got - want).abs().max().item<double>(), 1e-6 * want.abs().max().item<double>())
+          << "parameter " << i << " after step " << 2 * U;
+    }
+    EXPECT_GT(updated, elements / 2) << "most elements are the CPU's at topk_ratio 0.25";
+    // After 2U + 1 steps: one step of this window, the last window's U pending.
+    EXPECT_EQ(over.last.zenflow_stale_steps, 1 + U);
+  }
+}
+
+// A checkpoint taken while an overlapped update is pending (applied to the master and moments,
+// not yet to the model's weights) resumes as the straight overlapped run continues.
+TEST(ZenFlow, ResumeWithAnOverlappedUpdatePendingContinuesTheStraightRun) {
+  const auto zf = block(0.3, 3, 6, 1, /*overlap=*/true);
+  for (const int64_t stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const auto straight = train(stage, 1, zf, 12);
+    const auto dir = testing::TempDir() + "zenflow_overlap_resume_" + std::to_string(stage) + "_" +
+                     std::to_string(::getpid());
+    std::vector<torch::Tensor> resumed;
+    {
+      torch::manual_seed(3);
+      Net net;
+      auto engine = strata::initialize(net, config_for(stage, 1, zf));
+      for (int64_t s = 0; s < 5; ++s) {  // 1 warm-up step, a window of 3 (pending), one step more
+        const auto d = batch(s, 8);
+        engine->backward(engine->forward(d.x, d.y));
+        engine->step();
+      }
+      engine->save_checkpoint(dir);
+    }
+    {
+      torch::manual_seed(99);
+      Net net;
+      auto engine = strata::initialize(net, config_for(stage, 1, zf));
+      engine->load_checkpoint(dir);
+      for (int64_t s = 5; s < 12; ++s) {
+        const auto d = batch(s, 8);
+        engine->backward(engine->forward(d.x, d.y));
+        engine->step();
+      }
+      for (const auto& p : net->parameters()) resumed.push_back(p.detach().clone());
+    }
+    EXPECT_LE(max_rel(resumed, straight.params.back()), 1e-6);
+    std::filesystem::remove_all(dir);
+  }
+}
+
 // A checkpoint of an exact run resumed in ZenFlow mode starts it afresh: its warm-up steps are
 // the exact run's next steps.
 TEST(ZenFlow, ACheckpointWithoutZenFlowStartsItAfresh) {
@@ -229,7 +310,6 @@ TEST(ZenFlow, WhatIsNotRunIsRefusedByName) {
   const auto ok = block(0.1, 2, 4);
   refused(config_for(2, 1, with(ok, "select_strategy", "auto")), "select_strategy");
   refused(config_for(2, 1, with(ok, "update_interval", "auto")), "update_interval");
-  refused(config_for(2, 1, with(ok, "overlap_step", true)), "overlap_step");
   refused(config_for(2, 1, with(ok, "offload", true)), "offload");
   refused(config_for(2, 1, with(ok, "select_interval", 1)), "at least update_interval");
   refused(config_for(2, 1, with(ok, "update_interval", 0)), "positive integer");
