@@ -13,6 +13,7 @@
 #include "runtime/compat.h"
 #include "runtime/error.h"
 #include "runtime/nn/linear_cross_entropy.h"
+#include "runtime/nn/grouped_attention.h"
 #include "runtime/nn/rms_norm.h"
 #include "runtime/nn/rotary.h"
 #include "runtime/nn/swiglu.h"
@@ -73,8 +74,11 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n) {
 // head in place for its group (transformers' way on CUDA): no copies of k and v for every query
 // head, nor of their gradients (at long sequences, 2 x 8 KB per token of a 1B Llama's layer).
 torch::Tensor grouped_causal_attention(const torch::Tensor& q, const torch::Tensor& k,
-                                       const torch::Tensor& v, bool sdpa_gqa) {
+                                       const torch::Tensor& v, bool sdpa_gqa, bool by_kv_head) {
   const auto n = q.size(1) / k.size(1);
+  // Long sequences: one kv head's group per flash call, so that the backward's dq accumulator and
+  // expanded dk/dv exist for one group at a time (runtime/nn/grouped_attention.h).
+  if (by_kv_head && nn::grouped_attention_runs(q, k, 1)) return nn::grouped_attention(q, k, v, 1);
 #if STRATA_TORCH_AT_LEAST(2, 5)
   if (n > 1 && q.is_cuda() && sdpa_gqa)
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
@@ -98,7 +102,8 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c)
     : heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.head_dim),
-      fused_(c.fused_projections && !c.qk_norm),
+      fused_(c.fused_projections && !c.qk_norm && c.mlp_tiles < 0),
+      tiles_(c.mlp_tiles >= 0),
       sdpa_gqa_(c.sdpa_gqa) {
   const double std = c.init_weights ? c.initializer_range : -1;
   q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.attention_bias, std));
@@ -113,6 +118,21 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c)
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                      const torch::Tensor& sin) {
+  const auto [q, k, v] = heads(x, cos, sin);
+  return o_proj(attend(q, k, v));
+}
+
+std::vector<torch::Tensor> AttentionImpl::head_parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const auto* m : {&q_proj, &k_proj, &v_proj})
+    for (const auto& p : (*m)->parameters()) out.push_back(p);
+  if (q_norm)
+    for (const auto& n : {q_norm, k_norm}) out.push_back(n->weight);
+  return out;
+}
+
+std::array<torch::Tensor, 3> AttentionImpl::heads(const torch::Tensor& x, const torch::Tensor& cos,
+                                                  const torch::Tensor& sin) {
   const auto b = x.size(0), t = x.size(1);
   const int64_t qw = heads_ * head_dim_, kw = kv_heads_ * head_dim_;
   torch::Tensor q, k, v;
@@ -134,16 +154,24 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     q = q_norm(q);
     k = k_norm(k);
   }
-  q = nn::rotary(q.transpose(1, 2), cos, sin);
-  k = nn::rotary(k.transpose(1, 2), cos, sin);
-  v = v.transpose(1, 2);
+  return {nn::rotary(q.transpose(1, 2), cos, sin), nn::rotary(k.transpose(1, 2), cos, sin),
+          v.transpose(1, 2)};
+}
+
+torch::Tensor AttentionImpl::attend(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v) {
+  const auto b = q.size(0), t = q.size(2);
   // Under Ulysses a rank holds fewer query heads (and kv heads, or one replica): the same
   // grouping, from the shapes it is given.
-  const auto attend = [this](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    return grouped_causal_attention(q, k, v, sdpa_gqa_);
+  // Tiled layers at long sequences (the whole sequence's length, as attention sees it): one kv
+  // head per call (DecoderConfig::mlp_tiles).
+  const bool by_kv_head = tiles_ && q.size(2) * (sequence_group ? sequence_group->size() : 1) >= kLongAttention;
+  const auto attend = [this, by_kv_head](const torch::Tensor& q, const torch::Tensor& k,
+                                         const torch::Tensor& v) {
+    return grouped_causal_attention(q, k, v, sdpa_gqa_, by_kv_head);
   };
   const auto out = sequence::ulysses_attention(q, k, v, sequence_group, attend);
-  return o_proj(out.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
+  return out.transpose(1, 2).reshape({b, t, heads_ * head_dim_});
 }
 
 MLPImpl::MLPImpl(const DecoderConfig& c) : fused_(c.fused_projections && c.mlp_tiles < 0) {
@@ -204,19 +232,54 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer,
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin) {
+  if (!moe && mlp_tiles_ >= 0) return tiled_forward(x, cos, sin);
   const auto h = x + self_attn(input_layernorm(x), cos, sin);
-  if (!moe && mlp_tiles_ >= 0) {
-    ckpt::TileOptions options;
-    options.tiles = mlp_tiles_;
-    options.name = name() + ".mlp (tiled)";
-    auto params = post_attention_layernorm->parameters();
-    for (const auto& p : mlp->parameters()) params.push_back(p);
-    return h + ckpt::tiled_function(
-                   [this](const torch::Tensor& t) { return mlp(post_attention_layernorm(t)); },
-                   params, h, options);
-  }
   const auto normed = post_attention_layernorm(h);
   return h + (moe ? moe(normed) : mlp(normed));
+}
+
+// ALST's TiledMLP and more: everything of the layer but attention itself is position-wise, so it
+// runs over tiles of the sequence and is recomputed tile by tile in backward (runtime/util/tiled.h).
+// Before attention, the norm, the q/k/v products and the rotation: the normed input (kept for the
+// products' weight gradients, d per token) and the products' gradients exist for one tile at a
+// time. After it, o_proj, the residual, the second norm and the MLP: the residual stream's middle
+// value h (d per token) is not kept at all. What stays whole is what attention needs (q, k, v,
+// its output) and the layer's input and output.
+torch::Tensor DecoderLayerImpl::tiled_forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                              const torch::Tensor& sin) {
+  const auto b = x.size(0), t = x.size(1);
+  ckpt::TileOptions options;
+  options.tiles = mlp_tiles_;
+  options.name = name() + ".q/k/v (tiled)";
+  auto params = input_layernorm->parameters();
+  for (const auto& p : self_attn->head_parameters()) params.push_back(p);
+  // Tiles hold [batch, positions, heads x head_dim]; attention takes [batch, heads, seq, head_dim].
+  const auto rows = [](const torch::Tensor& h) {
+    return h.transpose(1, 2).reshape({h.size(0), h.size(2), h.size(1) * h.size(3)});
+  };
+  const auto qkv = ckpt::tiled_tensors(
+      [this, cos, sin, rows](const std::vector<torch::Tensor>& tile, int64_t start, int64_t length) {
+        const auto [q, k, v] = self_attn->heads(input_layernorm(tile[0]), cos.narrow(0, start, length),
+                                                sin.narrow(0, start, length));
+        return std::vector<torch::Tensor>{rows(q), rows(k), rows(v)};
+      },
+      {x}, params, options);
+  const auto split = [b, t](const torch::Tensor& r, int64_t dim) {
+    return r.view({b, t, r.size(2) / dim, dim}).transpose(1, 2);
+  };
+  const int64_t dim = self_attn->head_dim();
+  const auto attn = self_attn->attend(split(qkv[0], dim), split(qkv[1], dim), split(qkv[2], dim));
+  options.name = name() + ".o_proj + mlp (tiled)";
+  params = self_attn->o_proj->parameters();
+  for (const auto& p : post_attention_layernorm->parameters()) params.push_back(p);
+  for (const auto& p : mlp->parameters()) params.push_back(p);
+  return ckpt::tiled_tensors(
+             [this](const std::vector<torch::Tensor>& tile, int64_t, int64_t) {
+               const auto h = tile[0] + self_attn->o_proj(tile[1]);
+               return std::vector<torch::Tensor>{h + mlp(post_attention_layernorm(h))};
+             },
+             {x, attn}, params, options)
+      .at(0);
 }
 
 DecoderModelImpl::DecoderModelImpl(const DecoderConfig& c, const MoEPlacement& placement)

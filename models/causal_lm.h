@@ -15,6 +15,7 @@
 // model.embed_tokens.weight, as in the files save_pretrained writes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <utility>
 
@@ -47,6 +48,14 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const DecoderConfig& config);
   // x [batch, seq, hidden]; cos, sin [seq, head_dim] (models/rope.h).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // forward's two halves around o_proj: the position-wise q, k, v (rotated; [batch, heads, seq,
+  // head_dim] each), and attention over them ([batch, seq, heads x head_dim], o_proj's input).
+  std::array<torch::Tensor, 3> heads(const torch::Tensor& x, const torch::Tensor& cos,
+                                     const torch::Tensor& sin);
+  torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+  // The parameters heads() reads (the projections but o_proj, the q/k norms).
+  std::vector<torch::Tensor> head_parameters() const;
+  int64_t head_dim() const { return head_dim_; }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
@@ -57,7 +66,10 @@ class AttentionImpl : public torch::nn::Module {
  private:
   int64_t heads_, kv_heads_, head_dim_;
   bool fused_;  // DecoderConfig::fused_projections, without q/k norms
+  bool tiles_;     // DecoderConfig::mlp_tiles asked: the long-context layout
   bool sdpa_gqa_;  // DecoderConfig::sdpa_gqa
+  // From this many positions on, a tiled layer's attention runs one kv head per call.
+  static constexpr int64_t kLongAttention = 16384;
 };
 TORCH_MODULE(Attention);
 
@@ -95,6 +107,8 @@ class DecoderLayerImpl : public torch::nn::Module {
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
 
  private:
+  // mlp_tiles: every position-wise part over tiles of the sequence (the dense layers).
+  torch::Tensor tiled_forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
   int64_t mlp_tiles_ = -1;  // DecoderConfig::mlp_tiles
 };
 TORCH_MODULE(DecoderLayer);

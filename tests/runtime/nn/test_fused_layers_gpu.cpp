@@ -12,7 +12,10 @@
 #include <utility>
 #include <torch/torch.h>
 
+#include "runtime/compat.h"
+#include "runtime/device_memory.h"
 #include "runtime/engine.h"
+#include "runtime/nn/grouped_attention.h"
 #include "runtime/nn/linear_cross_entropy.h"
 #include "runtime/nn/rms_norm.h"
 #include "runtime/nn/rotary.h"
@@ -193,6 +196,46 @@ TEST(FusedLayersGpu, RmsNormKernelIsFasterThanTheFormula) {
     };
     EXPECT_LE(rel(gw(true), gw(false)), 2e-2) << "the weight's gradient alone";
   }
+}
+
+// Attention one kv head's group per flash call (long sequences' layout): the output and the
+// gradients of SDPA's one call (within bf16's rounding; flash computes every head on its own), and
+// a smaller peak of backward (one group's dq accumulator and expanded dk/dv at a time).
+TEST(FusedLayersGpu, GroupedAttentionIsSdpasCallWithASmallerBackwardPeak) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(9);
+  const int64_t b = 1, heads = 32, kv = 8, t = 16384, d = 64;
+  auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(kCuda);
+  const auto q = torch::randn({b, heads, t, d}, bf16), k = torch::randn({b, kv, t, d}, bf16),
+             v = torch::randn({b, kv, t, d}, bf16), dy = torch::randn({b, heads, t, d}, bf16);
+  ASSERT_TRUE(nn::grouped_attention_runs(q, k, 1)) << "LibTorch 2.2+ on a CUDA device";
+  auto pass = [&](bool grouped, int64_t& peak) {
+    auto qi = q.clone().requires_grad_(true), ki = k.clone().requires_grad_(true),
+         vi = v.clone().requires_grad_(true);
+#if STRATA_TORCH_AT_LEAST(2, 5)
+    auto y = grouped ? nn::grouped_attention(qi, ki, vi, 1)
+                     : at::scaled_dot_product_attention(qi, ki, vi, {}, 0.0, /*is_causal=*/true,
+                                                        std::nullopt, /*enable_gqa=*/true);
+#else
+    auto y = qi;  // not reached: grouped_attention_runs is false before LibTorch 2.2
+#endif
+    torch::cuda::synchronize();
+    reset_device_memory_peak(kCuda);
+    const auto before = device_memory(kCuda)->allocated;
+    y.backward(dy);
+    torch::cuda::synchronize();
+    peak = device_memory(kCuda)->peak - before;
+    return std::vector<torch::Tensor>{y.detach(), qi.grad(), ki.grad(), vi.grad()};
+  };
+  int64_t peak_sdpa = 0, peak_grouped = 0;
+  const auto want = pass(false, peak_sdpa);
+  const auto got = pass(true, peak_grouped);
+  const char* names[] = {"output", "dq", "dk", "dv"};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(rel(got[i], want[i]), 1e-2) << names[i];
+  std::printf("attention backward at %ld tokens, %ld heads / %ld kv: peak %.1f MB in one call, "
+              "%.1f MB one kv head per call\n",
+              long(t), long(heads), long(kv), peak_sdpa / 1e6, peak_grouped / 1e6);
+  EXPECT_LT(peak_grouped, peak_sdpa);
 }
 
 // The fused head + loss's kernel (softmax cross-entropy in place over each chunk's logits) against
