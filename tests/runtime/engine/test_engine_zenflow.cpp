@@ -138,43 +138,41 @@ TEST(ZenFlow, WarmUpIsPlainThenTheUnselectedColumnsLagAndTrainingConverges) {
   EXPECT_LT(got.last.zenflow_stale_steps, 4);
 }
 
-// A checkpoint in the middle of a window (the unselected columns' gradients summed, not yet
-// applied) resumes as the straight run continues: the selection, the window and the selected
-// elements' device state come back. Stages 1 and 2.
-TEST(ZenFlow, ResumeInTheMiddleOfAWindowContinuesTheStraightRun) {
-  const auto zf = block(0.3, 3, 6, 1);
+// Trains `save_at` steps, saves, resumes in a fresh engine built from other initial weights and
+// trains to `steps`: the parameters then, against the straight run's (stages 1 and 2).
+void expect_resume_continues(const json& zf, int64_t save_at, int64_t steps, const std::string& name) {
   for (const int64_t stage : {1, 2}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
-    const auto straight = train(stage, 1, zf, 12);
-    const auto dir = testing::TempDir() + "zenflow_resume_" + std::to_string(stage) + "_" +
+    const auto straight = train(stage, 1, zf, steps);
+    const auto dir = testing::TempDir() + name + "_" + std::to_string(stage) + "_" +
                      std::to_string(::getpid());
-    std::vector<torch::Tensor> resumed;
-    {
-      torch::manual_seed(3);
+    auto run = [&](int64_t seed, int64_t from, int64_t to, bool load) {
+      torch::manual_seed(seed);
       Net net;
       auto engine = strata::initialize(net, config_for(stage, 1, zf));
-      for (int64_t s = 0; s < 5; ++s) {  // 1 warm-up step, then a window of 3, one step into the next
+      if (load) engine->load_checkpoint(dir);
+      for (int64_t s = from; s < to; ++s) {
         const auto d = batch(s, 8);
         engine->backward(engine->forward(d.x, d.y));
         engine->step();
       }
-      engine->save_checkpoint(dir);
-    }
-    {
-      torch::manual_seed(99);  // other initial weights: all of them come from the checkpoint
-      Net net;
-      auto engine = strata::initialize(net, config_for(stage, 1, zf));
-      engine->load_checkpoint(dir);
-      for (int64_t s = 5; s < 12; ++s) {
-        const auto d = batch(s, 8);
-        engine->backward(engine->forward(d.x, d.y));
-        engine->step();
-      }
-      for (const auto& p : net->parameters()) resumed.push_back(p.detach().clone());
-    }
-    EXPECT_LE(max_rel(resumed, straight.params.back()), 1e-6);
+      if (!load) engine->save_checkpoint(dir);
+      std::vector<torch::Tensor> now;
+      for (const auto& p : net->parameters()) now.push_back(p.detach().clone());
+      return now;
+    };
+    run(3, 0, save_at, false);
+    // Other initial weights (seed 99): all of them come from the checkpoint.
+    EXPECT_LE(max_rel(run(99, save_at, steps, true), straight.params.back()), 1e-6);
     std::filesystem::remove_all(dir);
   }
+}
+
+// A checkpoint in the middle of a window (the unselected columns' gradients summed, not yet
+// applied) resumes as the straight run continues: the selection, the window and the selected
+// elements' device state come back. 1 warm-up step, a window of 3, one step into the next.
+TEST(ZenFlow, ResumeInTheMiddleOfAWindowContinuesTheStraightRun) {
+  expect_resume_continues(block(0.3, 3, 6, 1), 5, 12, "zenflow_resume");
 }
 
 // overlap_step: the CPU update of a window runs beside the next window and its weights are
@@ -221,41 +219,10 @@ TEST(ZenFlow, OverlapStepInstallsEachWindowOneWindowLate) {
 }
 
 // A checkpoint taken while an overlapped update is pending (applied to the master and moments,
-// not yet to the model's weights) resumes as the straight overlapped run continues.
+// not yet to the model's weights) resumes as the straight overlapped run continues: 1 warm-up
+// step, a window of 3 (pending), one step more.
 TEST(ZenFlow, ResumeWithAnOverlappedUpdatePendingContinuesTheStraightRun) {
-  const auto zf = block(0.3, 3, 6, 1, /*overlap=*/true);
-  for (const int64_t stage : {1, 2}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
-    const auto straight = train(stage, 1, zf, 12);
-    const auto dir = testing::TempDir() + "zenflow_overlap_resume_" + std::to_string(stage) + "_" +
-                     std::to_string(::getpid());
-    std::vector<torch::Tensor> resumed;
-    {
-      torch::manual_seed(3);
-      Net net;
-      auto engine = strata::initialize(net, config_for(stage, 1, zf));
-      for (int64_t s = 0; s < 5; ++s) {  // 1 warm-up step, a window of 3 (pending), one step more
-        const auto d = batch(s, 8);
-        engine->backward(engine->forward(d.x, d.y));
-        engine->step();
-      }
-      engine->save_checkpoint(dir);
-    }
-    {
-      torch::manual_seed(99);
-      Net net;
-      auto engine = strata::initialize(net, config_for(stage, 1, zf));
-      engine->load_checkpoint(dir);
-      for (int64_t s = 5; s < 12; ++s) {
-        const auto d = batch(s, 8);
-        engine->backward(engine->forward(d.x, d.y));
-        engine->step();
-      }
-      for (const auto& p : net->parameters()) resumed.push_back(p.detach().clone());
-    }
-    EXPECT_LE(max_rel(resumed, straight.params.back()), 1e-6);
-    std::filesystem::remove_all(dir);
-  }
+  expect_resume_continues(block(0.3, 3, 6, 1, /*overlap=*/true), 5, 12, "zenflow_overlap_resume");
 }
 
 // A checkpoint of an exact run resumed in ZenFlow mode starts it afresh: its warm-up steps are
