@@ -37,6 +37,7 @@
 #include "examples/gpt.h"
 #include "examples/gpt_moe.h"
 #include "examples/train_args.h"
+#include "examples/train_metrics.h"
 #include "models/causal_lm.h"
 #include "runtime/checkpoint/hf_export.h"
 #include "runtime/checkpoint/import_weights.h"
@@ -85,19 +86,6 @@ strata::examples::GPTConfig hf_shape(const strata::models::DecoderConfig& c, con
   g.ffn = c.intermediate_size;
   g.seq_len = c.max_position_embeddings > 0 ? std::min<int64_t>(256, c.max_position_embeddings) : 256;
   return g;
-}
-
-// The process's resident set now and at its peak (VmRSS, VmHWM of /proc/self/status), in bytes:
-// what the kernel counts, not a tally of Strata's buffers.
-std::pair<int64_t, int64_t> host_rss() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  int64_t rss = 0, peak = 0;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) rss = std::stoll(line.substr(6)) * 1024;
-    if (line.rfind("VmHWM:", 0) == 0) peak = std::stoll(line.substr(6)) * 1024;
-  }
-  return {rss, peak};
 }
 
 std::string absolute_path(const std::string& path) {
@@ -482,26 +470,9 @@ int run(const strata::examples::TrainArgs& args) {
                             {"lr", lr},              {"lrs", lrs},
                             {"tokens_per_s", tokens_per_s},
                             {"step_time_s", step_s}, {"samples", engine->global_samples()}};
-      if (!std::isnan(engine->last_grad_norm())) row["grad_norm"] = engine->last_grad_norm();
-      row["loss_scale"] = engine->loss_scale();
+      add_engine_metrics(row, *engine);
       if (tokens) row["sample_ids"] = step_ids;
       if (args.state_digest) row["state_digest"] = digests;
-      row["skipped"] = engine->last_step_skipped();
-      row["skipped_steps"] = engine->skipped_steps();  // in all, since step 1
-      row["model_state_bytes"] = engine->model_state_bytes().total();
-      row["host_peak_rss_bytes"] = host_rss().second;  // this process's (rank 0's) peak so far
-      if (const auto* t = engine->last_offload_times(); t && t->speculated > 0) {
-        // super_offload: steps begun during backward, and those redone or dropped after it.
-        row["speculated_steps"] = t->speculated;
-        row["redone_steps"] = t->redone;
-      }
-      if (const auto* t = engine->last_offload_times(); t && t->zenflow_device_elements > 0) {
-        // ZenFlow: what the device steps every step, and how stale the CPU's part is.
-        row["zenflow_columns"] = t->zenflow_columns;
-        row["zenflow_device_elements"] = t->zenflow_device_elements;
-        row["zenflow_stale_steps"] = t->zenflow_stale_steps;
-      }
-      row["live_param_bytes_peak"] = engine->live_param_bytes_peak();
       if (const auto m = strata::device_memory(device); m && memory_before) {  // CUDA only
         row["activation_bytes_peak"] = m->peak - memory_before->allocated;
         // The step's peak over this rank's tokens in it: the long-context figure (issue 58).
@@ -534,20 +505,7 @@ int run(const strata::examples::TrainArgs& args) {
         row["nvme_write_wait_s"] =
             t.write_wait_s + t.wait_all_s - nvme_before.write_wait_s - nvme_before.wait_all_s;
       }
-      if (engine->expert_window_bytes() > 0) {  // streamed experts (moe.expert_unit_size)
-        row["expert_bytes_peak"] = engine->expert_bytes_peak();
-        row["expert_window_bytes"] = engine->expert_window_bytes();
-        row["skipped_expert_units"] = skipped_units;
-      }
-      if (const auto* r = engine->expert_gradient_reducer()) {
-        // The experts' gradient buckets: the most bytes held at once so far against the bound
-        // they keep to, and the reduce-scatters the last backward launched before it was done.
-        row["expert_reducer_peak_bytes"] = r->peak_bucket_numel() * r->element_size();
-        if (r->max_live_numel() > 0)
-          row["expert_reducer_bound_bytes"] = r->max_live_numel() * r->element_size();
-        row["expert_reductions_during_backward"] = r->launched_during_backward();
-        row["expert_reducer_buckets"] = r->bucket_count();
-      }
+      if (engine->expert_window_bytes() > 0) row["skipped_expert_units"] = skipped_units;
       metrics << row.dump() << '\n' << std::flush;
       if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: write failed",
                                             args.metrics_jsonl));
