@@ -288,16 +288,41 @@ void install_master_state(zero::PartitionedOptimizer& partitioned,
   torch::NoGradGuard no_grad;
   const int64_t numel = partitioned.master().numel();
   if (!partitioned.swaps()) {
-    // The master is in memory already: the saved one arrives partition-sized, then in place.
-    auto read = [&](const std::string& name) {
-      auto t = torch::empty({numel}, torch::kFloat);
-      source(name, 0, numel, t.data_ptr<float>());
-      return t.view(partitioned.master().sizes());
+    // The master is in memory already: the saved arrays are read straight into it and into the
+    // state's own tensors (those the optimizer holds when they fit, else new ones it keeps), so
+    // that no array exists twice (issue 60: the largest models fill host memory with them).
+    const auto& master = partitioned.master();
+    auto fill = [&](const std::string& name, const torch::Tensor& dst) {
+      if (dst.device().is_cpu() && dst.scalar_type() == torch::kFloat && dst.is_contiguous()) {
+        source(name, 0, numel, dst.data_ptr<float>());
+        return;
+      }
+      // On a device: through one bounded host buffer.
+      const int64_t tile = std::min<int64_t>(numel, int64_t(1) << 22);
+      auto staging = torch::empty({tile}, torch::kFloat);
+      auto flat = dst.view({-1});
+      for (int64_t o = 0; o < numel; o += tile) {
+        const int64_t n = std::min(tile, numel - o);
+        source(name, o, n, staging.data_ptr<float>());
+        flat.narrow(0, o, n).copy_(staging.narrow(0, 0, n));
+      }
     };
-    partitioned.master().copy_(read("master"));
+    fill("master", master);
+    const auto live = optim::export_param_state(optimizer, master);
     optim::ParamState state = header;
-    for (auto& [name, t] : state.tensors) t = read("state." + name);
-    optim::import_param_state(optimizer, partitioned.master(), state);
+    for (auto& [name, t] : state.tensors) {
+      torch::Tensor into;
+      if (live && live->type == header.type)
+        for (const auto& [n, held] : live->tensors)
+          if (n == name && held.sizes() == master.sizes() &&
+              held.scalar_type() == master.scalar_type() && held.device() == master.device() &&
+              held.is_contiguous())
+            into = held;
+      if (!into.defined()) into = torch::empty_like(master);
+      fill("state." + name, into);
+      t = into;
+    }
+    optim::import_param_state(optimizer, master, state, /*copy=*/false);
     return;
   }
   auto& adam = dynamic_cast<optim::Adam&>(optimizer);

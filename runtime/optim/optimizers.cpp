@@ -470,13 +470,18 @@ void check_param_state(const torch::optim::Optimizer& optimizer, const torch::Te
 }
 
 void import_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
-                        const ParamState& state) {
+                        const ParamState& state, bool copy) {
   check_param_state(optimizer, param, state);
   auto& states = optimizer.state();
   const auto key = detail::state_key<std::decay_t<decltype(states)>>(param);
   auto tensor = [&](const std::string& name) {
     for (const auto& [n, t] : state.tensors)
-      if (n == name) return t.to(param.options(), /*non_blocking=*/false, /*copy=*/true);
+      if (n == name) {
+        if (!copy && (t.scalar_type() != param.scalar_type() || t.device() != param.device()))
+          throw Error(fmt::format("optimizer state '{}': tensor '{}' kept as given must have the "
+                                  "parameter's dtype and device", state.type, name));
+        return copy ? t.to(param.options(), /*non_blocking=*/false, /*copy=*/true) : t;
+      }
     throw Error(fmt::format("optimizer state '{}' lacks tensor '{}'", state.type, name));
   };
   if (state.type == "none") {

@@ -26,9 +26,11 @@ std::optional<ParamState> export_param_state(const torch::optim::Optimizer& opti
 // type needs, each shaped like the parameter. Changes nothing (checkpoints check before loading).
 void check_param_state(const torch::optim::Optimizer& optimizer, const torch::Tensor& param,
                        const ParamState& state);
-// Replaces `param`'s state (tensors are copied) after check_param_state.
+// Replaces `param`'s state (tensors are copied) after check_param_state. With `copy` false the
+// state keeps the tensors given, which must have the parameter's dtype and device already (a
+// checkpoint read into them: no second copy of a partition-sized array).
 void import_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
-                        const ParamState& state);
+                        const ParamState& state, bool copy = true);
 
 // LibTorch's own serialization of the whole optimizer, as bytes.
 std::string save_optimizer_archive(torch::optim::Optimizer& optimizer);
