@@ -3,10 +3,10 @@
 // each weight's gradient, every 1-D parameter) are stepped on the device at every step with
 // their own fp32 master and moments, the rest by the CPU Adam every update_interval steps on the
 // window's mean gradient. The gradient, the window's sum and the columns' scores stay on the
-// device; the sum crosses to host memory once per window. The host master and moments keep the whole partition's shape; for the
-// selected elements they are written back from the device when the selection changes, so a
-// selection hands its state over instead of dropping it (DeepSpeed zeroes the moments and rounds
-// the master to 16 bits there).
+// device; the sum crosses to host memory once per window. The host master and moments keep the
+// whole partition's shape; for the selected elements they are written back from the device when
+// the selection changes, so a selection hands its state over instead of dropping it (DeepSpeed
+// zeroes the moments and rounds the master to 16 bits there).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -117,6 +117,7 @@ void PartitionedOptimizer::apply_zenflow(double clip_coef, const torch::Tensor& 
     if (!shards_.is_contiguous()) shards_.scatter(mine, partition_index(), flat_->data());
     return;
   }
+  host_grad_ = torch::Tensor();  // the warm-up's host copy of the gradient, needed no more
   if (!device_step_ || !overlapped_step_)
     throw Error("zero_optimization.zenflow steps Strata's Adam/AdamW on the device and on the "
                 "CPU (optimizer.type \"Adam\" or \"AdamW\", one param group)");
