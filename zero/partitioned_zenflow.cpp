@@ -264,6 +264,15 @@ void PartitionedOptimizer::restore_zenflow(const ZenFlowCheckpoint& saved) {
     flat.masked_scatter_(in, z.part_index.masked_select(in) - piece.offset + piece.flat_begin);
   }
   z.flat_index = flat.to(device_);
+  // The columns this rank's selection touches (the saved count is rank 0's, of its old cut).
+  z.columns = 0;
+  const auto& params = flat_->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].dim() < 2) continue;
+    const int64_t fo = flat_->offset(i), n = params[i].numel();
+    const auto in = flat.ge(fo).logical_and(flat.lt(fo + n));
+    z.columns += std::get<0>(at::_unique((flat.masked_select(in) - fo).remainder(n / params[i].size(0)))).numel();
+  }
   z.master = z.exp_avg = z.exp_avg_sq = torch::Tensor();  // load_device_share() reads them
 }
 
