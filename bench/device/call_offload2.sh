@@ -2,7 +2,8 @@
 # Issue 60, second call: the 3B pair (offload.sh, B=4), then Llama-3.1-8B's shape (random init from
 # bench/device/llama-8b.json), Strata alone, ZeRO-3 with both offloaded, with what is left of
 # LIMIT s; a watchdog ends the 8B run if the machine's available memory falls under 1.5 GiB (it
-# does not fit) and says so.
+# does not fit) and says so. CONFIG8 names the 8B run's config (default: both in host memory, 16
+# bytes per parameter there; configs/bench_hf_zero3_param_nvme.json keeps the weights on NVMe, 14).
 set -uo pipefail
 START=$(date +%s); export START
 nvidia-smi -L; free -g | head -2; df -h /tmp | tail -1
@@ -18,7 +19,7 @@ if (( left > 120 )); then
     done ) > "$OUT/watchdog.log" 2>&1 &
   wd=$!
   export LD_LIBRARY_PATH="/tmp/deps/usr/lib/x86_64-linux-gnu:/tmp/deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-  python3 -c "import json; c=json.load(open('configs/bench_hf_zero3_offload.json')); c['train_micro_batch_size_per_gpu']=${B8:-2}; json.dump(c, open('/tmp/z3off_8b.json','w'))"
+  python3 -c "import json; c=json.load(open('${CONFIG8:-configs/bench_hf_zero3_offload.json}')); c['train_micro_batch_size_per_gpu']=${B8:-2}; json.dump(c, open('/tmp/z3off_8b.json','w'))"
   timeout $(( left - 10 )) python3 -c 'import resource, subprocess, sys
 rc = subprocess.call(sys.argv[1:])
 print("host_peak_rss_kb", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
