@@ -2,7 +2,7 @@
 //
 //   auto out = strata::nn::grouped_attention(q, k, v, kv_per_call);  // [b, heads, t, d] each
 //
-// Flash attention's backward allocates, per call, an fp32 accumulator for dq ([b, t, heads, d]:
+// The attention kernels' backward allocates, per call, an fp32 accumulator for dq ([b, t, heads, d]:
 // 8 KB per token for 32 heads of 64) and, under grouped-query attention, dk and dv expanded to
 // every query head (2 x 4 KB per token in bf16) before summing them per kv head. At 128K tokens
 // that is 16 KB per token of the layer's backward peak, more than q, k and v themselves. Called
@@ -13,7 +13,9 @@
 //
 // One autograd node; forward keeps q, k, v, the output and the log-sum-exp, as SDPA does. On a CUDA
 // device with LibTorch 2.2 or later, for fp16/bf16 and head dims flash attention takes; elsewhere
-// (and for one group) SDPA's own call (is_causal, enable_gqa where LibTorch has it).
+// (and for one group) SDPA's own call (is_causal, enable_gqa where LibTorch has it). Each group runs
+// cuDNN's attention kernels (LibTorch 2.6+, what SDPA itself picks on Hopper: about 1.4x flash's
+// speed) unless a first small forward + backward with them fails; then flash attention's.
 #pragma once
 
 #include <cstdint>
