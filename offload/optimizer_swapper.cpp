@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -29,8 +30,22 @@ OptimizerSwapper::OptimizerSwapper(NvmeStore& store, const std::string& prefix, 
                             "at least 1)", prefix, options.tile_numel));
   tile_ = std::min((options.tile_numel + kTileGrain - 1) / kTileGrain * kTileGrain,
                    (numel + kTileGrain - 1) / kTileGrain * kTileGrain);
+  if (options.resident_numel < 0)
+    throw Error(fmt::format("optimizer swapper '{}': {} elements in host memory", prefix,
+                            options.resident_numel));
+  resident_tiles_ = options.resident_numel >= numel ? tiles() : options.resident_numel / tile_;
+  try {
+    if (resident_tiles_ > 0)
+      for (auto& r : resident_) r = AlignedBuffer(static_cast<size_t>(resident_numel()) * sizeof(float));
+  } catch (const std::bad_alloc&) {
+    throw Error(fmt::format("optimizer swapper '{}': host memory for {} elements of each of the "
+                            "master and both moments ({:.2f} GB) could not be allocated; lower "
+                            "zero_optimization.offload_optimizer.max_in_cpu",
+                            prefix, resident_numel(), 12.0 * double(resident_numel()) / 1e9));
+  }
+  if (swapped_numel() == 0) return;  // no files, no tile buffers
   for (int a = 0; a < kArrays; ++a)
-    files_[a] = store_.create(prefix + kSuffix[a], static_cast<uint64_t>(numel) * sizeof(float));
+    files_[a] = store_.create(prefix + kSuffix[a], static_cast<uint64_t>(swapped_numel()) * sizeof(float));
   for (auto& s : sets_)
     for (auto& buffer : s.array) buffer = AlignedBuffer(static_cast<size_t>(tile_) * sizeof(float));
 }
@@ -40,7 +55,7 @@ int64_t OptimizerSwapper::tile_length(int64_t tile) const {
 }
 
 void OptimizerSwapper::start_read(Set& s, int64_t tile) {
-  const uint64_t offset = static_cast<uint64_t>(tile * tile_) * sizeof(float);
+  const uint64_t offset = file_offset(tile);
   const uint64_t bytes = static_cast<uint64_t>(tile_length(tile)) * sizeof(float);
   for (int a = 0; a < kArrays; ++a) s.read[a] = store_.read(files_[a], offset, data(s, a), bytes);
   s.reading = true;
@@ -53,7 +68,7 @@ void OptimizerSwapper::finish_read(Set& s) {
 }
 
 void OptimizerSwapper::start_write(Set& s, int64_t tile, int arrays_mask) {
-  const uint64_t offset = static_cast<uint64_t>(tile * tile_) * sizeof(float);
+  const uint64_t offset = file_offset(tile);
   const uint64_t bytes = static_cast<uint64_t>(tile_length(tile)) * sizeof(float);
   for (int a = 0; a < kArrays; ++a)
     if (arrays_mask & (1 << a)) s.write[a] = store_.write(files_[a], offset, data(s, a), bytes);
@@ -69,12 +84,17 @@ void OptimizerSwapper::finish_write(Set& s) {
 
 void OptimizerSwapper::for_each_tile(const TileFn& fn) {
   times_ = {};
-  const int64_t n = tiles();
+  const int64_t n = tiles(), first = resident_tiles_;
   try {
-    start_read(sets_[0], 0);
-    for (int64_t t = 0; t < n; ++t) {
-      Set& cur = sets_[t % 2];
-      Set& next = sets_[(t + 1) % 2];
+    if (first < n) start_read(sets_[0], first);  // arrives while the resident tiles are stepped
+    for (int64_t t = 0; t < first; ++t) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn(t * tile_, tile_length(t), resident(kMaster, t), resident(kExpAvg, t), resident(kExpAvgSq, t));
+      times_.compute_ms += ms_since(t0);
+    }
+    for (int64_t t = first; t < n; ++t) {
+      Set& cur = sets_[(t - first) % 2];
+      Set& next = sets_[(t - first + 1) % 2];
       auto t0 = std::chrono::steady_clock::now();
       finish_read(cur);
       times_.read_wait_ms += ms_since(t0);
@@ -111,8 +131,9 @@ void OptimizerSwapper::for_each_tile(const TileFn& fn) {
 }
 
 void OptimizerSwapper::write_tiles(Array a, const TileOut& produce) {
+  for (int64_t t = 0; t < resident_tiles_; ++t) produce(t * tile_, tile_length(t), resident(a, t));
   Set& s = sets_[0];
-  for (int64_t t = 0; t < tiles(); ++t) {
+  for (int64_t t = resident_tiles_; t < tiles(); ++t) {
     produce(t * tile_, tile_length(t), data(s, a));
     start_write(s, t, 1 << a);
     finish_write(s);
@@ -120,9 +141,10 @@ void OptimizerSwapper::write_tiles(Array a, const TileOut& produce) {
 }
 
 void OptimizerSwapper::read_tiles(Array a, const TileIn& consume) const {
+  for (int64_t t = 0; t < resident_tiles_; ++t) consume(t * tile_, tile_length(t), resident(a, t));
   Set& s = sets_[0];
-  for (int64_t t = 0; t < tiles(); ++t) {
-    const uint64_t offset = static_cast<uint64_t>(t * tile_) * sizeof(float);
+  for (int64_t t = resident_tiles_; t < tiles(); ++t) {
+    const uint64_t offset = file_offset(t);
     const uint64_t bytes = static_cast<uint64_t>(tile_length(t)) * sizeof(float);
     store_.wait(store_.read(files_[a], offset, data(s, a), bytes));
     consume(t * tile_, tile_length(t), data(s, a));

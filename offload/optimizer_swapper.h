@@ -5,12 +5,17 @@
 // (pipeline_write), through two sets of aligned buffers, so the disk, not the CPU or waiting, is
 // the bound. Memory: 2 sets x 3 arrays x tile_numel floats, whatever the partition's size.
 //
+// With `resident_numel` (offload_optimizer.max_in_cpu), the first tiles that fit in it stay in
+// host memory, stepped in place (no I/O), and only the rest has files: the optimizer on NVMe for
+// what host memory cannot hold. The first swapped tile is read while the resident ones are stepped.
+//
 // Tiles are cut at multiples of 1024 elements (4 KiB, O_DIRECT's grid), so every tile's offset
 // in each file is aligned; the last tile takes the rest. The store checks every page it reads
 // against the CRC32C it kept when writing it: a flipped byte in a swap file is an error naming
 // the file and offset, never a silently wrong weight.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -24,6 +29,7 @@ struct SwapperOptions {
   int64_t tile_numel = 1 << 20;  // elements per tile (rounded up to 1024)
   bool pipeline_read = true;     // read the next tile while this one is stepped
   bool pipeline_write = true;    // write this tile back while the next one is stepped
+  int64_t resident_numel = 0;    // elements of each array kept in host memory (whole tiles)
 };
 
 // Where the last pass's time went (ms): waiting for reads, the caller's work, waiting for writes.
@@ -45,7 +51,11 @@ class OptimizerSwapper {
   int64_t numel() const { return numel_; }
   int64_t tile_numel() const { return tile_; }
   int64_t tiles() const { return (numel_ + tile_ - 1) / tile_; }
-  const std::string& path(Array a) const { return store_.path(files_[a]); }
+  // Elements of each array in host memory (the first ones) and in the files (the rest).
+  int64_t resident_numel() const { return std::min(numel_, resident_tiles_ * tile_); }
+  int64_t swapped_numel() const { return numel_ - resident_numel(); }
+  // The array's file ("" when every tile is resident).
+  std::string path(Array a) const { return swapped_numel() > 0 ? store_.path(files_[a]) : std::string(); }
 
   // A whole array from memory to its file, or back (initialisation, checkpoints), through the
   // tile buffers; `src`/`dst` hold numel floats and need no alignment.
@@ -76,6 +86,12 @@ class OptimizerSwapper {
     bool reading = false, writing = false;
   };
   static float* data(Set& s, int a) { return reinterpret_cast<float*>(s.array[a].data()); }
+  float* resident(int a, int64_t tile) const {
+    return reinterpret_cast<float*>(resident_[a].data()) + tile * tile_;
+  }
+  uint64_t file_offset(int64_t tile) const {
+    return static_cast<uint64_t>((tile - resident_tiles_) * tile_) * sizeof(float);
+  }
   void start_read(Set& s, int64_t tile);
   void finish_read(Set& s);
   void start_write(Set& s, int64_t tile, int arrays_mask);
@@ -84,7 +100,9 @@ class OptimizerSwapper {
 
   NvmeStore& store_;
   int64_t numel_, tile_;
+  int64_t resident_tiles_ = 0;  // tiles [0, resident_tiles_) live in resident_, the rest in files_
   SwapperOptions options_;
+  mutable AlignedBuffer resident_[kArrays];
   NvmeStore::FileId files_[kArrays];
   mutable Set sets_[2];  // read_tiles (const) borrows a buffer
   SwapTimes times_;

@@ -60,6 +60,7 @@ zero::OffloadOptions Engine::optimizer_offload_options() {
   o.nvme = nvme_store_;
   o.pipeline_read = oo.pipeline_read;
   o.pipeline_write = oo.pipeline_write;
+  o.host_budget = std::make_shared<int64_t>(oo.max_in_cpu);
   return o;
 }
 
@@ -154,10 +155,15 @@ void Engine::finish_optimizer_offload() {
     for (const auto& g : groups_)
       use_swapped_adam(*g->partitioned(), g->optimizer(), whose(*g, "this optimizer"));
     const auto* swapper = dense_partitioned->swapper();
+    int64_t resident = 0;
+    for (const auto& g : groups_) resident += g->partitioned()->swapper()->resident_numel();
     log::info("[strata] optimizer offload to NVMe: fp32 master and Adam state of {} elements in "
-              "swap files under {}{}, stepped on the CPU ({}, {} thread(s)) in tiles of {} "
+              "swap files under {}{}{}, stepped on the CPU ({}, {} thread(s)) in tiles of {} "
               "elements (host buffers {} MB{}{}){}",
-              numel, nvme_store_->folder(), nvme_store_->direct() ? " (O_DIRECT)" : " (buffered)",
+              numel - resident, nvme_store_->folder(), nvme_store_->direct() ? " (O_DIRECT)" : " (buffered)",
+              resident > 0 ? fmt::format(" and of {} more in host memory (offload_optimizer.max_in_cpu, "
+                                         "{:.2f} GB)", resident, 12.0 * double(resident) / 1e9)
+                           : std::string(),
               offload::cpu_adam_isa(), at::get_num_threads(), swapper->tile_numel(),
               (6 * swapper->tile_numel() * 4) >> 20,
               zero.offload_optimizer.pipeline_read ? ", read ahead" : "",

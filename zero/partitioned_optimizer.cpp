@@ -160,8 +160,10 @@ void PartitionedOptimizer::init_master(const torch::Tensor& partition,
     so.tile_numel = options_.offload.tile_numel > 0 ? options_.offload.tile_numel : n;
     so.pipeline_read = options_.offload.pipeline_read;
     so.pipeline_write = options_.offload.pipeline_write;
+    if (const auto& budget = options_.offload.host_budget) so.resident_numel = *budget;
     swapper_ = std::make_unique<offload::OptimizerSwapper>(*options_.offload.nvme,
                                                            options_.offload.swap_name, n, so);
+    if (const auto& budget = options_.offload.host_budget) *budget -= swapper_->resident_numel();
     swapper_->write_tiles(offload::OptimizerSwapper::kMaster, [&](int64_t lo, int64_t len, float* dst) {
       const auto tile = partition.narrow(0, lo, len).to(torch::kCPU, torch::kFloat).contiguous();
       std::memcpy(dst, tile.data_ptr<float>(), static_cast<size_t>(len) * sizeof(float));
@@ -537,8 +539,11 @@ ModelStateBytes PartitionedOptimizer::state_bytes() const {
   bytes.grads = nbytes(grad_flat_) + nbytes(grad_accum_) + nbytes(grad_partition_) +
                 nbytes(host_grad_) + nbytes(host_accum_);
   if (swapper_) {
-    // master_ keeps only the shape: the master and both moments are in the swap files.
-    bytes.nvme += int64_t(offload::OptimizerSwapper::kArrays) * swapper_->numel() * 4;
+    // master_ keeps only the shape: the master and both moments are in the swap files, but for
+    // the first tiles' (offload_optimizer.max_in_cpu) in host memory.
+    bytes.nvme += int64_t(offload::OptimizerSwapper::kArrays) * swapper_->swapped_numel() * 4;
+    bytes.master += swapper_->resident_numel() * 4;
+    bytes.optimizer += 2 * swapper_->resident_numel() * 4;
   } else {
     bytes.master = nbytes(master_);
   }

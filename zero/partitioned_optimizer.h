@@ -74,6 +74,10 @@ struct OffloadOptions {
   std::shared_ptr<offload::NvmeStore> nvme;
   std::string swap_name = "optimizer";  // the swap files' names in the store
   bool pipeline_read = false, pipeline_write = false;
+  // offload_optimizer.max_in_cpu with the state on NVMe: elements of state (master and moments
+  // alike) still allowed in host memory, shared by every partition of the rank; each takes what
+  // its first tiles need as its swapper is built (offload/optimizer_swapper.h).
+  std::shared_ptr<int64_t> host_budget;
   // offload_optimizer.super_offload (host memory, Strata's Adam): the boundary micro-step's CPU
   // step starts during backward, speculatively, and is kept only where exact
   // (zero/speculative_step.h).

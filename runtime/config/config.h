@@ -67,6 +67,7 @@ struct OffloadOptimizerConfig {
   bool super_offload = false;
   bool convert_grad_on_cpu = true;
   double cpuadam_cores_perc = 0.8;
+  int64_t max_in_cpu = 0;  // Strata's own: state elements kept in host memory with device nvme
 };
 
 // zero_optimization.zenflow (DeepSpeed's ZenFlow, docs/zenflow.md): the top columns of each

@@ -70,6 +70,12 @@ Block make_offload_optimizer() {
       .range(0, 1).ignored("DeepSpeed applies it with super_offload only; Strata's CPU Adam uses the "
                            "rank's CPU threads (OMP_NUM_THREADS, or the cores shared among local ranks)")
       .describe("Fraction of CPU cores the CPU Adam uses (ZeRO-3 with super_offload)");
+  b.add(&OffloadOptimizerConfig::max_in_cpu, "max_in_cpu")
+      .min(0)
+      .describe("Strata's own (offload_param's key, for the optimizer): with device nvme, elements of "
+                "optimizer state (fp32 master and both moments, 12 bytes each) each rank keeps in host "
+                "memory; its partitions' first tiles (sub_group_size) stay there and only the rest is "
+                "swapped");
   Block block = b.build();
   block.auto_is_default = true;
   return block;
@@ -232,6 +238,13 @@ void finish_zero(void* obj, Ctx& ctx, const std::string& path) {
               fmt::format("{}.super_offload speculates the CPU step on state in host memory; with "
                           "device \"nvme\" the state streams through swap files. Use device \"cpu\", "
                           "or set super_offload false", oo));
+  if (z.offload_optimizer.max_in_cpu > 0 && z.offload_optimizer.device != "nvme")
+    ctx.error(oo + ".max_in_cpu",
+              fmt::format("{}.max_in_cpu keeps part of the optimizer's NVMe state in host memory; with "
+                          "device \"{}\" {}. Set device \"nvme\" or drop max_in_cpu", oo,
+                          z.offload_optimizer.device,
+                          z.offload_optimizer.device == "cpu" ? "all of it is in host memory already"
+                                                              : "there is no offloaded state"));
   if (z.offload_optimizer.device == "nvme" && z.stage < 3)
     ctx.error(oo + ".device", fmt::format("{}.device = \"nvme\" needs stage 3 (stage is {}); use "
                                           "\"cpu\" or set stage 3", oo, z.stage));

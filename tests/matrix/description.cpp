@@ -223,6 +223,13 @@ Description generate(uint64_t seed, int max_world) {
     p.zenflow_select = zf_rng.pick<int>({0, 1, 2, 3});
     p.zenflow_warmup = zf_rng.pick<int>({0, 0, 1, 2});
   }
+  // offload_optimizer.max_in_cpu (issue 60), a stream of its own: with the optimizer on NVMe, part
+  // of the state (a tile or a few; the tiny models hold tens of thousands of elements) or all of it
+  // in host memory.
+  Rng host_rng{seed * 0x9e3779b97f4a7c15ull + 0x60};
+  for (auto& p : d.phases)
+    if (p.offload_optimizer == "nvme" && host_rng.chance(50))
+      p.nvme_in_cpu = host_rng.pick<int64_t>({1, 15000, 40000, int64_t(1) << 40});
   return d;
 }
 
@@ -240,7 +247,7 @@ nlohmann::json to_json(const Description& d) {
                       {"checkpointing", p.checkpointing},
                       {"checkpoint_store", p.checkpoint_store}, {"mlp_tiles", p.mlp_tiles},
                       {"sp", p.sp}, {"zenflow", p.zenflow}, {"zenflow_select", p.zenflow_select},
-                      {"zenflow_warmup", p.zenflow_warmup}});
+                      {"zenflow_warmup", p.zenflow_warmup}, {"nvme_in_cpu", p.nvme_in_cpu}});
   return {{"seed", d.seed}, {"model", d.model}, {"dropout", d.dropout}, {"masked", d.masked},
           {"dtype", d.dtype},
           {"optimizer", d.optimizer},
@@ -295,6 +302,7 @@ Description from_json(const nlohmann::json& j) {
     p.zenflow = pj.value("zenflow", 0.0);
     p.zenflow_select = pj.value("zenflow_select", 0);
     p.zenflow_warmup = pj.value("zenflow_warmup", 0);
+    p.nvme_in_cpu = pj.value("nvme_in_cpu", int64_t(0));
     d.phases.push_back(p);
   }
   if (d.phases.empty()) d.phases.push_back(Phase{1, d.per_step});
@@ -343,6 +351,7 @@ std::string summary(const Description& d) {
     if (p.sp > 1) s << " sp" << p.sp;
     if (p.zenflow > 0)
       s << " zf" << p.zenflow << "/s" << p.zenflow_select << "/w" << p.zenflow_warmup;
+    if (p.nvme_in_cpu > 0) s << " in_cpu=" << p.nvme_in_cpu;
   }
   if (d.model == "tiny-moe")
     s << " | k" << d.top_k << " cf" << d.capacity_factor << (d.drop_tokens ? " drop" : " dropless")
@@ -368,7 +377,7 @@ int64_t complexity(const Description& d) {
          (p.exchange_chunks > 1) + p.super_offload +
          (p.checkpointing.empty() ? 0 : p.checkpointing == "every" ? 1 : 2) +
          !p.checkpoint_store.empty() + (p.mlp_tiles >= 0) + (p.sp > 1) + (p.zenflow > 0) +
-         (p.zenflow_select > 0) + (p.zenflow_warmup > 0);
+         (p.zenflow_select > 0) + (p.zenflow_warmup > 0) + (p.nvme_in_cpu > 0);
   }
   c += (d.persistence_threshold != 0) + (d.reduce_bucket_size != 0) +
        (d.allgather_bucket_size != 0) + (d.prefetch_bucket_size != 0) +
@@ -429,7 +438,7 @@ std::vector<Description> simplifications(const Description& d) {
     if (p.offload_param != "none") on([](Phase& q) { q.offload_param = "none"; });
     if (p.offload_optimizer != "none") on([](Phase& q) { q.offload_optimizer = "none", q.super_offload = false; });
     if (p.super_offload) on([](Phase& q) { q.super_offload = false; });
-    if (p.offload_optimizer == "nvme") on([](Phase& q) { q.offload_optimizer = "cpu"; });
+    if (p.offload_optimizer == "nvme") on([](Phase& q) { q.offload_optimizer = "cpu", q.nvme_in_cpu = 0; });
     if (p.offload_param == "nvme") on([](Phase& q) { q.offload_param = "cpu"; });
     for (int st = 0; st < p.stage; ++st)
       on([st](Phase& q) {
@@ -453,6 +462,7 @@ std::vector<Description> simplifications(const Description& d) {
     if (p.zenflow > 0) on([](Phase& q) { q.zenflow = 0, q.zenflow_select = 0, q.zenflow_warmup = 0; });
     if (p.zenflow_select > 0) on([](Phase& q) { q.zenflow_select = 0; });
     if (p.zenflow_warmup > 0) on([](Phase& q) { q.zenflow_warmup = 0; });
+    if (p.nvme_in_cpu > 0) on([](Phase& q) { q.nvme_in_cpu = 0; });
   }
   if (d.persistence_threshold) with([](Description& s) { s.persistence_threshold = 0; });
   if (d.reduce_bucket_size) with([](Description& s) { s.reduce_bucket_size = 0; });

@@ -49,6 +49,9 @@ struct Phase {
   double zenflow = 0.0;
   int zenflow_select = 0;
   int zenflow_warmup = 0;
+  // offload_optimizer.max_in_cpu with device nvme (issue 60): state elements kept in host memory
+  // (0: left out, all in the swap files).
+  int64_t nvme_in_cpu = 0;
 };
 
 struct Description {

@@ -229,6 +229,7 @@ nlohmann::json config_for(const Description& d, const Phase& p, const std::strin
   if (p.offload_optimizer != "none") {
     z["offload_optimizer"] = {{"device", p.offload_optimizer}};
     if (p.offload_optimizer == "nvme") z["offload_optimizer"]["nvme_path"] = nvme_path;
+    if (p.nvme_in_cpu > 0 && p.offload_optimizer == "nvme") z["offload_optimizer"]["max_in_cpu"] = p.nvme_in_cpu;
     if (p.super_offload) z["offload_optimizer"]["super_offload"] = true;
   }
   if (p.offload_param != "none") {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -69,7 +70,8 @@ TEST_F(OptimizerSwapperTest, ArraysRoundTripAndEveryTileIsVisitedOnce) {
 }
 
 // Three AdamW steps through the swap files equal three over memory, bit for bit: the same
-// elementwise step, each element once per pass, whatever the pipelining.
+// elementwise step, each element once per pass, whatever the pipelining and however many of the
+// first tiles stay in host memory (offload_optimizer.max_in_cpu).
 TEST_F(OptimizerSwapperTest, AdamOverSwappedTilesEqualsAdamInMemory) {
   strata::optim::AdamScalars s;
   s.lr = 1e-2f, s.beta1 = 0.9f, s.beta2 = 0.999f, s.one_minus_beta1 = 0.1f,
@@ -92,13 +94,28 @@ TEST_F(OptimizerSwapperTest, AdamOverSwappedTilesEqualsAdamInMemory) {
                                    strata::offload::Float::kF32, out_ref.data(),
                                    strata::offload::Float::kBF16, kNumel, scalars_at(step), 1);
   }
+  // offload_optimizer.max_in_cpu: none, 2500 elements (the first 2 tiles), more than all.
+  for (const int64_t resident : {int64_t(0), int64_t(2500), int64_t(1) << 40})
   for (const bool pipelined : {true, false}) {
-    SCOPED_TRACE(pipelined ? "pipelined" : "one tile at a time");
-    NvmeStore store(dir_.string(), pipelined ? "p" : "s", 0);
+    SCOPED_TRACE(std::string(pipelined ? "pipelined" : "one tile at a time") + ", resident " +
+                 std::to_string(resident));
+    NvmeStore store(dir_.string(), std::string(pipelined ? "p" : "s") + std::to_string(resident), 0);
     SwapperOptions o;
     o.tile_numel = 1024;
     o.pipeline_read = o.pipeline_write = pipelined;
+    o.resident_numel = resident;
     OptimizerSwapper swapper(store, "adam", kNumel, o);
+    const int64_t want_resident = resident == 0 ? 0 : resident == 2500 ? 2048 : kNumel;
+    EXPECT_EQ(swapper.resident_numel(), want_resident);
+    EXPECT_EQ(swapper.swapped_numel(), kNumel - want_resident);
+    // Only the swapped elements have files, each sized for them.
+    if (want_resident == kNumel) {
+      EXPECT_EQ(swapper.path(OptimizerSwapper::kMaster), "");
+    } else {
+      const auto bytes = std::filesystem::file_size(swapper.path(OptimizerSwapper::kMaster));
+      EXPECT_GE(bytes, uint64_t(kNumel - want_resident) * 4);
+      EXPECT_LT(bytes, uint64_t(kNumel - want_resident) * 4 + 4096);
+    }
     swapper.write_array(OptimizerSwapper::kMaster, p0.data());
     swapper.fill_array(OptimizerSwapper::kExpAvg, 0.0f);
     swapper.fill_array(OptimizerSwapper::kExpAvgSq, 0.0f);
