@@ -423,6 +423,20 @@ std::vector<bool> ExpertsImpl::agree_units(const std::vector<int64_t>& rows_per_
   return active_units(torch::tensor(rows_per_expert, torch::kLong));
 }
 
+namespace {
+
+// No unit ran: this rank received no rows (a unit runs wherever one of its rows arrived). The
+// empty result still hangs off the received rows, so backward runs the exchange's backward here
+// too: on a rank whose output did not depend on them, the other ranks' return all-to-all would
+// find no partner (every rank must make the same collectives).
+torch::Tensor no_rows(const torch::Tensor& rows) {
+  if (rows.size(0) != 0)
+    throw Error(fmt::format("moe::Experts::forward_rows: {} rows arrived but no unit ran", rows.size(0)));
+  return rows.mul(0);
+}
+
+}  // namespace
+
 torch::Tensor ExpertsImpl::forward_rows(const torch::Tensor& rows, const torch::Tensor& counts,
                                         const std::vector<int64_t>& host_counts,
                                         const std::vector<bool>& active) {
@@ -450,7 +464,7 @@ torch::Tensor ExpertsImpl::forward_rows(const torch::Tensor& rows, const torch::
       row += host_counts[size_t(e)];
       if (runs(size_t(unit_of(e)))) out.push_back(user_[size_t(e)].forward<torch::Tensor>(part));
     }
-    return out.empty() ? torch::zeros({0, d}, rows.options()) : torch::cat(out);
+    return out.empty() ? no_rows(rows) : torch::cat(out);
   }
   const auto packed = with_bias_column(rows);
   if (!streamed()) return run_packed(packed, counts, units_.front());
@@ -463,7 +477,7 @@ torch::Tensor ExpertsImpl::forward_rows(const torch::Tensor& rows, const torch::
     if (runs(j)) out.push_back(run_packed(packed.narrow(0, row, n), counts.narrow(0, u.first, u.count), u));
     row += n;
   }
-  return out.empty() ? torch::zeros({0, d}, rows.options()) : torch::cat(out);
+  return out.empty() ? no_rows(rows) : torch::cat(out);
 }
 
 int64_t ExpertsImpl::packed_width() const {

@@ -3,7 +3,9 @@
 # bench/device/llama-8b.json), Strata alone, ZeRO-3 with both offloaded, with what is left of
 # LIMIT s; a watchdog ends the 8B run if the machine's available memory falls under 1.5 GiB (it
 # does not fit) and says so. CONFIG8 names the 8B run's config (default: both in host memory, 16
-# bytes per parameter there; configs/bench_hf_zero3_param_nvme.json keeps the weights on NVMe, 14).
+# bytes per parameter there; configs/bench_hf_zero3_param_nvme.json keeps the weights on NVMe, 14;
+# configs/bench_hf_zero3_optimizer_split.json keeps 6e9 elements of the optimizer in host memory
+# and the rest on NVMe, offload_optimizer.max_in_cpu: ~4 + 9 bytes per parameter in host for 8B).
 set -uo pipefail
 START=$(date +%s); export START
 nvidia-smi -L; free -g | head -2; df -h /tmp | tail -1
@@ -19,6 +21,7 @@ if (( left > 120 )); then
     done ) > "$OUT/watchdog.log" 2>&1 &
   wd=$!
   export LD_LIBRARY_PATH="/tmp/deps/usr/lib/x86_64-linux-gnu:/tmp/deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+  mkdir -p /tmp/strata-nvme
   python3 -c "import json; c=json.load(open('${CONFIG8:-configs/bench_hf_zero3_offload.json}')); c['train_micro_batch_size_per_gpu']=${B8:-2}; json.dump(c, open('/tmp/z3off_8b.json','w'))"
   timeout $(( left - 10 )) python3 -c 'import resource, subprocess, sys
 rc = subprocess.call(sys.argv[1:])

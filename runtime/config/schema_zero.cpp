@@ -72,10 +72,8 @@ Block make_offload_optimizer() {
       .describe("Fraction of CPU cores the CPU Adam uses (ZeRO-3 with super_offload)");
   b.add(&OffloadOptimizerConfig::max_in_cpu, "max_in_cpu")
       .min(0)
-      .describe("Strata's own (offload_param's key, for the optimizer): with device nvme, elements of "
-                "optimizer state (fp32 master and both moments, 12 bytes each) each rank keeps in host "
-                "memory; its partitions' first tiles (sub_group_size) stay there and only the rest is "
-                "swapped");
+      // The partitions' first tiles (sub_group_size) stay in host memory, the rest is swapped.
+      .describe("Strata's own: optimizer-state elements (12 bytes each) a rank keeps in host memory with device nvme");
   Block block = b.build();
   block.auto_is_default = true;
   return block;

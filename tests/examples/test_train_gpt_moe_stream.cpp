@@ -137,6 +137,22 @@ TEST(TrainGptMoEStream, UnitsWithoutTokensAreSkippedAndStillStep) {
   expect_within_window(rows, 2, "skipping");
 }
 
+// Half of each sequence padding (DeepSpeed's used_token 0), top-1, 4 ranks at ep_size 4, two
+// experts per unit: in some exchanges a rank receives no rows at all and runs no unit. Its empty
+// expert output still hangs off the rows it received, so its backward makes the return and the
+// dispatch exchanges' all-to-alls as the other ranks do (they once found no partner: "the split
+// sizes differ"); the losses are those of the experts unstreamed.
+// (Seed 3776, gas 2: the differential matrix's case; before the fix every rank ended with that
+// error in the first steps.)
+TEST(TrainGptMoEStream, ARankThatReceivesNoRowsKeepsTheExchangesBackward) {
+  const std::string padded = "--moe-padding 32 --seed 3776";
+  auto plain = config(4, 3, 0, 1), streamed = config(4, 3, 2, 1);
+  for (auto* c : {&plain, &streamed}) (*c)["train_batch_size"] = 16;  // gas 2 on 4 ranks
+  const auto reference = train(4, plain, "norows_ref", padded);
+  const auto rows = train(4, streamed, "norows", padded);
+  expect_same_losses(reference, rows, "ep_size 4, padding 32 of 64, units of 2 experts");
+}
+
 // Units that go idle and come back (top-1, 4 tokens per sample, one expert per unit, a window of
 // one unit, each unit sharded over 2 ranks): every step the experts' gradient buckets stay within
 // the reducer's bound and some of their reduce-scatters start before backward is done; the
