@@ -76,7 +76,7 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n) {
 torch::Tensor grouped_causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                        const torch::Tensor& v, bool sdpa_gqa, bool by_kv_head) {
   const auto n = q.size(1) / k.size(1);
-  // Long sequences: one kv head's group per flash call, so that the backward's dq accumulator and
+  // Long sequences: one kv head's group per attention call, so that the backward's dq accumulator and
   // expanded dk/dv exist for one group at a time (runtime/nn/grouped_attention.h).
   if (by_kv_head && nn::grouped_attention_runs(q, k, 1)) return nn::grouped_attention(q, k, v, 1);
 #if STRATA_TORCH_AT_LEAST(2, 5)
