@@ -373,6 +373,12 @@ GlooBackend::GlooBackend(GroupInfo info, std::shared_ptr<GroupHealth> health)
     gloo::rendezvous::PrefixStore prefixed(store.prefix().substr(0, store.prefix().size() - 1),
                                            store);
     ctx->connectFullMesh(prefixed, device);
+    // No member returns before every member has connected: one that returned and exited at once
+    // (a refusal right after the group forms) closed its sockets under a member still in its
+    // handshake, which then failed with "Connection closed by peer" (test_ulysses under ASan).
+    gloo::BarrierOptions connected(ctx);
+    connected.setTimeout(g.rt->timeout);
+    gloo::barrier(connected);
     impl_->ctx = std::move(ctx);
   } catch (const std::exception& e) {
     throw Error(fmt::format("group {}: rank {} of {} could not connect to the other members over "
