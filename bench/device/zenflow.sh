@@ -5,7 +5,7 @@
 # update_interval 4, overlap_step), DeepSpeed's ZeRO-Offload and DeepSpeed's ZenFlow with the same
 # block. PART=converge: dense-350M, bf16, STEPS (1000) steps of B x T (8 x 512) on the Python
 # standard library's .py files concatenated (byte-level), exact ZeRO-Offload mode, ZenFlow mode
-# and DeepSpeed's ZenFlow, each step's loss in $OUT. Needs strata-bench and train_gpt (setup.sh).
+# and DeepSpeed's ZenFlow side by side, each step's loss in $OUT. Needs strata-bench and train_gpt (setup.sh).
 set -uo pipefail
 export LD_LIBRARY_PATH="/tmp/deps/usr/lib/x86_64-linux-gnu:/tmp/deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29519
@@ -30,12 +30,16 @@ with open(sys.argv[1], "wb") as out:
     for f in files: out.write(open(f, "rb").read())
 print(len(files), "files")' $data; ls -la $data
   S=${STEPS:-1000}
+  # The three runs side by side on the one GPU (the curves, not the speed, are measured here): each
+  # is bound by its CPU step, so they share the cores (OMP_NUM_THREADS 5 each) and overlap.
+  export OMP_NUM_THREADS=5
   for c in zero2_offload zero2_zenflow; do
     $B/train_gpt --device cuda --config configs/bench_dense_bf16_$c.json --model dense-350M \
-      --seq-len 512 --steps $S --data $data --metrics-jsonl "$OUT/converge_$c.jsonl" > "$OUT/converge_$c.log" 2>&1
-    echo "strata $c rc $?"; tail -1 "$OUT/converge_$c.jsonl"
+      --seq-len 512 --steps $S --data $data --metrics-jsonl "$OUT/converge_$c.jsonl" > "$OUT/converge_$c.log" 2>&1 &
   done
-  python3 "$peer" --stage 2 --offload cpu --B 8 --T 512 --steps $S --data $data --log-losses \
-    --zero "$zf" > "$OUT/converge_ds_zenflow.log" 2>&1
-  echo "ds zenflow rc $?"; tail -2 "$OUT/converge_ds_zenflow.log"
+  MASTER_PORT=29521 python3 "$peer" --stage 2 --offload cpu --B 8 --T 512 --steps $S --data $data --log-losses \
+    --zero "$zf" > "$OUT/converge_ds_zenflow.log" 2>&1 &
+  wait
+  for c in zero2_offload zero2_zenflow; do echo "strata $c"; tail -1 "$OUT/converge_$c.jsonl"; done
+  echo "ds zenflow"; tail -2 "$OUT/converge_ds_zenflow.log"
 fi
