@@ -139,6 +139,8 @@ int run_hf(int argc, char** argv) {
     checkpoint::import_weights(*model, files, models::hf_import_options(*model));
   }
   model->to(device);
+  int64_t n_params = 0;  // before the engine partitions them
+  for (const auto& t : model->parameters()) n_params += t.numel();
   auto engine = std::make_shared<ModelEngine<models::CausalLM>>(model, std::move(config),
                                                                 std::move(init));
   if (engine->train_micro_batch_size_per_gpu() != args.B ||
@@ -166,10 +168,12 @@ int run_hf(int argc, char** argv) {
   synchronize(device);
   const double warm = std::chrono::duration<double>(Clock::now() - w0).count();
   reset_peak_memory(device);
+  const auto nvme0 = engine->nvme_traffic();
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < args.steps; ++i) losses.push_back(step());
   synchronize(device);
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count() / double(args.steps);
+  const auto nvme1 = engine->nvme_traffic();
 
   const double tok = double(args.B * args.T);
   const double L = double(hf.num_hidden_layers), d = double(hf.hidden_size);
@@ -193,6 +197,23 @@ int run_hf(int argc, char** argv) {
       {"loss", loss_values.back()}, {"losses", loss_values},
       {"weights", weights ? args.hf_model : std::string("random (seed ") +
                                                 std::to_string(args.seed) + ")"}};
+  // Model states by tier, per parameter (this rank's; the swap files beside), and the disk's
+  // traffic per timed step.
+  const auto states = engine->model_state_bytes();
+  const double n = double(n_params);
+  r["params_M"] = n / 1e6;
+  r["state_bytes_per_param"] = {{"device", double(states.device()) / n},
+                                {"host", double(states.host) / n},
+                                {"nvme", double(states.nvme) / n}};
+  if (const auto moved = (nvme1.read_bytes - nvme0.read_bytes) + (nvme1.written_bytes - nvme0.written_bytes);
+      moved > 0) {
+    const double steps = double(args.steps);
+    r["nvme_per_step"] = {{"read_GB", double(nvme1.read_bytes - nvme0.read_bytes) / steps / 1e9},
+                          {"written_GB", double(nvme1.written_bytes - nvme0.written_bytes) / steps / 1e9},
+                          {"GB_s", double(moved) / steps / 1e9 / dt},
+                          {"read_wait_s", (nvme1.read_wait_s - nvme0.read_wait_s) / steps},
+                          {"write_wait_s", (nvme1.write_wait_s - nvme0.write_wait_s) / steps}};
+  }
   if (args.profile > 0 && engine->data_parallel_rank() == 0) {
     synchronize(device);
     const auto p0 = Clock::now();

@@ -23,7 +23,10 @@ void add_engine_metrics(nlohmann::json& row, Engine& engine) {
   row["loss_scale"] = engine.loss_scale();
   row["skipped"] = engine.last_step_skipped();
   row["skipped_steps"] = engine.skipped_steps();  // in all, since step 1
-  row["model_state_bytes"] = engine.model_state_bytes().total();
+  const auto states = engine.model_state_bytes();
+  row["model_state_bytes"] = states.total();
+  row["model_state_host_bytes"] = states.host;  // of those, in host memory
+  if (states.nvme > 0) row["model_state_nvme_bytes"] = states.nvme;  // beside: swap files
   row["host_peak_rss_bytes"] = host_rss().second;  // this process's (rank 0's) peak so far
   if (const auto* t = engine.last_offload_times(); t && t->speculated > 0) {
     // super_offload: steps begun during backward, and those redone or dropped after it.

@@ -287,7 +287,7 @@ zero::ModelStateBytes Engine::model_state_bytes() const {
   for (const auto& g : groups_) {
     const auto b = g->state_bytes();
     bytes.params += b.params, bytes.grads += b.grads, bytes.master += b.master;
-    bytes.optimizer += b.optimizer, bytes.nvme += b.nvme;
+    bytes.optimizer += b.optimizer, bytes.host += b.host, bytes.nvme += b.nvme;
   }
   return bytes;
 }

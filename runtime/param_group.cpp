@@ -52,9 +52,13 @@ void PlainGroup::discard() { optimizer_->zero_grad(); }
 
 zero::ModelStateBytes PlainGroup::state_bytes() const {
   zero::ModelStateBytes bytes;
-  for (const auto& p : params_) bytes.params += p.numel() * p.element_size();
+  for (const auto& p : params_) {
+    bytes.params += p.numel() * p.element_size();
+    if (p.is_cpu()) bytes.host += 2 * p.numel() * p.element_size();  // and its gradient
+  }
   bytes.grads = bytes.params;  // one gradient per parameter, same dtype
   bytes.optimizer = optim::optimizer_state_bytes(*optimizer_);
+  bytes.host += optim::optimizer_state_bytes(*optimizer_, /*host_only=*/true);
   return bytes;
 }
 
@@ -65,6 +69,7 @@ PartitionedGroup::PartitionedGroup(std::string name,
 zero::ModelStateBytes PartitionedGroup::state_bytes() const {
   auto bytes = partitioned_->state_bytes();
   bytes.optimizer += optim::optimizer_state_bytes(*partitioned_->inner());
+  bytes.host += optim::optimizer_state_bytes(*partitioned_->inner(), /*host_only=*/true);
   return bytes;
 }
 

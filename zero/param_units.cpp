@@ -376,11 +376,12 @@ void ParamUnits::refresh_persistent() {
     if (units_[u].persistent && units_[u].trainable) gather(u);
 }
 
-int64_t ParamUnits::resident_bytes() const {
-  int64_t bytes = offload_ == "nvme" ? 0 : bytes_of(partition_);
+int64_t ParamUnits::resident_bytes(bool host_only) const {
+  auto count = [&](const torch::Tensor& t) { return !host_only || t.is_cpu() ? bytes_of(t) : 0; };
+  int64_t bytes = offload_ == "nvme" ? 0 : count(partition_);
   for (const auto& u : units_) {
-    if (!u.trainable) bytes += bytes_of(u.shard);
-    if (u.persistent) bytes += bytes_of(u.full);
+    if (!u.trainable) bytes += count(u.shard);
+    if (u.persistent) bytes += count(u.full);
   }
   return bytes;
 }

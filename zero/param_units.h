@@ -148,7 +148,7 @@ class ParamUnits {
   // After the optimizer wrote new shards: the persistent unit is gathered again.
   void refresh_persistent();
   // Resident bytes: shards, frozen shards and the persistent unit's full copy.
-  int64_t resident_bytes() const;
+  int64_t resident_bytes(bool host_only = false) const;
   // The largest unit's full bytes (the memory bound is stated in them).
   int64_t largest_unit_bytes() const;
 

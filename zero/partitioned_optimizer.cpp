@@ -555,6 +555,15 @@ ModelStateBytes PartitionedOptimizer::state_bytes() const {
   bytes.optimizer += nbytes(device_exp_avg_) + nbytes(device_exp_avg_sq_);
   bytes.grads += nbytes(device_grad_);
   if (zenflow_) bytes.grads += nbytes(zenflow_->sum) + nbytes(zenflow_->host_sum);
+  // Of those, the bytes in host memory: the same tensors where they are on the CPU.
+  auto host = [](const torch::Tensor& t) { return t.defined() && t.is_cpu() ? nbytes(t) : 0; };
+  bytes.host = (units_ ? units_->resident_bytes(/*host_only=*/true) : host(flat_->data())) +
+               host(grad_flat_) + host(grad_accum_) + host(grad_partition_) + host(host_grad_) +
+               host(host_accum_) + (swapper_ ? 0 : host(master_)) + host(spec_out_) + host(device_master_) +
+               host(device_exp_avg_) + host(device_exp_avg_sq_) + host(device_grad_);
+  if (swapper_) bytes.host += int64_t(offload::OptimizerSwapper::kArrays) * swapper_->resident_numel() * 4;
+  if (speculative_) bytes.host += speculative_->shadow_bytes();  // the CPU's second set
+  if (zenflow_) bytes.host += host(zenflow_->sum) + host(zenflow_->host_sum);
   return bytes;
 }
 

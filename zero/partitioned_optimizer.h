@@ -159,8 +159,10 @@ struct GradientSummary {
 // total() leaves out.
 struct ModelStateBytes {
   int64_t params = 0, grads = 0, master = 0, optimizer = 0;
-  int64_t nvme = 0;
+  int64_t host = 0;  // of total(), the bytes in host memory (the rest are on the device)
+  int64_t nvme = 0;  // beside total(): swap files
   int64_t total() const { return params + grads + master + optimizer; }
+  int64_t device() const { return total() - host; }
 };
 
 class PartitionedOptimizer {

@@ -388,13 +388,11 @@ void SGD::load(InputArchive& archive) { load_optimizer<SGDParamState, SGDOptions
 
 
 namespace strata::optim {
-namespace {
 
-int64_t nbytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
-
-}  // namespace
-
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer, bool host_only) {
+  auto nbytes = [&](const torch::Tensor& t) -> int64_t {
+    return t.defined() && (!host_only || t.is_cpu()) ? t.numel() * t.element_size() : 0;
+  };
   int64_t bytes = 0;
   for (const auto& entry : optimizer.state()) {
     const auto* state = entry.second.get();

@@ -8,6 +8,7 @@
 
 namespace strata::optim {
 
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+// host_only: only the state in host memory (an offloaded optimizer's).
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer, bool host_only = false);
 
 }  // namespace strata::optim

@@ -456,6 +456,7 @@ TEST(EngineGpu, Bf16AndFp16TrainTheGptAndTrackFp32) {
   // fp32 at stage 0 trains the module's own tensors: 4 + 4 + 8 bytes per parameter, no padding.
   EXPECT_EQ(fp32.bytes.total(), 16 * fp32.numel);
   EXPECT_EQ(fp32.bytes.optimizer, 8 * fp32.numel);
+  EXPECT_EQ(fp32.bytes.host, 0);  // nothing offloaded: every state on the device
 
   std::vector<std::string> precisions = {"bf16"};
   if (fp16_matmul_here()) precisions.push_back("fp16");

@@ -114,6 +114,7 @@ TEST_F(NvmeHostShare, NonePartAndAllInHostMemoryTrainBitForBitAlike) {
     EXPECT_EQ(bytes.nvme, 12 * (n - resident));
     // The fp32 master and both moments of the resident tiles (and nothing of the swapped ones).
     EXPECT_EQ(bytes.master, 4 * resident);
+    EXPECT_EQ(bytes.host, bytes.total());  // on the CPU, every state is in host memory
     // Each swap file holds the swapped elements only (rounded up to the 4 KiB grid).
     const int64_t master_file = file_bytes_under(dir_ + "/nvme", ".master");
     EXPECT_GE(master_file, 4 * (n - resident));

@@ -200,6 +200,7 @@ void memory_follows_the_formula(int r, int w) {
   EXPECT_EQ(bytes.grads, 2 * p);
   EXPECT_EQ(bytes.master, 4 * p);
   EXPECT_NEAR(double(bytes.optimizer), 8.0 * p, 64);  // + the step counter
+  EXPECT_EQ(bytes.host, bytes.total());  // a CPU run: every state counted as in host memory
   // P is Psi / N plus alignment padding (64 elements per unit at most).
   EXPECT_LE(p * w - psi, int64_t(units->size()) * 64 * w);
   const double formula = 16.0 * psi / w + 2.0 * persistent_numel * (1.0 - 1.0 / w);
