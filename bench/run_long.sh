@@ -8,7 +8,8 @@
 # Strata's line: train_gpt's last metrics row (device_peak_bytes, device_bytes_per_token,
 # tokens_per_s); the peer's: its JSON line. A failed run (out of memory) says so and goes on.
 #   bench/run_long.sh OUT_DIR [LENGTHS...]   (default 32768 65536 131072 262144; build/bin, or $BIN)
-# SIDES (default "strata alst") runs one side alone (a length split over two calls).
+# SIDES (default "strata alst"): which sides run, in that order (one alone: a length split over
+# two calls).
 # LLAMA_DIR: where the random-weight model folder is written once (default OUT_DIR's; 2.5 GB).
 # The peer runs as rank 0 of 1 (DeepSpeed's own environment variables, no launcher needed).
 set -uo pipefail
@@ -30,23 +31,31 @@ cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, n
 LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])
 PY
 fi
-sides=" ${SIDES:-strata alst} "
-for T in "${lengths[@]}"; do
-  if [[ "$sides" == *" strata "* ]]; then
-  echo "== T $T: strata"
+run_strata() {
+  echo "== T $1: strata"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$bin/train_gpt" --device cuda \
-    --config configs/bench_long_context.json --hf-model "$folder" --seq-len "$T" --steps 3 \
-    --activation-checkpointing every --metrics-jsonl "$out/strata_$T.jsonl" >"$out/strata_$T.log" 2>&1
+    --config configs/bench_long_context.json --hf-model "$folder" --seq-len "$1" --steps 3 \
+    --activation-checkpointing every --metrics-jsonl "$out/strata_$1.jsonl" >"$out/strata_$1.log" 2>&1
   echo "rc $?"
-  tail -1 "$out/strata_$T.jsonl" 2>/dev/null || tail -3 "$out/strata_$T.log"
-  fi
-  [[ "$sides" == *" alst "* ]] || continue
-  echo "== T $T: alst peer"
+  tail -1 "$out/strata_$1.jsonl" 2>/dev/null || tail -3 "$out/strata_$1.log"
+}
+run_alst() {
+  echo "== T $1: alst peer"
   RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
     TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" \
-    python3 bench/peer_alst.py --arch llama-1b --T "$T" --steps 2 --warmup 1 >"$out/alst_$T.log" 2>&1
+    python3 bench/peer_alst.py --arch llama-1b --T "$1" --steps 2 --warmup 1 >"$out/alst_$1.log" 2>&1
   echo "rc $?"
-  grep '^{' "$out/alst_$T.log" || tail -3 "$out/alst_$T.log"
+  grep '^{' "$out/alst_$1.log" || tail -3 "$out/alst_$1.log"
+}
+# Each length: the sides in SIDES's order ("alst strata" runs the peer first).
+for T in "${lengths[@]}"; do
+  for side in ${SIDES:-strata alst}; do
+    case "$side" in
+      strata) run_strata "$T" ;;
+      alst) run_alst "$T" ;;
+      *) echo "run_long.sh: SIDES names '$side'; known: strata alst" >&2; exit 2 ;;
+    esac
+  done
 done
 # The slope of peak bytes over tokens, fitted over the lengths that ran (least squares), each side.
 python3 - "$out" <<'PY'
