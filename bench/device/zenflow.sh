@@ -3,7 +3,7 @@
 # warm-up), back to back: Strata without offload (ZeRO-2 on one GPU), with the optimizer on the CPU
 # (ZeRO-Offload), in ZenFlow mode (configs/bench_dense_bf16_zero2_zenflow.json: topk_ratio 0.1,
 # update_interval 4, overlap_step), DeepSpeed's ZeRO-Offload and DeepSpeed's ZenFlow with the same
-# block. PART=converge: dense-350M, bf16, STEPS (1000) steps of B x T (8 x 512) on the Python
+# block (PEERS=0: Strata's three alone). PART=converge: dense-350M, bf16, STEPS (1000) steps of B x T (8 x 512) on the Python
 # standard library's .py files concatenated (byte-level), exact ZeRO-Offload mode, ZenFlow mode
 # and DeepSpeed's ZenFlow side by side, each step's loss in $OUT. Needs strata-bench and train_gpt (setup.sh).
 set -uo pipefail
@@ -18,6 +18,7 @@ if [[ "${PART:-speed}" == speed ]]; then
     $B/strata-bench gpt --config configs/bench_dense_bf16_$c.json --model dense-1.3B --steps 10 \
       > "$OUT/strata_1.3b_$c.log" 2>&1; echo "strata $c rc $?"; grep '^{' "$OUT/strata_1.3b_$c.log" | tail -1
   done
+  [[ "${PEERS:-1}" == 0 ]] && exit 0  # PEERS=0: Strata's three runs alone
   python3 "$peer" --dense-1.3b --stage 2 --offload cpu --steps 10 > "$OUT/ds_1.3b_offload.log" 2>&1
   echo "ds offload rc $?"; grep '^{' "$OUT/ds_1.3b_offload.log" | tail -1
   python3 "$peer" --dense-1.3b --stage 2 --offload cpu --steps 10 --zero "$zf" > "$OUT/ds_1.3b_zenflow.log" 2>&1
