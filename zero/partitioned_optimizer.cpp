@@ -535,35 +535,45 @@ void PartitionedOptimizer::discard() {
 
 ModelStateBytes PartitionedOptimizer::state_bytes() const {
   ModelStateBytes bytes;
-  bytes.params = units_ ? units_->resident_bytes() : nbytes(flat_->data());
-  bytes.grads = nbytes(grad_flat_) + nbytes(grad_accum_) + nbytes(grad_partition_) +
-                nbytes(host_grad_) + nbytes(host_accum_);
+  // Each tensor once: into its field, and into host when it lives in host memory.
+  auto add = [&](int64_t& field, const torch::Tensor& t) {
+    field += nbytes(t);
+    if (t.defined() && t.is_cpu()) bytes.host += nbytes(t);
+  };
+  auto add_host = [&](int64_t& field, int64_t n) { field += n, bytes.host += n; };
+  if (units_) {
+    bytes.params = units_->resident_bytes();
+    bytes.host += units_->resident_bytes(/*host_only=*/true);
+  } else {
+    add(bytes.params, flat_->data());
+  }
+  for (const auto* g : {&grad_flat_, &grad_accum_, &grad_partition_, &host_grad_, &host_accum_})
+    add(bytes.grads, *g);
   if (swapper_) {
     // master_ keeps only the shape: the master and both moments are in the swap files, but for
     // the first tiles' (offload_optimizer.max_in_cpu) in host memory.
     bytes.nvme += int64_t(offload::OptimizerSwapper::kArrays) * swapper_->swapped_numel() * 4;
-    bytes.master += swapper_->resident_numel() * 4;
-    bytes.optimizer += 2 * swapper_->resident_numel() * 4;
+    add_host(bytes.master, swapper_->resident_numel() * 4);
+    add_host(bytes.optimizer, 2 * swapper_->resident_numel() * 4);
   } else {
-    bytes.master = nbytes(master_);
+    add(bytes.master, master_);
   }
   if (units_ && units_->partition_offload() == "nvme") bytes.nvme += nbytes(units_->partition());
-  // super_offload: the second set of master and moments, and its new weights on their way.
-  if (speculative_) bytes.optimizer += speculative_->shadow_bytes() + nbytes(spec_out_);
+  // super_offload: the second set of master and moments (the CPU's), and its new weights on
+  // their way.
+  if (speculative_) {
+    add_host(bytes.optimizer, speculative_->shadow_bytes());
+    add(bytes.optimizer, spec_out_);
+  }
   // The device share: its master, moments and gradient on the device (the host keeps their shape).
-  bytes.master += nbytes(device_master_);
-  bytes.optimizer += nbytes(device_exp_avg_) + nbytes(device_exp_avg_sq_);
-  bytes.grads += nbytes(device_grad_);
-  if (zenflow_) bytes.grads += nbytes(zenflow_->sum) + nbytes(zenflow_->host_sum);
-  // Of those, the bytes in host memory: the same tensors where they are on the CPU.
-  auto host = [](const torch::Tensor& t) { return t.defined() && t.is_cpu() ? nbytes(t) : 0; };
-  bytes.host = (units_ ? units_->resident_bytes(/*host_only=*/true) : host(flat_->data())) +
-               host(grad_flat_) + host(grad_accum_) + host(grad_partition_) + host(host_grad_) +
-               host(host_accum_) + (swapper_ ? 0 : host(master_)) + host(spec_out_) + host(device_master_) +
-               host(device_exp_avg_) + host(device_exp_avg_sq_) + host(device_grad_);
-  if (swapper_) bytes.host += int64_t(offload::OptimizerSwapper::kArrays) * swapper_->resident_numel() * 4;
-  if (speculative_) bytes.host += speculative_->shadow_bytes();  // the CPU's second set
-  if (zenflow_) bytes.host += host(zenflow_->sum) + host(zenflow_->host_sum);
+  add(bytes.master, device_master_);
+  add(bytes.optimizer, device_exp_avg_);
+  add(bytes.optimizer, device_exp_avg_sq_);
+  add(bytes.grads, device_grad_);
+  if (zenflow_) {
+    add(bytes.grads, zenflow_->sum);
+    add(bytes.grads, zenflow_->host_sum);
+  }
   return bytes;
 }
 
