@@ -356,6 +356,7 @@ int run(const strata::examples::TrainArgs& args) {
   const auto start = Clock::now();
   double first_loss = 0.0, last_loss = 0.0;
   int64_t ran = 0;
+  double report_s = 0.0;  // the last step's logging and metrics row
   for (int64_t step = first_step; step < steps; ++step) {
     const auto step_start = Clock::now();
     auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
@@ -469,7 +470,10 @@ int run(const strata::examples::TrainArgs& args) {
       nlohmann::json row = {{"step", step + 1},      {"loss", loss},
                             {"lr", lr},              {"lrs", lrs},
                             {"tokens_per_s", tokens_per_s},
-                            {"step_time_s", step_s}, {"samples", engine->global_samples()}};
+                            {"step_time_s", step_s}, {"samples", engine->global_samples()},
+                            // Since the loop began, and what the last row's reporting took
+                            // (outside step_time_s): where a run's wall time goes between steps.
+                            {"elapsed_s", elapsed}, {"report_s", report_s}};
       add_engine_metrics(row, *engine);
       if (tokens) row["sample_ids"] = step_ids;
       if (args.state_digest) row["state_digest"] = digests;
@@ -510,6 +514,7 @@ int run(const strata::examples::TrainArgs& args) {
       if (!metrics) throw Error(fmt::format("--metrics-jsonl {}: write failed",
                                             args.metrics_jsonl));
     }
+    report_s = std::chrono::duration<double>(Clock::now() - now).count();
     if (!std::isfinite(loss))
       throw Error(fmt::format("the loss became {} at step {}; lower the learning rate", loss,
                               step + 1));

@@ -145,11 +145,12 @@ class Engine {
   const offload::OptimizerSwapper* optimizer_swapper() const {
     return dense().partitioned() ? dense().partitioned()->swapper() : nullptr;
   }
-  // (Waits for an overlapped step still running, as optimizer() does.)
-  const zero::OffloadTimes* last_offload_times() {
-    settle_step();
+  // Does not wait for an overlapped step still running (a trainer reads it every step; waiting
+  // there would undo the overlap, ZenFlow's too): its CPU time is the last finished step's.
+  std::optional<zero::OffloadTimes> last_offload_times() const {
     const auto* partitioned = dense().partitioned();
-    return partitioned && partitioned->offloads() ? &partitioned->last_offload_times() : nullptr;
+    if (!partitioned || !partitioned->offloads()) return std::nullopt;
+    return partitioned->last_offload_times();
   }
   // Stage 3: the units the parameters are cut into (null below stage 3); with MoE, the experts'
   // units (one per MoE layer, sharded over the expert-data-parallel group) are apart.

@@ -148,10 +148,17 @@ void PartitionedOptimizer::start_overlapped_step(double clip_coef) {
                            host_float(out), t.n, adam.scalars, threads);
     flat.narrow(0, t.flat, t.n).copy_(out.narrow(0, t.part, t.n), /*non_blocking=*/out.is_pinned());
     if (k + 1 == tiles.size())
-      offload_times_.step_ms = std::chrono::duration<double, std::milli>(
-                                   std::chrono::steady_clock::now() - t0).count();
+      overlapped_step_ms_ = std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - t0).count();
   };
   arrival_->start(std::move(ends), std::move(step_tile));
+}
+
+OffloadTimes PartitionedOptimizer::last_offload_times() const {
+  auto times = offload_times_;
+  if (arrival_ && arrival_->in_flight() && !(speculative_ && speculative_->committed()))
+    times.step_ms = overlapped_step_ms_;  // the last overlapped step its worker finished
+  return times;
 }
 
 void PartitionedOptimizer::settle() {
@@ -165,6 +172,8 @@ void PartitionedOptimizer::settle() {
       offload_times_.step_ms = speculative_->last_step_ms();
       // Its copies out of spec_out_ may still be queued: the next speculation waits for them.
       spec_out_free_ = arrival_->copies_done();
+    } else {
+      offload_times_.step_ms = overlapped_step_ms_;
     }
   } catch (...) {
     failure = std::current_exception();

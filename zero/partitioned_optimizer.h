@@ -28,6 +28,7 @@
 // the same pass: no fp32 gradient copy, no separate copy-out.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -102,6 +103,11 @@ struct OffloadTimes {
   // ZenFlow (PartitionedOptions::zenflow): the columns and elements the device steps now, and the
   // optimizer steps the CPU's part has summed since its last update (its staleness).
   int64_t zenflow_columns = 0, zenflow_device_elements = 0, zenflow_stale_steps = 0;
+  // ZenFlow, where a window's CPU update spends its time: the last update's CPU Adam (ms) and its
+  // wait for the window's sum to reach host memory; since the start, the updates run and the
+  // training thread's waits for them (a window's update slower than the next window stalls it).
+  double zenflow_cpu_ms = 0, zenflow_copy_wait_ms = 0, zenflow_stall_ms = 0;
+  int64_t zenflow_updates = 0;
 };
 
 // ZenFlow (zero_optimization.zenflow, docs/zenflow.md), stages 1-2 with the optimizer offloaded
@@ -265,7 +271,9 @@ class PartitionedOptimizer {
   // gradient stays on the device and whose window sum crosses instead).
   bool host_gradient() const { return options_.offload.enabled && !options_.zenflow.enabled; }
   int64_t pinned_host_bytes() const { return pinned_bytes_; }
-  const OffloadTimes& last_offload_times() const { return offload_times_; }
+  // Where the last steps' host time went. Does not wait for an overlapped step still running
+  // (read every step, it must not undo the overlap): its CPU time is then the last finished one's.
+  OffloadTimes last_offload_times() const;
   // The fp32 master weights of partition partition_index() of flat(), laid out as shards()
   // says (the inner optimizer's one parameter); a checkpoint restores them in place. Under NVMe
   // offload it has the partition's shape and no bytes: the arrays are in the swap files.
@@ -360,6 +368,9 @@ class PartitionedOptimizer {
     int64_t pending_steps = 0;
     std::future<void> worker;
     torch::Tensor spare;
+    // Written by the worker, read after it is settled: OffloadTimes' zenflow_cpu_ms and
+    // zenflow_copy_wait_ms of its update.
+    double cpu_ms = 0, copy_wait_ms = 0;
   };
   std::unique_ptr<ZenFlowState> zenflow_;
   void apply_zenflow(double clip_coef, const torch::Tensor& mine);
@@ -399,6 +410,7 @@ class PartitionedOptimizer {
   bool pin_ = false;          // host buffers are page-locked (model on a GPU, pin_memory)
   int64_t pinned_bytes_ = 0;
   OffloadTimes offload_times_;
+  std::atomic<double> overlapped_step_ms_{0.0};  // written by the overlapped step's worker
   OverlappedStep overlapped_step_;
   int64_t device_lo_ = 0, device_hi_ = 0;  // the device share's partition range
   torch::Tensor device_master_, device_exp_avg_, device_exp_avg_sq_;  // on device_

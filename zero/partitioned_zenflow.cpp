@@ -162,14 +162,24 @@ void PartitionedOptimizer::apply_zenflow(double clip_coef, const torch::Tensor& 
       const int threads = std::max(
           1, int(std::lround(at::get_num_threads() * (1.0 - o.reserved_cores))));
       z.worker = std::async(std::launch::async, [this, adam, s, threads, copied, out_free] {
+        const auto w0 = std::chrono::steady_clock::now();
         if (copied) copied();
         if (out_free) out_free();
+        const auto w1 = std::chrono::steady_clock::now();
         zenflow_cpu_update(adam, s, threads);
+        zenflow_->copy_wait_ms = std::chrono::duration<double, std::milli>(w1 - w0).count();
+        zenflow_->cpu_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w1).count();
       });
     } else {
       z.host_sum.copy_(z.sum);
+      const auto c0 = std::chrono::steady_clock::now();
       zenflow_cpu_update(adam, s, at::get_num_threads());
       z.sum.zero_();
+      offload_times_.zenflow_cpu_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
+      offload_times_.zenflow_copy_wait_ms = 0;
+      ++offload_times_.zenflow_updates;
     }
     z.pending = true;
     if (!o.overlap || reselect_next) install_zenflow_update(mine);
@@ -199,7 +209,13 @@ void PartitionedOptimizer::zenflow_cpu_update(const AdamTiles& adam, const optim
 
 void PartitionedOptimizer::settle_zenflow() {
   if (!zenflow_ || !zenflow_->worker.valid()) return;
+  const auto t0 = std::chrono::steady_clock::now();
   zenflow_->worker.get();  // rethrows the CPU update's failure
+  offload_times_.zenflow_stall_ms +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  offload_times_.zenflow_cpu_ms = zenflow_->cpu_ms;
+  offload_times_.zenflow_copy_wait_ms = zenflow_->copy_wait_ms;
+  ++offload_times_.zenflow_updates;
 }
 
 void PartitionedOptimizer::install_zenflow_update(const torch::Tensor& mine) {

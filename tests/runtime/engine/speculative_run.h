@@ -99,7 +99,7 @@ inline Run train(const torch::Device& device, int64_t stage, const std::string& 
     run.states.push_back(std::move(state));
   }
   run.skipped = engine->skipped_steps();
-  if (const auto* t = engine->last_offload_times()) run.speculated = t->speculated, run.redone = t->redone;
+  if (const auto t = engine->last_offload_times()) run.speculated = t->speculated, run.redone = t->redone;
   return run;
 }
 

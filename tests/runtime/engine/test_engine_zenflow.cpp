@@ -86,7 +86,7 @@ Run train(int64_t stage, int64_t gas, const json& zenflow, int64_t steps,
     for (const auto& p : net->parameters()) now.push_back(p.detach().cpu().clone());
     r.params.push_back(now);
   }
-  if (const auto* t = engine->last_offload_times()) r.last = *t;
+  if (const auto t = engine->last_offload_times()) r.last = *t;
   return r;
 }
 
@@ -218,6 +218,14 @@ TEST(ZenFlow, OverlapStepInstallsEachWindowOneWindowLate) {
     EXPECT_GT(updated, elements / 2) << "most elements are the CPU's at topk_ratio 0.25";
     // After 2U + 1 steps: one step of this window, the last window's U pending.
     EXPECT_EQ(over.last.zenflow_stale_steps, 1 + U);
+    // Two windows' updates ran on the worker; the first was settled (waited for, timed) at the
+    // second window's end, the second is still running.
+    EXPECT_EQ(over.last.zenflow_updates, 1);
+    EXPECT_GT(over.last.zenflow_cpu_ms, 0.0);
+    EXPECT_GE(over.last.zenflow_copy_wait_ms, 0.0);
+    EXPECT_GE(over.last.zenflow_stall_ms, 0.0);
+    EXPECT_EQ(sync.last.zenflow_updates, 2) << "one synchronous update per window";
+    EXPECT_GT(sync.last.zenflow_cpu_ms, 0.0);
   }
 }
 
