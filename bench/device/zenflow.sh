@@ -15,7 +15,10 @@ zf='zenflow={"topk_ratio":0.1,"update_interval":4,"overlap_step":true,"full_warm
 B=/tmp/sb/bin
 if [[ "${PART:-speed}" == speed ]]; then
   for c in zero2 zero2_offload zero2_zenflow; do
-    $B/strata-bench gpt --config configs/bench_dense_bf16_$c.json --model dense-1.3B --steps 10 \
+    # ZenFlow: then 8 steps (two windows) under the op profile: the GPU's time by op and its idle
+    # share, beside the row's zenflow_ms (the CPU update, its copy wait, the training thread's stall).
+    prof=; [[ $c == zero2_zenflow ]] && prof="--profile 8"
+    $B/strata-bench gpt --config configs/bench_dense_bf16_$c.json --model dense-1.3B --steps 10 $prof \
       > "$OUT/strata_1.3b_$c.log" 2>&1; echo "strata $c rc $?"; grep '^{' "$OUT/strata_1.3b_$c.log" | tail -1
   done
   [[ "${PEERS:-1}" == 0 ]] && exit 0  # PEERS=0: Strata's three runs alone
