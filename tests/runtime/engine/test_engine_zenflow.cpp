@@ -218,8 +218,8 @@ TEST(ZenFlow, OverlapStepInstallsEachWindowOneWindowLate) {
     EXPECT_GT(updated, elements / 2) << "most elements are the CPU's at topk_ratio 0.25";
     // After 2U + 1 steps: one step of this window, the last window's U pending.
     EXPECT_EQ(over.last.zenflow_stale_steps, 1 + U);
-    // Two windows' updates ran on the worker; the first was settled (waited for, timed) at the
-    // second window's end, the second is still running.
+    // Two windows' updates started on the worker; the first was settled (waited for, timed) at
+    // the second window's end; the second is not settled yet (reading the times does not wait).
     EXPECT_EQ(over.last.zenflow_updates, 1);
     EXPECT_GT(over.last.zenflow_cpu_ms, 0.0);
     EXPECT_GE(over.last.zenflow_copy_wait_ms, 0.0);
