@@ -454,15 +454,16 @@ int run(const Args& args) {
                           {"window_GiB", double(engine->expert_window_bytes()) / (1 << 30)},
                           {"expert_param_GiB", double(p.numel() * p.element_size()) / (1 << 30)}};
   }
-  if (const auto t = engine->last_offload_times())
+  if (const auto t = engine->last_offload_times()) {
     r["offload_ms"] = {{"wait", t->wait_ms}, {"norm", t->norm_ms}, {"cpu_step", t->step_ms},
                        {"forward_waits", t->forward_waits}, {"speculated", t->speculated},
                        {"redone", t->redone}};
-  if (const auto t = engine->last_offload_times(); t && t->zenflow_updates > 0)
-    // ZenFlow: the last window's CPU update and its wait for the sum's copy; the training
-    // thread's waits for updates and the updates run, since the start (warm-up included).
-    r["zenflow_ms"] = {{"cpu_update", t->zenflow_cpu_ms}, {"copy_wait", t->zenflow_copy_wait_ms},
-                       {"stall_total", t->zenflow_stall_ms}, {"updates", t->zenflow_updates}};
+    if (t->zenflow_updates > 0)
+      // ZenFlow: the last window's CPU update and its wait for the sum's copy; the training
+      // thread's waits for updates and the updates run, since the start (warm-up included).
+      r["zenflow_ms"] = {{"cpu_update", t->zenflow_cpu_ms}, {"copy_wait", t->zenflow_copy_wait_ms},
+                         {"stall_total", t->zenflow_stall_ms}, {"updates", t->zenflow_updates}};
+  }
   r["grad_norm"] = engine->last_grad_norm();
   if (const auto* swapper = engine->optimizer_swapper()) {
     // The step's pass read and wrote the master and both moments once: 24 bytes per element.

@@ -28,12 +28,13 @@ void add_engine_metrics(nlohmann::json& row, Engine& engine) {
   row["model_state_host_bytes"] = states.host;  // of those, in host memory
   if (states.nvme > 0) row["model_state_nvme_bytes"] = states.nvme;  // beside: swap files
   row["host_peak_rss_bytes"] = host_rss().second;  // this process's (rank 0's) peak so far
-  if (const auto t = engine.last_offload_times(); t && t->speculated > 0) {
+  const auto t = engine.last_offload_times();
+  if (t && t->speculated > 0) {
     // super_offload: steps begun during backward, and those redone or dropped after it.
     row["speculated_steps"] = t->speculated;
     row["redone_steps"] = t->redone;
   }
-  if (const auto t = engine.last_offload_times(); t && t->zenflow_device_elements > 0) {
+  if (t && t->zenflow_device_elements > 0) {
     // ZenFlow: what the device steps every step, and how stale the CPU's part is.
     row["zenflow_columns"] = t->zenflow_columns;
     row["zenflow_device_elements"] = t->zenflow_device_elements;

@@ -368,8 +368,7 @@ class PartitionedOptimizer {
     int64_t pending_steps = 0;
     std::future<void> worker;
     torch::Tensor spare;
-    // Written by the worker, read after it is settled: OffloadTimes' zenflow_cpu_ms and
-    // zenflow_copy_wait_ms of its update.
+    // The last CPU update's times (written by the worker, read once it is settled).
     double cpu_ms = 0, copy_wait_ms = 0;
   };
   std::unique_ptr<ZenFlowState> zenflow_;
@@ -382,6 +381,8 @@ class PartitionedOptimizer {
   // The CPU Adam over every element with the window's mean (host_sum) into host_out_.
   void zenflow_cpu_update(const AdamTiles& adam, const optim::AdamScalars& s, int threads);
   void settle_zenflow();  // waits for an overlapped CPU update (rethrows its failure)
+  // A CPU update done: its times into offload_times_, with the training thread's wait for it.
+  void count_zenflow_update(double stall_ms);
   // Writes a pending update's new weights into the flat layout (the selected elements keep the
   // device's).
   void install_zenflow_update(const torch::Tensor& mine);

@@ -20,6 +20,13 @@
 #include "zero/partitioned_optimizer.h"
 
 namespace strata::zero {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
 
 void PartitionedOptimizer::clear_zenflow_selection() {
   auto& z = *zenflow_;
@@ -165,21 +172,15 @@ void PartitionedOptimizer::apply_zenflow(double clip_coef, const torch::Tensor& 
         const auto w0 = std::chrono::steady_clock::now();
         if (copied) copied();
         if (out_free) out_free();
-        const auto w1 = std::chrono::steady_clock::now();
+        zenflow_->copy_wait_ms = ms_since(w0);
         zenflow_cpu_update(adam, s, threads);
-        zenflow_->copy_wait_ms = std::chrono::duration<double, std::milli>(w1 - w0).count();
-        zenflow_->cpu_ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w1).count();
       });
     } else {
       z.host_sum.copy_(z.sum);
-      const auto c0 = std::chrono::steady_clock::now();
+      z.copy_wait_ms = 0;
       zenflow_cpu_update(adam, s, at::get_num_threads());
       z.sum.zero_();
-      offload_times_.zenflow_cpu_ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
-      offload_times_.zenflow_copy_wait_ms = 0;
-      ++offload_times_.zenflow_updates;
+      count_zenflow_update(0.0);
     }
     z.pending = true;
     if (!o.overlap || reselect_next) install_zenflow_update(mine);
@@ -194,6 +195,7 @@ void PartitionedOptimizer::apply_zenflow(double clip_coef, const torch::Tensor& 
 void PartitionedOptimizer::zenflow_cpu_update(const AdamTiles& adam, const optim::AdamScalars& s,
                                               int threads) {
   auto& z = *zenflow_;
+  const auto t0 = std::chrono::steady_clock::now();
   const auto out_type = host_float(host_out_);
   const int64_t out_size = host_out_.element_size();
   // Every element: the selected ones' host state is the device's to overwrite when they leave,
@@ -205,17 +207,22 @@ void PartitionedOptimizer::zenflow_cpu_update(const AdamTiles& adam, const optim
                            z.host_sum.data_ptr<float>() + item.part, offload::Float::kF32,
                            static_cast<char*>(host_out_.data_ptr()) + item.part * out_size,
                            out_type, item.n, s, threads);
+  z.cpu_ms = ms_since(t0);
+}
+
+void PartitionedOptimizer::count_zenflow_update(double stall_ms) {
+  const auto& z = *zenflow_;
+  offload_times_.zenflow_stall_ms += stall_ms;
+  offload_times_.zenflow_cpu_ms = z.cpu_ms;
+  offload_times_.zenflow_copy_wait_ms = z.copy_wait_ms;
+  ++offload_times_.zenflow_updates;
 }
 
 void PartitionedOptimizer::settle_zenflow() {
   if (!zenflow_ || !zenflow_->worker.valid()) return;
   const auto t0 = std::chrono::steady_clock::now();
   zenflow_->worker.get();  // rethrows the CPU update's failure
-  offload_times_.zenflow_stall_ms +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  offload_times_.zenflow_cpu_ms = zenflow_->cpu_ms;
-  offload_times_.zenflow_copy_wait_ms = zenflow_->copy_wait_ms;
-  ++offload_times_.zenflow_updates;
+  count_zenflow_update(ms_since(t0));
 }
 
 void PartitionedOptimizer::install_zenflow_update(const torch::Tensor& mine) {
