@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "offload/aligned_buffer.h"
 #include "runtime/error.h"
 
 #if STRATA_ZERO_HAS_CUDA
@@ -150,6 +151,24 @@ void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source) 
     return;
   }
   host.copy_(source, /*non_blocking=*/host.is_pinned());
+}
+
+torch::Tensor page_locked_empty(int64_t numel, torch::ScalarType dtype, c10::Device device) {
+  const size_t bytes = size_t(numel) * c10::elementSize(dtype);
+  struct Owner {  // members go in reverse: unlocked, then freed
+    offload::AlignedBuffer buffer;
+    HostRegistration locked;
+  };
+  auto owner = std::make_unique<Owner>();
+  owner->buffer = offload::AlignedBuffer(bytes);
+  if (device.is_cuda() && bytes > 0) {
+    owner->locked = HostRegistration(owner->buffer.data(), bytes, device);
+    if (!owner->locked.active()) return {};
+  }
+  void* data = owner->buffer.data();
+  auto* held = owner.release();
+  return torch::from_blob(data, {numel}, [held](void*) { delete held; },
+                          torch::TensorOptions().dtype(dtype).device(torch::kCPU));
 }
 
 offload::Float host_float(torch::ScalarType type) {

@@ -55,6 +55,13 @@ class SideStream {
   std::unique_ptr<State> state_;
 };
 
+// `numel` elements of `dtype` in host memory, 4096-aligned and page-locked for copies to `device`
+// (cudaHostRegister of exactly those bytes; torch's pinned allocator rounds each block up to a
+// power of two: a 5.4 GB buffer locks 8 GiB, and its cudaHostAlloc of the rounded size takes
+// seconds). Undefined when the pages cannot be locked (the locked-memory limit, the memory);
+// for a CPU device, or in a CPU build, aligned pageable memory.
+torch::Tensor page_locked_empty(int64_t numel, torch::ScalarType dtype, c10::Device device);
+
 // Page-locks [data, data + bytes) for copies to `device` (cudaHostRegister) while it lives, so
 // that copies out of it are asynchronous; for a CPU device or in a CPU build it does nothing
 // (active() false). Move-only.

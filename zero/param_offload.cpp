@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "runtime/log.h"
 #include "zero/host_copy.h"
 #include "zero/param_units.h"
 #include "zero/storage.h"
@@ -55,9 +56,17 @@ void ParamUnits::offload_partition(const std::string& device, bool pin,
   const int64_t element = partition_.element_size();
   if (device == "cpu") {
     // The same layout in host memory; every trainable shard becomes a view of it again.
-    const bool to_pinned = pin && device_.is_cuda();
-    auto host = torch::empty({partition_.numel()},
-                             partition_.options().device(torch::kCPU).pinned_memory(to_pinned));
+    // Page-locked where it can be (exactly its bytes: zero/host_copy.h), else pageable.
+    auto host = pin && device_.is_cuda()
+                    ? page_locked_empty(partition_.numel(), partition_.scalar_type(), device_)
+                    : torch::Tensor();
+    if (!host.defined()) {
+      if (pin && device_.is_cuda())
+        log::info("[strata] warning: offload_param: the CUDA driver could not page-lock {} MB of "
+                  "host memory for the parameters; they are pageable (correct, slower copies)",
+                  (partition_.numel() * element) >> 20);
+      host = torch::empty({partition_.numel()}, partition_.options().device(torch::kCPU));
+    }
     host.copy_(partition_);
     for (auto& u : units_)
       if (u.trainable) u.shard = host.narrow(0, partition_offset(u), u.chunk);

@@ -95,8 +95,14 @@ PartitionedOptimizer::PartitionedOptimizer(std::vector<torch::Tensor> params,
     if (!options_.offload.enabled || options_.offload.speculative || splits())
       throw Error("zero_optimization.zenflow needs the optimizer in host memory without "
                   "super_offload or ratio");
+    // Its buffers now, not at the first window's end: a host or device that cannot hold them
+    // fails at the start, and the first window runs at the speed of the others.
     zenflow_ = std::make_unique<ZenFlowState>();
-    zenflow_->sum = torch::zeros({shards_.partition_numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+    const int64_t n = shards_.partition_numel();
+    zenflow_->sum = torch::zeros({n}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+    if (options_.zenflow.overlap) zenflow_->spare = torch::zeros_like(zenflow_->sum);
+    zenflow_->host_sum = host_buffer(n, torch::kFloat);
+    host_out_ = host_buffer(n, flat_->data().scalar_type());
   }
 }
 
@@ -252,13 +258,13 @@ torch::Tensor PartitionedOptimizer::host_buffer(int64_t numel, torch::ScalarType
       why = fmt::format("they would exceed the process's locked-memory limit (RLIMIT_MEMLOCK, "
                         "`ulimit -l`) of {} bytes", limit.rlim_cur);
     } else {
-      try {
-        auto t = torch::empty({numel}, options.pinned_memory(true));
+      // Exactly these bytes (torch's pinned allocator would lock the next power of two).
+      auto t = page_locked_empty(numel, dtype, device_);
+      if (t.defined()) {
         pinned_bytes_ += bytes;
         return t;
-      } catch (const c10::Error& e) {
-        why = fmt::format("the allocation failed ({})", e.what_without_backtrace());
       }
+      why = "the CUDA driver could not lock them (cudaHostRegister)";
     }
     pin_ = false;
     log::info("[strata] warning: optimizer offload: {} MB of page-locked host memory were asked "
@@ -571,8 +577,11 @@ ModelStateBytes PartitionedOptimizer::state_bytes() const {
   add(bytes.optimizer, device_exp_avg_sq_);
   add(bytes.grads, device_grad_);
   if (zenflow_) {
-    add(bytes.grads, zenflow_->sum);
-    add(bytes.grads, zenflow_->host_sum);
+    // The window's sums (two with overlap_step) and the selection's own master and moments.
+    for (const auto* t : {&zenflow_->sum, &zenflow_->spare, &zenflow_->host_sum}) add(bytes.grads, *t);
+    add(bytes.master, zenflow_->master);
+    add(bytes.optimizer, zenflow_->exp_avg);
+    add(bytes.optimizer, zenflow_->exp_avg_sq);
   }
   return bytes;
 }

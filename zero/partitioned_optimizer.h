@@ -368,6 +368,9 @@ class PartitionedOptimizer {
     int64_t pending_steps = 0;
     std::future<void> worker;
     torch::Tensor spare;
+    // The worker's new weights already on the device, in `spare` (free once its sum has crossed),
+    // copied there on the copy stream: the install is then a device copy. Null: from host_out_.
+    comm::WorkPtr staged;
     // The last CPU update's times (written by the worker, read once it is settled).
     double cpu_ms = 0, copy_wait_ms = 0;
   };
@@ -381,6 +384,8 @@ class PartitionedOptimizer {
   // The CPU Adam over every element with the window's mean (host_sum) into host_out_.
   void zenflow_cpu_update(const AdamTiles& adam, const optim::AdamScalars& s, int threads);
   void settle_zenflow();  // waits for an overlapped CPU update (rethrows its failure)
+  void zenflow_stage_update();            // the worker's new weights into `spare` (staged)
+  torch::Tensor zenflow_staging() const;  // `spare`'s first bytes, in the weights' dtype
   // A CPU update done: its times into offload_times_, with the training thread's wait for it.
   void count_zenflow_update(double stall_ms);
   // Writes a pending update's new weights into the flat layout (the selected elements keep the

@@ -150,8 +150,6 @@ void PartitionedOptimizer::apply_zenflow(double clip_coef, const torch::Tensor& 
   if (z.window >= o.update_interval || reselect_next) {
     auto s = adam.scalars;
     s.grad_scale = float(1.0 / double(z.window));
-    if (!host_out_.defined()) host_out_ = host_buffer(mine.numel(), mine.scalar_type());
-    if (!z.host_sum.defined()) z.host_sum = host_buffer(z.sum.numel(), torch::kFloat);
     install_zenflow_update(mine);  // the last window's, when it ran overlapped
     z.pending_steps = z.window;
     z.window = 0;
@@ -163,7 +161,6 @@ void PartitionedOptimizer::apply_zenflow(double clip_coef, const torch::Tensor& 
       // host_out_, which it overwrites.
       auto copied = copy_to_host_tracked(z.host_sum, z.sum);
       auto out_free = queued_work_done(device_);
-      if (!z.spare.defined()) z.spare = torch::zeros_like(z.sum);
       std::swap(z.sum, z.spare);
       z.sum.zero_();  // the window before last's: its copy was waited for by its worker
       const int threads = std::max(
@@ -174,6 +171,7 @@ void PartitionedOptimizer::apply_zenflow(double clip_coef, const torch::Tensor& 
         if (out_free) out_free();
         zenflow_->copy_wait_ms = ms_since(w0);
         zenflow_cpu_update(adam, s, threads);
+        zenflow_stage_update();
       });
     } else {
       z.host_sum.copy_(z.sum);
@@ -210,6 +208,22 @@ void PartitionedOptimizer::zenflow_cpu_update(const AdamTiles& adam, const optim
   z.cpu_ms = ms_since(t0);
 }
 
+torch::Tensor PartitionedOptimizer::zenflow_staging() const {
+  const auto& z = *zenflow_;
+  return z.spare.view(host_out_.scalar_type()).narrow(0, 0, host_out_.numel());
+}
+
+void PartitionedOptimizer::zenflow_stage_update() {
+  // On the worker: the new weights cross on the copy stream while the window trains, into
+  // `spare` (its sum crossed before the CPU update began; it is summed into again only after
+  // the install). A CPU device: the install copies from host_out_.
+  auto& z = *zenflow_;
+  SideStream side(device_, SideStream::Direction::kToDevice);
+  if (!side.active() || !host_out_.is_pinned()) return;
+  zenflow_staging().copy_(host_out_, /*non_blocking=*/true);
+  z.staged = side.done();
+}
+
 void PartitionedOptimizer::count_zenflow_update(double stall_ms) {
   const auto& z = *zenflow_;
   offload_times_.zenflow_stall_ms += stall_ms;
@@ -222,6 +236,8 @@ void PartitionedOptimizer::settle_zenflow() {
   if (!zenflow_ || !zenflow_->worker.valid()) return;
   const auto t0 = std::chrono::steady_clock::now();
   zenflow_->worker.get();  // rethrows the CPU update's failure
+  // The compute stream reads or rewrites `spare` only after the staged copy into it.
+  if (zenflow_->staged) zenflow_->staged->wait();
   count_zenflow_update(ms_since(t0));
 }
 
@@ -229,7 +245,11 @@ void PartitionedOptimizer::install_zenflow_update(const torch::Tensor& mine) {
   auto& z = *zenflow_;
   if (!z.pending) return;
   settle_zenflow();
-  mine.copy_(host_out_, /*non_blocking=*/host_out_.is_pinned());
+  if (z.staged)
+    mine.copy_(zenflow_staging());
+  else
+    mine.copy_(host_out_, /*non_blocking=*/host_out_.is_pinned());
+  z.staged = nullptr;
   // Stage 2's partition is laid out bucket by bucket: the CPU's new weights go into a buffer
   // scattered into the flat layout (stage 1's partition is a range of it, written in place).
   if (!shards_.is_contiguous()) shards_.scatter(mine, partition_index(), flat_->data());
@@ -273,6 +293,7 @@ void PartitionedOptimizer::restore_zenflow(const ZenFlowCheckpoint& saved) {
   // weights are the master's, installed at the window's end as the straight run does.
   z.pending = saved.pending_steps > 0;
   z.pending_steps = saved.pending_steps;
+  z.staged = nullptr;  // the pending weights come from host_out_ (below)
   if (z.pending) {
     const auto& flat = flat_->data();
     if (!host_out_.defined()) host_out_ = host_buffer(master_.numel(), flat.scalar_type());

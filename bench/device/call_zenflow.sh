@@ -7,10 +7,16 @@
 set -uo pipefail
 START=$(date +%s); export START
 nvidia-smi -L; free -g | head -2; nproc
-export TARGETS="strata-bench train_gpt test_engine_zenflow"
+export TARGETS="strata-bench train_gpt test_engine_zenflow test_host_copy"
 source bench/device/setup.sh || exit 1
 (( PREBUILT )) || pack_binaries
-timeout 120 /tmp/sb/bin/test_engine_zenflow > "$OUT/zenflow_test.log" 2>&1; echo "test_engine_zenflow rc $?"
-grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|actual" "$OUT/zenflow_test.log" | head -20
+# The tests one by one, so that a crash names its test; a failure's lines in this output.
+for t in test_host_copy test_engine_zenflow; do
+  for c in $(/tmp/sb/bin/$t --gtest_list_tests | awk '/^[^ ]/{s=$1} /^  /{print s $1}'); do
+    timeout 120 /tmp/sb/bin/$t --gtest_filter="$c" > /tmp/one.log 2>&1; rc=$?
+    echo "$c rc $rc"; grep -E "^GPU|Skipped" /tmp/one.log | head -3
+    (( rc == 0 )) || tail -25 /tmp/one.log
+  done
+done
 PART=speed timeout $(( ${LIMIT:-585} - ($(date +%s) - START) )) bash bench/device/zenflow.sh
 echo "elapsed $(( $(date +%s) - START )) s"
