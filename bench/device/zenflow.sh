@@ -14,7 +14,7 @@ peer=$PWD/.device/peers/peer_deepspeed_gpt.py
 zf='zenflow={"topk_ratio":0.1,"update_interval":4,"overlap_step":true,"full_warm_up_rounds":0}'
 B=/tmp/sb/bin
 if [[ "${PART:-speed}" == speed ]]; then
-  for c in zero2 zero2_offload zero2_zenflow; do
+  for c in ${RUNS:-zero2 zero2_offload zero2_zenflow}; do
     # ZenFlow: then 8 steps (two windows) under the op profile: the GPU's time by op and its idle
     # share, beside the row's zenflow_ms (the CPU update, its copy wait, the training thread's stall).
     prof=; [[ $c == zero2_zenflow ]] && prof="--profile 8"
@@ -36,14 +36,16 @@ print(len(files), "files")' $data; ls -la $data
   S=${STEPS:-1000}
   # The three runs side by side on the one GPU (the curves, not the speed, are measured here): each
   # is bound by its CPU step, so they share the cores (OMP_NUM_THREADS 5 each) and overlap.
-  export OMP_NUM_THREADS=5
+  # PEERS=0: Strata's two alone (8 threads each); CONVERGE_S bounds the runs' wall time (each
+  # step's row is written as it ends: a cut run still gives its curve so far).
+  export OMP_NUM_THREADS=$([[ "${PEERS:-1}" == 0 ]] && echo 8 || echo 5)
   for c in zero2_offload zero2_zenflow; do
-    $B/train_gpt --device cuda --config configs/bench_dense_bf16_$c.json --model dense-350M \
+    timeout ${CONVERGE_S:-100000} $B/train_gpt --device cuda --config configs/bench_dense_bf16_$c.json --model dense-350M \
       --seq-len 512 --steps $S --data $data --metrics-jsonl "$OUT/converge_$c.jsonl" > "$OUT/converge_$c.log" 2>&1 &
   done
-  MASTER_PORT=29521 python3 "$peer" --stage 2 --offload cpu --B 8 --T 512 --steps $S --data $data --log-losses \
-    --zero "$zf" > "$OUT/converge_ds_zenflow.log" 2>&1 &
+  [[ "${PEERS:-1}" == 0 ]] || MASTER_PORT=29521 timeout ${CONVERGE_S:-100000} python3 "$peer" --stage 2 --offload cpu \
+    --B 8 --T 512 --steps $S --data $data --log-losses --zero "$zf" > "$OUT/converge_ds_zenflow.log" 2>&1 &
   wait
   for c in zero2_offload zero2_zenflow; do echo "strata $c"; tail -1 "$OUT/converge_$c.jsonl"; done
-  echo "ds zenflow"; tail -2 "$OUT/converge_ds_zenflow.log"
+  [[ "${PEERS:-1}" == 0 ]] || { echo "ds zenflow"; tail -2 "$OUT/converge_ds_zenflow.log"; }
 fi
