@@ -155,13 +155,15 @@ void copy_to_host_async(const torch::Tensor& host, const torch::Tensor& source) 
 
 torch::Tensor page_locked_empty(int64_t numel, torch::ScalarType dtype, c10::Device device) {
   const size_t bytes = size_t(numel) * c10::elementSize(dtype);
+  // Nothing to lock (a rank's empty share); from_blob over no data would never free its owner.
+  if (bytes == 0) return torch::empty({numel}, torch::TensorOptions().dtype(dtype));
   struct Owner {  // members go in reverse: unlocked, then freed
     offload::AlignedBuffer buffer;
     HostRegistration locked;
   };
   auto owner = std::make_unique<Owner>();
   owner->buffer = offload::AlignedBuffer(bytes);
-  if (device.is_cuda() && bytes > 0) {
+  if (device.is_cuda()) {
     owner->locked = HostRegistration(owner->buffer.data(), bytes, device);
     if (!owner->locked.active()) return {};
   }

@@ -273,6 +273,7 @@ torch::Tensor PartitionedOptimizer::host_buffer(int64_t numel, torch::ScalarType
               "choose pageable memory.",
               bytes >> 20, why);
   }
+  if (bytes == 0) return torch::empty({0}, options);  // from_blob over no data never frees
   // 4096-aligned, so that the new weights can be written to an NVMe swap file from it.
   auto* buffer = new offload::AlignedBuffer(size_t(bytes));
   return torch::from_blob(buffer->data(), {numel}, [buffer](void*) { delete buffer; }, options);
