@@ -199,6 +199,8 @@ bool PartitionedOptimizer::accumulates_wider_than(torch::ScalarType model_dtype)
 
 PartitionedOptimizer::~PartitionedOptimizer() {
   if (zenflow_ && zenflow_->worker.valid()) zenflow_->worker.wait();
+  // A staged copy may still read host_out_ and write `spare`: both are freed next.
+  if (zenflow_ && zenflow_->staged) SideStream::synchronize(device_);
 }
 
 void PartitionedOptimizer::place_partition_gradients(GradientReducer::Options& r,
