@@ -8,16 +8,13 @@
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "runtime/util/clock.h"
 
 namespace strata::offload {
 namespace {
 
 constexpr int64_t kTileGrain = kIoAlign / sizeof(float);  // 1024 floats: one page
 const char* const kSuffix[OptimizerSwapper::kArrays] = {".master", ".exp_avg", ".exp_avg_sq"};
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 }  // namespace
 

@@ -250,7 +250,6 @@ void PartitionedOptimizer::place_partition_gradients(GradientReducer::Options& r
 }
 
 torch::Tensor PartitionedOptimizer::host_buffer(int64_t numel, torch::ScalarType dtype) {
-  const auto options = torch::TensorOptions().dtype(dtype).device(torch::kCPU);
   const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
   if (pin_) {
     rlimit limit{};
@@ -275,10 +274,8 @@ torch::Tensor PartitionedOptimizer::host_buffer(int64_t numel, torch::ScalarType
               "choose pageable memory.",
               bytes >> 20, why);
   }
-  if (bytes == 0) return torch::empty({0}, options);  // from_blob over no data never frees
   // 4096-aligned, so that the new weights can be written to an NVMe swap file from it.
-  auto* buffer = new offload::AlignedBuffer(size_t(bytes));
-  return torch::from_blob(buffer->data(), {numel}, [buffer](void*) { delete buffer; }, options);
+  return page_locked_empty(numel, dtype, torch::kCPU);
 }
 
 void PartitionedOptimizer::wait_for_device() const {

@@ -16,17 +16,11 @@
 
 #include "offload/cpu_adam.h"
 #include "runtime/error.h"
+#include "runtime/util/clock.h"
 #include "zero/host_copy.h"
 #include "zero/partitioned_optimizer.h"
 
 namespace strata::zero {
-namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 void PartitionedOptimizer::clear_zenflow_selection() {
   auto& z = *zenflow_;
@@ -294,11 +288,7 @@ void PartitionedOptimizer::restore_zenflow(const ZenFlowCheckpoint& saved) {
   z.pending = saved.pending_steps > 0;
   z.pending_steps = saved.pending_steps;
   z.staged = nullptr;  // the pending weights come from host_out_ (below)
-  if (z.pending) {
-    const auto& flat = flat_->data();
-    if (!host_out_.defined()) host_out_ = host_buffer(master_.numel(), flat.scalar_type());
-    host_out_.copy_(master_.view({-1}));
-  }
+  if (z.pending) host_out_.copy_(master_.view({-1}));  // allocated with ZenFlow's state
   z.part_index = saved.selected.nonzero().reshape({-1});  // ascending: each element's state goes by its index
   z.device_index = z.part_index.to(device_);
   // Each selected partition element's place in the flat buffer, piece by piece.

@@ -8,6 +8,7 @@
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 
+#include "runtime/util/clock.h"
 #include "runtime/util/replay_state.h"
 #include "runtime/checkpointing/saved_inputs.h"
 #include "runtime/checkpointing/settings.h"
@@ -46,10 +47,6 @@ struct CallHolder : torch::CustomClassHolder {
 
 void synchronize_if(const Call& c) {
   if (c.settings.synchronize && !c.cuda_devices.empty()) torch::cuda::synchronize();
-}
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
 // linear(h, W, b) as the forward's autocast computes it (F::linear under autocast casts its
